@@ -1,0 +1,55 @@
+"""ggmlpy: ggml's backend layer in Python.
+
+Tensors and compute graphs (:mod:`ggmlpy.tensor`, :mod:`ggmlpy.graph`), graph-building ops with
+ggml's names and shape rules (:mod:`ggmlpy.ops`, re-exported here: ``ggmlpy.add(ctx, a, b)``), the
+backend interface (:mod:`ggmlpy.backend`), a registry of devices (:mod:`ggmlpy.registry`), the
+graph allocator (:mod:`ggmlpy.alloc`), the NumPy CPU backend, a CuPy CUDA backend and a
+host-emulated device (:mod:`ggmlpy.backends`), and the multi-backend scheduler
+(:mod:`ggmlpy.sched`).
+
+Conventions: shapes are ggml's ``ne`` (``ne[0]`` innermost); the NumPy array holding the same data
+has shape ``ne[::-1]``. Strides ``nb`` and all offsets and sizes are in bytes.
+"""
+
+from __future__ import annotations
+
+from .types import Type, row_size, type_from_dtype
+from .opcodes import Op, UnaryOp, GluOp
+from .errors import (GgmlpyError, OutOfMemoryError, NotAllocatedError, UnsupportedOpError,
+                     GraphFullError, BackendUnavailableError, ComputeError)
+from .tensor import Tensor, Context, Flag
+from .graph import Graph, new_graph, graph_view
+from .ops import *  # noqa: F401,F403  (graph-building functions: add, mul_mat, soft_max_ext, ...)
+from .ops import __all__ as _ops_all
+from .backend import (Status, BufferUsage, DeviceType, DeviceCaps, DeviceProps, BufferType, Buffer,
+                      MultiBuffer, Backend, Device, Reg, Event, tensor_alloc, view_init,
+                      backend_tensor_set, backend_tensor_get, backend_tensor_memset,
+                      backend_tensor_copy, backend_tensor_set_async, backend_tensor_get_async,
+                      backend_tensor_copy_async, event_new, event_record, event_wait,
+                      event_synchronize, event_query)
+from .registry import (reg_count, reg_get, reg_by_name, dev_count, dev_get, dev_by_name,
+                       dev_by_type, devices, backend_init_by_name, backend_init_by_type,
+                       backend_init_best, register_sim_devices)
+from .backends.cpu import backend_cpu_init, cpu_buffer_type, cpu_buffer_from_array
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # the allocator and scheduler are imported lazily so that importing ggmlpy stays cheap
+    if name in ("GraphAllocator", "TensorAllocator", "backend_alloc_ctx_tensors",
+                "backend_alloc_ctx_tensors_from_buft", "alloc_ctx_tensors_size"):
+        from . import alloc
+
+        return getattr(alloc, {"backend_alloc_ctx_tensors": "alloc_ctx_tensors",
+                               "backend_alloc_ctx_tensors_from_buft": "alloc_ctx_tensors_from_buft",
+                               }.get(name, name))
+    if name == "Scheduler":
+        from .sched import Scheduler
+
+        return Scheduler
+    if name in ("graph_copy", "compare_graph_backend"):
+        from . import compare
+
+        return getattr(compare, name)
+    raise AttributeError(f"module 'ggmlpy' has no attribute {name!r}")

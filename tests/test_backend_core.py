@@ -1,0 +1,225 @@
+"""The backend interface facade on the CPU backend: tensor data access, bounds and allocation
+checks, the copy ladder, buffers, plans and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ggmlpy as gp
+from ggmlpy import Context, Graph, Type
+from ggmlpy.backend import (BufferUsage, MultiBuffer, backend_tensor_copy, backend_tensor_get,
+                            backend_tensor_get_async, backend_tensor_memset, backend_tensor_set,
+                            backend_tensor_set_async, tensor_alloc, view_init)
+from ggmlpy.errors import NotAllocatedError, UnsupportedOpError
+
+
+def _place(buf, tensors, align=32):
+    off = 0
+    for t in tensors:
+        if t.view_src is not None:
+            view_init(t)
+            continue
+        tensor_alloc(buf, t, off)
+        off += -(-t.nbytes // align) * align
+
+
+@pytest.fixture
+def cpu():
+    return gp.backend_cpu_init()
+
+
+def test_set_get_roundtrip_and_shape(cpu):
+    ctx = Context()
+    t = ctx.new_tensor_3d(Type.F32, 4, 3, 2).set_name("t")
+    buf = cpu.alloc_buffer(t.nbytes)
+    _place(buf, [t])
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    backend_tensor_set(t, x)
+    y = backend_tensor_get(t)
+    assert y.shape == (1, 2, 3, 4) and y.dtype == np.float32
+    np.testing.assert_array_equal(y[0], x)
+    # byte-range reads return bytes
+    assert backend_tensor_get(t, 4, 8) == x.reshape(-1)[1:3].tobytes()
+    # partial write at an offset
+    backend_tensor_set(t, np.array([100.0], np.float32), offset=8)
+    assert backend_tensor_get(t)[0, 0, 0, 2] == 100.0
+
+
+def test_set_errors_name_the_tensor(cpu):
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 4).set_name("inp")
+    with pytest.raises(NotAllocatedError, match="inp"):
+        backend_tensor_set(t, np.zeros(4, np.float32))
+    with pytest.raises(NotAllocatedError, match="inp"):
+        backend_tensor_get(t)
+    buf = cpu.alloc_buffer(64)
+    _place(buf, [t])
+    with pytest.raises(TypeError, match="inp"):
+        backend_tensor_set(t, np.zeros(4, np.float64))
+    with pytest.raises(ValueError, match="inp"):
+        backend_tensor_set(t, np.zeros(3, np.float32))  # whole-tensor write of the wrong size
+    with pytest.raises(ValueError, match="outside tensor 'inp'"):
+        backend_tensor_set(t, np.zeros(3, np.float32), offset=8)
+    with pytest.raises(ValueError, match="outside"):
+        backend_tensor_get(t, 12, 8)
+    with pytest.raises(ValueError, match="outside"):
+        backend_tensor_memset(t, 0, 4, 16)
+    # a partial write from offset 0 must be explicit
+    backend_tensor_set(t, np.ones(2, np.float32), size=8)
+    np.testing.assert_array_equal(backend_tensor_get(t).ravel()[:2], [1, 1])
+
+
+def test_memset_and_neighbours_untouched(cpu):
+    ctx = Context()
+    a, b = ctx.new_tensor_1d(Type.I8, 32), ctx.new_tensor_1d(Type.I8, 32)
+    buf = cpu.alloc_buffer(64)
+    _place(buf, [a, b])
+    backend_tensor_set(a, np.full(32, 5, np.int8))
+    backend_tensor_set(b, np.full(32, 7, np.int8))
+    backend_tensor_memset(a, 1, 8, 4)
+    ra = backend_tensor_get(a).ravel()
+    assert list(ra[8:12]) == [1] * 4 and ra[7] == 5 and ra[12] == 5
+    assert np.all(backend_tensor_get(b) == 7)
+
+
+def test_tensor_copy_requires_same_layout(cpu):
+    ctx = Context()
+    a = ctx.new_tensor_2d(Type.F32, 4, 2).set_name("a")
+    b = ctx.new_tensor_2d(Type.F32, 4, 2).set_name("b")
+    c = ctx.new_tensor_2d(Type.F32, 2, 4).set_name("c")
+    buf = cpu.alloc_buffer(256)
+    _place(buf, [a, b, c])
+    backend_tensor_set(a, np.arange(8, dtype=np.float32).reshape(2, 4))
+    backend_tensor_copy(a, b)
+    np.testing.assert_array_equal(backend_tensor_get(b), backend_tensor_get(a))
+    with pytest.raises(ValueError, match="differ in layout"):
+        backend_tensor_copy(a, c)
+
+
+def test_async_forms_fall_back_on_cpu(cpu):
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 8)
+    buf = cpu.alloc_buffer(64)
+    _place(buf, [t])
+    x = np.arange(8, dtype=np.float32)
+    backend_tensor_set_async(cpu, t, x)
+    out = np.empty(8, np.float32)
+    backend_tensor_get_async(cpu, t, out)
+    cpu.synchronize()
+    np.testing.assert_array_equal(out, x)
+    with pytest.raises(ValueError, match="outside"):
+        backend_tensor_get_async(cpu, t, np.empty(9, np.float32))
+
+
+def test_zero_copy_user_memory(cpu):
+    arr = np.zeros(64, np.float32)
+    if arr.ctypes.data % 32:
+        pytest.skip("NumPy gave a misaligned array")
+    buf = gp.cpu_buffer_from_array(arr)
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 64)
+    tensor_alloc(buf, t, 0)
+    backend_tensor_set(t, np.full(64, 3.0, np.float32))
+    assert np.all(arr == 3.0)  # the user's array is the tensor's memory
+    with pytest.raises(ValueError, match="aligned"):
+        gp.cpu_buffer_from_array(np.zeros(65, np.uint8)[1:])
+
+
+def test_zero_size_and_multi_buffer(cpu):
+    z = cpu.alloc_buffer(0)
+    assert z.size == 0
+    z.clear(0)
+    b1, b2 = cpu.alloc_buffer(64), cpu.alloc_buffer(32)
+    mb = MultiBuffer([b1, b2])
+    assert mb.size == 96
+    mb.set_usage(BufferUsage.WEIGHTS)
+    assert b1.usage == BufferUsage.WEIGHTS and b2.usage == BufferUsage.WEIGHTS
+    mb.free()
+    assert b1.freed and b2.freed
+
+
+def test_freed_buffer_access_raises(cpu):
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 4).set_name("gone")
+    buf = cpu.alloc_buffer(16)
+    _place(buf, [t])
+    buf.free()
+    with pytest.raises(NotAllocatedError, match="freed"):
+        backend_tensor_get(t)
+    with pytest.raises(ValueError):
+        buf.clear(300)
+
+
+def test_tensor_alloc_bounds(cpu):
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 16).set_name("big")
+    buf = cpu.alloc_buffer(32)
+    with pytest.raises(ValueError, match="big"):
+        tensor_alloc(buf, t, 0)
+    assert not t.is_allocated
+
+
+def test_compute_unallocated_graph_raises(cpu):
+    ctx = Context()
+    a = ctx.new_tensor_1d(Type.F32, 4).set_name("a")
+    c = gp.neg(ctx, a).set_name("c")
+    g = Graph()
+    g.build_forward_expand(c)
+    with pytest.raises(NotAllocatedError):
+        cpu.graph_compute(g)
+
+
+def test_unsupported_op_raises(cpu):
+    ctx = Context()
+    a = ctx.new_tensor_2d(Type.Q8_0, 32, 2).set_name("q")
+    b = ctx.new_tensor_2d(Type.F32, 32, 2).set_name("x")
+    c = gp.add(ctx, b, b)
+    d = gp.scale(ctx, c, 2.0)
+    # a quantized add is not implemented by the NumPy kernels
+    bad = gp.add(ctx, a, a).set_name("qadd")
+    assert not cpu.supports_op(bad)
+    buf = cpu.alloc_buffer(4096)
+    _place(buf, [a, b, c, d, bad])
+    g = Graph()
+    g.build_forward_expand(bad)
+    with pytest.raises(UnsupportedOpError, match="qadd"):
+        cpu.graph_compute(g)
+
+
+def test_plan_is_reused_until_allocation_changes(cpu, monkeypatch):
+    from ggmlpy.backends import plan as plan_mod
+
+    ctx = Context()
+    a = ctx.new_tensor_1d(Type.F32, 4)
+    b = gp.neg(ctx, a)
+    g = Graph()
+    g.build_forward_expand(b)
+    buf = cpu.alloc_buffer(256)
+    _place(buf, [a, b])
+    builds = []
+    real = plan_mod.build_plan
+    monkeypatch.setattr(plan_mod, "build_plan", lambda *a_, **k: builds.append(1) or real(*a_, **k))
+    import ggmlpy.backends.cpu as cpu_mod
+    monkeypatch.setattr(cpu_mod, "build_plan", plan_mod.build_plan)
+    backend_tensor_set(a, np.array([1, 2, 3, 4], np.float32))
+    cpu.graph_compute(g)
+    cpu.graph_compute(g)
+    assert len(builds) == 1
+    np.testing.assert_array_equal(backend_tensor_get(b).ravel(), [-1, -2, -3, -4])
+    # move b: the plan must be rebuilt and the result land in the new place
+    b.buffer = None
+    b.offset = None
+    tensor_alloc(buf, b, 128)
+    cpu.graph_compute(g)
+    assert len(builds) == 2
+    np.testing.assert_array_equal(backend_tensor_get(b).ravel(), [-1, -2, -3, -4])
+
+
+def test_context_with_memory():
+    ctx = Context(no_alloc=False)
+    a = ctx.new_tensor_1d(Type.F32, 3)
+    assert a.is_allocated
+    backend_tensor_set(a, np.array([1, 2, 3], np.float32))
+    v = gp.view_1d(ctx, a, 2, 4)
+    np.testing.assert_array_equal(backend_tensor_get(v).ravel(), [2, 3])
