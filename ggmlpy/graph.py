@@ -42,6 +42,7 @@ class Graph:
         self.leafs: list[Tensor] = []
         self._visited: set[int] = set()
         self.src_map: dict[int, list[Tensor | None]] | None = None
+        self.extra_flags: dict[int, Flag] | None = None
 
     def node_srcs(self, node: Tensor) -> list[Tensor | None]:
         """The sources ``node`` reads in this graph: ``node.src``, unless the graph's owner (the
@@ -51,6 +52,15 @@ class Graph:
         if m is None:
             return node.src
         return m.get(id(node), node.src)
+
+    def tensor_flags(self, t: Tensor) -> Flag:
+        """``t.flags`` plus any flags the graph's owner (the scheduler) added for this graph in
+        ``extra_flags`` (keyed by ``id(t)``), e.g. OUTPUT on copy slots that must never be reused.
+        Allocators read flags through this, so user tensors are never modified."""
+        m = self.extra_flags
+        if m is None:
+            return t.flags
+        return t.flags | m.get(id(t), Flag(0))
 
     @property
     def n_nodes(self) -> int:
@@ -196,5 +206,6 @@ def graph_view(graph: Graph, i0: int, i1: int) -> Graph:
     g = Graph(0)
     g.nodes = graph.nodes[i0:i1]
     g.src_map = graph.src_map
+    g.extra_flags = graph.extra_flags
     g._visited = {id(t) for t in g.nodes}
     return g

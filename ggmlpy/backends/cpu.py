@@ -174,12 +174,19 @@ class CPUBackend(Backend):
         return self._build_plan(graph)
 
     def graph_plan_compute(self, plan: Plan) -> Status:
-        """Run a plan made by :meth:`graph_plan_create`; synchronous (mirrors ``ggml_backend_graph_plan_compute``)."""
+        """Run a plan made by :meth:`graph_plan_create`; synchronous (mirrors ``ggml_backend_graph_plan_compute``).
+
+        Raises:
+            NotAllocatedError: a buffer the plan uses was freed.
+        """
+        plan.check_live(self.name)
         plan.run()
         return Status.SUCCESS
 
     def _graph_compute(self, graph: Graph) -> Status:
-        self._plans.get(graph).run()
+        plan = self._plans.get(graph)
+        plan.check_live(self.name)
+        plan.run()
         return Status.SUCCESS
 
 

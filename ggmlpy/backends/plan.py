@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from ..backend import tensor_buffer
+from ..backend import Buffer, tensor_buffer
 from ..errors import NotAllocatedError, UnsupportedOpError
 from ..graph import Graph
 from ..opcodes import VIEW_OPS, Op
@@ -32,13 +32,22 @@ class Plan:
     Attributes:
         steps: zero-argument callables, in graph order (view and NONE nodes are left out).
         nodes: the node each step computes.
+        buffers: the distinct buffers the steps read or write.
     """
 
-    __slots__ = ("steps", "nodes")
+    __slots__ = ("steps", "nodes", "buffers")
 
-    def __init__(self, steps: list[Step], nodes: list[Tensor]) -> None:
+    def __init__(self, steps: list[Step], nodes: list[Tensor], buffers: list[Buffer] | None = None) -> None:
         self.steps = steps
         self.nodes = nodes
+        self.buffers = buffers or []
+
+    def check_live(self, backend_name: str = "") -> None:
+        """Raise NotAllocatedError if a buffer the plan uses was freed since it was built."""
+        for b in self.buffers:
+            if b.freed:
+                raise NotAllocatedError(f"{backend_name}: the graph uses buffer {b.name} of "
+                                        f"{b.size} bytes, which was freed")
 
     def run(self) -> None:
         """Run every step in order on the calling thread."""
@@ -78,6 +87,7 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     """
     steps: list[Step] = []
     nodes: list[Tensor] = []
+    buffers: dict[int, Buffer] = {}
     for node in graph.nodes:
         if node.op == Op.NONE or node.op in VIEW_OPS or node.is_empty():
             continue
@@ -88,11 +98,15 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
         dst = _array(node, can_read, backend_name)
         srcs = [None if s is None else _array(s, can_read, backend_name)
                 for s in graph.node_srcs(node)]
+        for t in (node, *graph.node_srcs(node)):
+            if t is not None:
+                b = tensor_buffer(t)
+                buffers[id(b)] = b
         step = kernels.compile_node(xp, node, dst, srcs)
         if step is not None:
             steps.append(step)
             nodes.append(node)
-    return Plan(steps, nodes)
+    return Plan(steps, nodes, list(buffers.values()))
 
 
 def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str) -> Any:

@@ -1,0 +1,755 @@
+"""The scheduler: one graph across several backends (mirrors ``ggml_backend_sched``).
+
+The scheduler assigns every node of a graph to a backend with the seed's passes, cuts the graph
+into per-backend *splits*, copies what each split needs from other backends, allocates everything
+through one :class:`~ggmlpy.alloc.GraphAllocator` (one buffer per backend) and runs the splits.
+With ``parallel=True`` it keeps ``n_copies = 4`` copies of every split input (and of every user
+input) so that consecutive evaluations overlap, ordered by per-(backend, copy) events.
+
+Differences from ggml, on purpose:
+
+* The user's tensors are never rewritten. Where ggml sets ``node->src[j]`` to a copy, ggmlpy
+  records the substitution in the scheduler graph's ``src_map``; allocators and backends read
+  sources through :meth:`Graph.node_srcs`. The same graph object can be split, allocated and
+  computed again.
+* Tensors the scheduler's allocator placed are un-placed by :meth:`Scheduler.reset`, so the next
+  split sees them fresh (ggml leaves dangling pointers).
+* An eval callback that returns False stops the whole graph (not only the current split) and
+  :meth:`graph_compute_async` returns ``Status.ABORTED``.
+* Upstream fixes over the seed are taken: growable split inputs and splits, copy rotation at
+  allocation time (``next_copy``), the alloc-twice guard, events recorded after every split and
+  the host wait before an input-less split on another backend.
+
+Ordering spec (what is guaranteed, in words): work of one split is queued on its backend's
+stream; a split's inputs are written only after (a) the producing backend's work is done (async
+peer copy on the producer's stream, or a host synchronize of the producer before a blocking
+copy) and (b) the consuming backend finished the previous use of the same copy slot (an
+``event_wait`` on ``events[backend][copy]``, or a host synchronize). User inputs are copied
+blocking after a host wait, so the caller may overwrite them as soon as the call returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .alloc import GraphAllocator
+from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
+                      backend_tensor_copy, event_new, event_record, event_synchronize, event_wait)
+from .errors import UnsupportedOpError
+from .graph import Graph, graph_view
+from .opcodes import VIEW_OPS, Op
+from .tensor import Context, Flag, Tensor
+
+__all__ = ["Scheduler", "Split", "MAX_BACKENDS", "MAX_COPIES"]
+
+log = logging.getLogger("ggmlpy.sched")
+
+MAX_BACKENDS = 16
+MAX_COPIES = 4
+
+
+@dataclass
+class Split:
+    """One per-backend piece of the graph (mirrors ``ggml_backend_sched_split``).
+
+    Attributes:
+        backend_id: index of the backend that computes it.
+        i_start, i_end: node range ``[i_start, i_end)`` of the user's graph.
+        inputs: tensors from other backends copied in before the split runs.
+        graph: the graph view the backend computes (shares the scheduler's ``src_map``).
+    """
+
+    backend_id: int
+    i_start: int
+    i_end: int = 0
+    inputs: list[Tensor] = field(default_factory=list)
+    graph: Graph | None = None
+
+
+class Scheduler:
+    """Split a graph across backends and run it (mirrors ``ggml_backend_sched_new``).
+
+    Args:
+        backends: 1 to 16 backends in priority order (index 0 highest); the last must be a CPU
+            device.
+        bufts: the compute buffer type per backend (default: each backend's default buffer type);
+            each must be supported by its backend.
+        graph_size: the largest graph (nodes) the scheduler expects; the internal graph grows as
+            needed.
+        parallel: keep ``n_copies = 4`` copies of split inputs for pipelined evaluations.
+        op_offload: let a higher-priority backend take ops whose weights are in host memory when
+            its ``offload_op`` says so.
+
+    Raises:
+        ValueError: no backends, more than 16, the last is not a CPU device, a buffer type not
+            supported by its backend, or ``bufts`` of the wrong length.
+
+    Environment: ``GGMLPY_SCHED_DEBUG=1`` prints the splits after each split, ``=2`` every node too.
+    """
+
+    def __init__(self, backends: list[Backend], bufts: list[BufferType] | None = None,
+                 graph_size: int = 2048, parallel: bool = False, op_offload: bool = True) -> None:
+        backends = list(backends)
+        n = len(backends)
+        if not 0 < n <= MAX_BACKENDS:
+            raise ValueError(f"Scheduler: need 1 to {MAX_BACKENDS} backends, got {n}")
+        if backends[-1].device.type != DeviceType.CPU:
+            raise ValueError(f"Scheduler: the last backend must be a CPU device, got "
+                             f"{backends[-1].name} ({backends[-1].device.type.name})")
+        if bufts is not None and len(bufts) != n:
+            raise ValueError(f"Scheduler: {len(bufts)} buffer types for {n} backends")
+        self.backends = backends
+        self.bufts = [b.get_default_buffer_type() for b in backends] if bufts is None else list(bufts)
+        for b, buft in zip(self.backends, self.bufts):
+            if not b.supports_buft(buft):
+                raise ValueError(f"Scheduler: backend {b.name} does not support buffer type {buft.name}")
+        self.graph_size = int(graph_size)
+        self.n_copies = MAX_COPIES if parallel else 1
+        self.op_offload = bool(op_offload)
+        self.cur_copy = 0
+        self.next_copy = 0
+        self.events: list[list[Event | None]] = [
+            [event_new(b.device) if self.n_copies > 1 else None for _ in range(self.n_copies)]
+            for b in self.backends]
+        self.galloc = GraphAllocator.new_n(self.bufts)
+        self.debug = int(os.environ.get("GGMLPY_SCHED_DEBUG", "0") or 0)
+        self.callback_eval: EvalCallback | None = None
+        # per-split state
+        self._backend_of: dict[Tensor, int] = {}
+        self._cause: dict[Tensor, str] = {}
+        self._copies: dict[tuple[Tensor, int], list[Tensor]] = {}
+        self._graph_inputs: list[Tensor] = []
+        self.splits: list[Split] = []
+        self.graph = Graph(0)          # the scheduler's graph: split inputs, copies, nodes
+        self._user_graph: Graph | None = None
+        self._node_ids: list[int] = []
+        self._leaf_ids: list[int] = []
+        self._prev_node_ids: list[int] = []
+        self._prev_leaf_ids: list[int] = []
+        self._placed: list[Tensor] = []
+        self._ctx = Context()
+        self.is_reset = True
+        self.is_alloc = False
+
+    # ------------------------------------------------------------------------------------------
+    # small queries
+
+    def get_n_backends(self) -> int:
+        """Number of backends (mirrors ``ggml_backend_sched_get_n_backends``)."""
+        return len(self.backends)
+
+    def get_backend(self, i: int) -> Backend:
+        """Backend ``i`` (mirrors ``ggml_backend_sched_get_backend``). Raises IndexError when out of range."""
+        if not 0 <= i < len(self.backends):
+            raise IndexError(f"Scheduler: backend index {i} out of range 0..{len(self.backends) - 1}")
+        return self.backends[i]
+
+    def get_n_splits(self) -> int:
+        """Number of splits of the last split graph (mirrors ``ggml_backend_sched_get_n_splits``)."""
+        return len(self.splits)
+
+    def get_n_copies(self) -> int:
+        """Copies kept of each split input: 4 with ``parallel``, else 1 (mirrors ``ggml_backend_sched_get_n_copies``)."""
+        return self.n_copies
+
+    def _backend_index(self, backend: Backend) -> int:
+        for i, b in enumerate(self.backends):
+            if b is backend:
+                return i
+        raise ValueError(f"Scheduler: backend {backend.name} is not one of this scheduler's backends")
+
+    def get_buffer_type(self, backend: Backend) -> BufferType:
+        """The compute buffer type of ``backend`` (mirrors ``ggml_backend_sched_get_buffer_type``)."""
+        return self.bufts[self._backend_index(backend)]
+
+    def get_buffer_size(self, backend: Backend) -> int:
+        """Bytes of ``backend``'s compute buffer; 0 when it shares an earlier backend's buffer
+        (mirrors ``ggml_backend_sched_get_buffer_size``).
+
+        Raises:
+            ValueError: ``backend`` is not one of the scheduler's backends.
+        """
+        return self.galloc.get_buffer_size(self._backend_index(backend))
+
+    def set_tensor_backend(self, node: Tensor, backend: Backend) -> None:
+        """Pin ``node`` to ``backend`` until the next :meth:`reset` (mirrors ``ggml_backend_sched_set_tensor_backend``).
+
+        Raises:
+            ValueError: ``backend`` is not one of the scheduler's backends.
+        """
+        self._backend_of[node] = self._backend_index(backend)
+        self._cause[node] = "usr"
+        self.is_reset = False
+
+    def get_tensor_backend(self, node: Tensor) -> Backend | None:
+        """The backend ``node`` is assigned to, or None (mirrors ``ggml_backend_sched_get_tensor_backend``)."""
+        b = self._backend_of.get(node, -1)
+        return None if b < 0 else self.backends[b]
+
+    def set_eval_callback(self, callback: EvalCallback | None) -> None:
+        """Observe nodes while computing (mirrors ``ggml_backend_sched_set_eval_callback``).
+
+        ``callback(t, True)`` asks whether the user wants node ``t``; for those, after the nodes up
+        to ``t`` are computed and the backend synchronized, ``callback(t, False)`` delivers it and
+        returning False stops the whole graph (the compute returns ``Status.ABORTED``).
+        """
+        self.callback_eval = callback
+
+    # ------------------------------------------------------------------------------------------
+    # assignment
+
+    def _bid(self, t: Tensor | None) -> int:
+        return -1 if t is None else self._backend_of.get(t, -1)
+
+    def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
+        buf = t.buffer
+        if buf is None:
+            return -1
+        buft = buf.buft
+        # a WEIGHTS buffer on a device: any backend that can read it and run the op
+        for i, b in enumerate(self.backends):
+            if b.supports_buft(buft) and b.supports_op(op):
+                return i
+        return -1
+
+    def _backend_id_from_cur(self, t: Tensor) -> tuple[int, str]:
+        b = self._backend_from_buffer(t, t)
+        if b >= 0:
+            return b, "1.dst"
+        if t.view_src is not None:
+            b = self._backend_from_buffer(t.view_src, t)
+            if b >= 0:
+                return b, "1.vsrc"
+        if t.buffer is not None or (t.view_src is not None and t.view_src.buffer is not None):
+            buf = t.buffer if t.buffer is not None else t.view_src.buffer  # type: ignore[union-attr]
+            raise UnsupportedOpError(
+                f"Scheduler: pre-allocated tensor '{t.name}' ({t.op.name}) is in a {buf.name} "
+                f"buffer that no backend able to run its op can use")
+        if t.flags & Flag.INPUT:
+            return len(self.backends) - 1, "1.inp"
+        if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):
+            for s in t.src:
+                if s is None or s.buffer is None or s.buffer.usage != BufferUsage.WEIGHTS:
+                    continue
+                sb = self._backend_from_buffer(s, t)
+                if (self.op_offload and sb == len(self.backends) - 1 and s.buffer.is_host()):
+                    for i, b in enumerate(self.backends[:-1]):
+                        if b.supports_op(t) and b.offload_op(t):
+                            return i, "1.off"
+                return sb, "1.wgt"
+        return -1, ""
+
+    def _set_if_supported(self, node: Tensor, b: int, cause: str) -> None:
+        if self.backends[b].supports_op(node):
+            self._backend_of[node] = b
+            self._cause[node] = cause
+
+    def _buffer_supported(self, t: Tensor, b: int) -> bool:
+        buf = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None else None)
+        if buf is not None:
+            buft = buf.buft
+        else:
+            bid = self._bid(t)
+            if bid < 0 and t.view_src is not None:
+                bid = self._bid(t.view_src)
+            if bid < 0:
+                return False
+            buft = self.bufts[bid]
+        return self.backends[b].supports_buft(buft)
+
+    def split_graph(self, graph: Graph) -> None:
+        """Assign backends and build splits without allocating (mirrors ``ggml_backend_sched_split_graph``).
+
+        Assignments already present (user pins, or a previous split without :meth:`reset`) are
+        kept. Raises UnsupportedOpError when a node no backend supports, or a pre-allocated
+        tensor no capable backend can use, is found; the scheduler is usable after :meth:`reset`.
+        """
+        if not isinstance(graph, Graph):
+            raise TypeError(f"split_graph: expected a Graph, got {type(graph).__name__}")
+        self.is_reset = False
+        self._ctx = Context()
+        self._copies = {}
+        self._graph_inputs = []
+        self._user_graph = graph
+        nb = len(self.backends)
+        cpu = nb - 1
+        bo, cause = self._backend_of, self._cause
+        nodes = graph.nodes
+
+        # pass 1: pre-allocated tensors, inputs, weights
+        for leaf in graph.leafs:
+            if bo.get(leaf, -1) < 0:
+                b, c = self._backend_id_from_cur(leaf)
+                if b >= 0:
+                    bo[leaf], cause[leaf] = b, c
+        for node in nodes:
+            if bo.get(node, -1) < 0:
+                b, c = self._backend_id_from_cur(node)
+                if b >= 0:
+                    bo[node], cause[node] = b, c
+
+        # pass 2: expand assignments to neighbours (GPU down, GPU up, rest down, rest up)
+        compute_nodes = [n for n in nodes if n.op not in VIEW_OPS]
+        for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
+                                     (compute_nodes[::-1], True, "2.gpu_up"),
+                                     (compute_nodes, False, "2.down"),
+                                     (compute_nodes[::-1], False, "2.up")):
+            cur = -1
+            for node in order:
+                b = bo.get(node, -1)
+                if b >= 0:
+                    cur = -1 if (skip_cpu and b == cpu) else b
+                elif cur >= 0:
+                    self._set_if_supported(node, cur, tag)
+
+        # pass 3: upgrade to higher-priority backends sharing the buffer type; fill the rest
+        for node in compute_nodes:
+            b = bo.get(node, -1)
+            srcs = [s for s in node.src if s is not None]
+            if b < 0:
+                best = -1
+                for i, be in enumerate(self.backends):
+                    if be.supports_op(node):
+                        n_sup = sum(1 for s in srcs
+                                    if (self._bid(s) >= 0 or self._bid(s.view_src) >= 0)
+                                    and self._buffer_supported(s, i))
+                        if n_sup > best:
+                            best = n_sup
+                            bo[node], cause[node] = i, "3.best"
+            else:
+                for i in range(b):
+                    if (self.bufts[i] is self.bufts[b] and self.backends[i].supports_op(node)
+                            and all(self._buffer_supported(s, i) for s in srcs)):
+                        bo[node], cause[node] = i, "3.upg"
+                        break
+
+        # pass 4: sources from destinations and view sources; fallback
+        for node in nodes:
+            if node.view_src is not None and bo.get(node, -1) < 0:
+                vb = bo.get(node.view_src, -1)
+                if vb >= 0:
+                    bo[node], cause[node] = vb, "4.vsrc"
+            if bo.get(node, -1) < 0:
+                for i, be in enumerate(self.backends):
+                    if be.supports_op(node):
+                        bo[node], cause[node] = i, "4.fallback"
+                        break
+                else:
+                    srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src if s is not None)
+                    raise UnsupportedOpError(
+                        f"Scheduler: no backend supports op {node.op.name} of node '{node.name}' "
+                        f"({node.type.type_name}, sources {srcs}); backends: "
+                        f"{', '.join(b.name for b in self.backends)}")
+            nb_ = bo[node]
+            for s in node.src:
+                if s is None or bo.get(s, -1) >= 0:
+                    continue
+                if s.view_src is not None:
+                    vb = bo.get(s.view_src, -1)
+                    if vb < 0:
+                        vb = nb_
+                        bo[s.view_src], cause[s.view_src] = nb_, "4.cur"
+                    bo[s], cause[s] = vb, "4.vsrc"
+                else:
+                    bo[s], cause[s] = nb_, "4.cur"
+
+        # a node placed on a backend must be able to read its view_src's buffer
+        for node in nodes:
+            vs = node.view_src
+            if vs is not None and vs.buffer is not None and node.op not in VIEW_OPS \
+                    and node.op != Op.NONE:
+                be = self.backends[bo[node]]
+                if not be.supports_buft(vs.buffer.buft):
+                    raise UnsupportedOpError(
+                        f"Scheduler: node '{node.name}' ({node.op.name}) writes into a view of "
+                        f"'{vs.name}' in a {vs.buffer.name} buffer that its backend {be.name} "
+                        "cannot access")
+
+        # pass 5: splits and copies
+        src_map: dict[int, list[Tensor | None]] = {}
+        extra_flags: dict[int, Flag] = {}
+        splits: list[Split] = []
+        split: Split | None = None
+        n_copies = self.n_copies
+        for i, node in enumerate(nodes):
+            if node.op in VIEW_OPS:
+                continue
+            b = bo[node]
+            if split is None:
+                split = Split(b, 0)
+                splits.append(split)
+            need_new = False
+            if b == split.backend_id and split.inputs:
+                for s in node.src:
+                    if s is None:
+                        continue
+                    if (s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS
+                            and bo.get(s, -1) != b and not self._buffer_supported(s, b)):
+                        need_new = True
+                        break
+            if b != split.backend_id or need_new:
+                split.i_end = i
+                split = Split(b, i)
+                splits.append(split)
+            new_srcs: list[Tensor | None] | None = None
+            for j, s in enumerate(node.src):
+                if s is None:
+                    continue
+                sb = bo[s]
+                if s.flags & Flag.INPUT and n_copies > 1 and (s, sb) not in self._copies:
+                    copies = []
+                    for c in range(n_copies):
+                        if c == self.cur_copy:
+                            t = s  # the user's tensor is the current slot; never reuse its memory
+                            extra_flags[id(s)] = Flag.INPUT | Flag.OUTPUT
+                        else:
+                            t = self._ctx.dup_tensor_layout(s)
+                            t.set_name(f"{self.backends[sb].name}#{s.name}#{c}")
+                            t.flags |= Flag.INPUT | Flag.OUTPUT
+                            bo[t], cause[t] = sb, "5.cpy"
+                        copies.append(t)
+                    self._copies[(s, sb)] = copies
+                    self._graph_inputs.append(s)
+                if sb != b and not self._buffer_supported(s, b):
+                    key = (s, b)
+                    if key not in self._copies:
+                        copies = []
+                        for c in range(n_copies):
+                            t = self._ctx.dup_tensor_layout(s)
+                            t.set_name(f"{self.backends[b].name}#{s.name}#{c}")
+                            if n_copies > 1:
+                                t.flags |= Flag.INPUT | Flag.OUTPUT
+                            bo[t], cause[t] = b, "5.cpy"
+                            copies.append(t)
+                        self._copies[key] = copies
+                        split.inputs.append(s)
+                    elif s not in split.inputs:
+                        # the copy exists (made for an earlier split on this backend): reuse it
+                        pass
+                    if new_srcs is None:
+                        new_srcs = list(node.src)
+                    new_srcs[j] = self._copies[key][self.cur_copy]
+            if new_srcs is not None:
+                src_map[id(node)] = new_srcs
+        if split is not None:
+            split.i_end = len(nodes)
+        self.splits = splits
+
+        # the scheduler's graph: per split its input dependencies and copies, then its nodes
+        self._prev_node_ids, self._prev_leaf_ids = self._node_ids, self._leaf_ids
+        sg = Graph(0)
+        sg.src_map = src_map
+        sg.extra_flags = extra_flags
+        node_ids: list[int] = []
+        leaf_ids: list[int] = []
+        for sp in splits:
+            sp.graph = graph_view(graph, sp.i_start, sp.i_end)
+            sp.graph.src_map = src_map
+            for inp in sp.inputs:
+                cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
+                dep = self._ctx.new_view(inp, inp.type, inp.ne, inp.nb, 0)
+                dep.src = [inp]
+                dep.set_name(f"{inp.name} (dep)")
+                sg.nodes.append(dep)
+                node_ids.append(bo[inp])
+                sg.nodes.append(cpy)
+                node_ids.append(sp.backend_id)
+            for k in range(sp.i_start, sp.i_end):
+                sg.nodes.append(nodes[k])
+                node_ids.append(bo[nodes[k]])
+        if n_copies > 1:
+            for inp in self._graph_inputs:
+                ib = bo[inp]
+                for cpy in self._copies[(inp, ib)]:
+                    sg.leafs.append(cpy)
+                    leaf_ids.append(ib)
+            for sp in splits:
+                for inp in sp.inputs:
+                    for cpy in self._copies[(inp, sp.backend_id)]:
+                        sg.leafs.append(cpy)
+                        leaf_ids.append(sp.backend_id)
+        for leaf in graph.leafs:
+            sg.leafs.append(leaf)
+            leaf_ids.append(bo.get(leaf, len(self.backends) - 1))
+        sg.size = max(len(sg.nodes), len(sg.leafs))
+        sg._visited = {id(t) for t in sg.nodes} | {id(t) for t in sg.leafs}
+        self.graph = sg
+        self._node_ids, self._leaf_ids = node_ids, leaf_ids
+        if self.debug:
+            self.print_report(verbose=self.debug > 1)
+
+    # ------------------------------------------------------------------------------------------
+    # allocation
+
+    def _alloc_splits(self) -> bool:
+        sg = self.graph
+        bufts = self.bufts
+        changed = (len(self._node_ids) != len(self._prev_node_ids)
+                   or len(self._leaf_ids) != len(self._prev_leaf_ids))
+        if not changed:
+            for a, b in zip(self._node_ids, self._prev_node_ids):
+                if a != b and bufts[a] is not bufts[b]:
+                    changed = True
+                    break
+        if not changed:
+            for a, b in zip(self._leaf_ids, self._prev_leaf_ids):
+                if a != b and bufts[a] is not bufts[b]:
+                    changed = True
+                    break
+        # remember what this allocation places, so reset() can un-place it
+        self._placed = self._unplaced_tensors(sg)
+        if changed or not self.galloc.alloc_graph(sg):
+            for b in self.backends:
+                b.synchronize()
+            self.galloc.reserve_n(sg, self._node_ids, self._leaf_ids)
+            if not self.galloc.alloc_graph(sg):
+                log.error("Scheduler: failed to allocate the graph (buffer sizes: %s)",
+                          [self.galloc.get_buffer_size(i) for i in range(len(self.backends))])
+                return False
+        return True
+
+    @staticmethod
+    def _unplaced_tensors(sg: Graph) -> list[Tensor]:
+        seen: set[int] = set()
+        out: list[Tensor] = []
+        for t in sg.leafs:
+            if id(t) not in seen:
+                seen.add(id(t))
+                if t.buffer is None:
+                    out.append(t)
+        for n in sg.nodes:
+            for t in (n, *sg.node_srcs(n)):
+                if t is not None and id(t) not in seen:
+                    seen.add(id(t))
+                    if t.buffer is None:
+                        out.append(t)
+        return out
+
+    def reserve(self, graph: Graph) -> bool:
+        """Plan and allocate compute buffers for the worst-case ``graph`` (mirrors ``ggml_backend_sched_reserve``).
+
+        Synchronizes, splits (keeping user pins made with :meth:`set_tensor_backend`), reserves
+        one buffer per backend, then resets. Returns False when a buffer could not be allocated
+        (the sizes are logged); the scheduler stays usable.
+        """
+        self.synchronize()
+        try:
+            self.split_graph(graph)
+            ok = self.galloc.reserve_n(self.graph, self._node_ids, self._leaf_ids)
+        finally:
+            self.reset()
+        if not ok:
+            log.error("Scheduler: reserve failed (buffer sizes: %s)",
+                      [self.galloc.get_buffer_size(i) for i in range(len(self.backends))])
+        return ok
+
+    def reserve_size(self, graph: Graph) -> list[int]:
+        """Bytes each backend's compute buffer would need for ``graph``, allocating nothing
+        (mirrors ``ggml_backend_sched_reserve_size``). Resets first, dropping user pins."""
+        self.reset()
+        self.synchronize()
+        try:
+            self.split_graph(graph)
+            return self.galloc.reserve_n_size(self.graph, self._node_ids, self._leaf_ids)
+        finally:
+            self.reset()
+
+    def alloc_graph(self, graph: Graph) -> bool:
+        """Split ``graph`` and place all its tensors (mirrors ``ggml_backend_sched_alloc_graph``).
+
+        Rotates the copy slot (``cur_copy``) first. Returns False when allocation failed.
+
+        Raises:
+            ValueError: the scheduler already holds an allocated graph (call :meth:`reset` first).
+            UnsupportedOpError: as :meth:`split_graph`.
+        """
+        if self.is_alloc:
+            raise ValueError("Scheduler.alloc_graph: a graph is already allocated; call reset() first")
+        self.cur_copy = self.next_copy
+        self.next_copy = (self.next_copy + 1) % self.n_copies
+        self.split_graph(graph)
+        if not self._alloc_splits():
+            return False
+        self.is_alloc = True
+        return True
+
+    # ------------------------------------------------------------------------------------------
+    # compute
+
+    def graph_compute_async(self, graph: Graph) -> Status:
+        """Run ``graph``'s splits without waiting for the last one (mirrors ``ggml_backend_sched_graph_compute_async``).
+
+        If nothing is allocated the scheduler resets (when needed) and allocates ``graph`` first,
+        returning ``Status.ALLOC_FAILED`` if that fails. If a graph is already allocated, that
+        graph runs and ``graph`` is not looked at (ggml's rule): call :meth:`reset` to run a
+        different graph.
+        """
+        if not self.is_reset and not self.is_alloc:
+            self.reset()
+        if not self.is_alloc:
+            if not self.alloc_graph(graph):
+                return Status.ALLOC_FAILED
+        return self._compute_splits()
+
+    def graph_compute(self, graph: Graph) -> Status:
+        """:meth:`graph_compute_async` then :meth:`synchronize` (mirrors ``ggml_backend_sched_graph_compute``)."""
+        status = self.graph_compute_async(graph)
+        self.synchronize()
+        return status
+
+    def _compute_splits(self) -> Status:
+        cur = self.cur_copy
+        events = self.events
+        prev_b = -1
+        for sp in self.splits:
+            b = sp.backend_id
+            backend = self.backends[b]
+            ev = events[b][cur]
+            if not sp.inputs and prev_b >= 0 and prev_b != b:
+                pev = events[prev_b][cur]
+                if pev is not None:
+                    event_synchronize(pev)
+                else:
+                    self.backends[prev_b].synchronize()
+            for inp in sp.inputs:
+                in_backend = self.backends[self._backend_of[inp]]
+                cpy = self._copies[(inp, b)][cur]
+                if inp.flags & Flag.INPUT:
+                    # user data: copy now, so the caller may overwrite it when we return
+                    if ev is not None:
+                        event_synchronize(ev)
+                    else:
+                        backend.synchronize()
+                    backend_tensor_copy(inp, cpy)
+                else:
+                    if ev is not None:
+                        event_wait(backend, ev)
+                    else:
+                        backend.synchronize()
+                    if not backend._cpy_tensor_async(in_backend, inp, cpy):
+                        in_backend.synchronize()
+                        if ev is not None:
+                            event_synchronize(ev)
+                        else:
+                            backend.synchronize()
+                        backend_tensor_copy(inp, cpy)
+            assert sp.graph is not None
+            if self.callback_eval is None:
+                status = backend.graph_compute_async(sp.graph)
+                if status != Status.SUCCESS:
+                    return status
+            else:
+                status = self._compute_with_callback(backend, sp.graph)
+                if status != Status.SUCCESS:
+                    return status
+            if ev is not None:
+                event_record(ev, backend)
+            prev_b = b
+        return Status.SUCCESS
+
+    def _compute_with_callback(self, backend: Backend, g: Graph) -> Status:
+        cb = self.callback_eval
+        assert cb is not None
+        n = len(g.nodes)
+        j0 = 0
+        while j0 < n:
+            j1 = j0
+            need = cb(g.nodes[j1], True)
+            while not need and j1 < n - 1:
+                j1 += 1
+                need = cb(g.nodes[j1], True)
+            status = backend.graph_compute_async(graph_view(g, j0, j1 + 1))
+            if status != Status.SUCCESS:
+                return status
+            backend.synchronize()
+            if need and not cb(g.nodes[j1], False):
+                return Status.ABORTED
+            j0 = j1 + 1
+        return Status.SUCCESS
+
+    def synchronize(self) -> None:
+        """Wait for every backend (mirrors ``ggml_backend_sched_synchronize``); with nothing allocated
+        the copy rotation restarts at 0."""
+        for b in self.backends:
+            b.synchronize()
+        if not self.is_alloc:
+            self.next_copy = 0
+
+    def reset(self) -> None:
+        """Forget assignments, pins, copies and the allocation (mirrors ``ggml_backend_sched_reset``).
+
+        Tensors placed by the scheduler's allocator are un-placed (``buffer``/``offset`` None), so
+        the graph can be split and allocated again; weights and user-allocated tensors are kept.
+        """
+        if not self.is_reset:
+            self._backend_of = {}
+            self._cause = {}
+            self._copies = {}
+            self._graph_inputs = []
+        for t in self._placed:
+            t.buffer = None
+            t.offset = None
+        self._placed = []
+        self.is_reset = True
+        self.is_alloc = False
+
+    def free(self) -> None:
+        """Synchronize, reset and release the compute buffers (mirrors ``ggml_backend_sched_free``)."""
+        self.synchronize()
+        self.reset()
+        self.galloc.free()
+
+    # ------------------------------------------------------------------------------------------
+    # explainability
+
+    def report(self) -> dict[str, Any]:
+        """A structured description of the last split.
+
+        Returns:
+            ``{"n_splits", "n_copies", "splits": [{"id", "backend", "nodes": [i_start, i_end],
+            "inputs": [{"name", "from", "bytes"}], "bytes_copied"}], "nodes": [{"index", "name",
+            "op", "backend", "cause", "split"}]}`` where ``cause`` is the rule that placed the
+            node: ``usr`` (pinned), ``1.dst``/``1.vsrc`` (its buffer), ``1.inp`` (graph input),
+            ``1.wgt``/``1.off`` (next to its weights / offloaded), ``2.gpu_down``, ``2.gpu_up``,
+            ``2.down``, ``2.up`` (expansion sweeps), ``3.best``/``3.upg``, ``4.vsrc``/``4.cur``/
+            ``4.fallback``.
+        """
+        g = self._user_graph
+        split_of: dict[int, int] = {}
+        splits = []
+        for k, sp in enumerate(self.splits):
+            for i in range(sp.i_start, sp.i_end):
+                split_of[i] = k
+            inputs = [{"name": t.name, "from": self.backends[self._backend_of.get(t, -1)].name
+                       if self._backend_of.get(t, -1) >= 0 else None, "bytes": t.nbytes}
+                      for t in sp.inputs]
+            splits.append({"id": k, "backend": self.backends[sp.backend_id].name,
+                           "nodes": [sp.i_start, sp.i_end], "inputs": inputs,
+                           "bytes_copied": sum(x["bytes"] for x in inputs)})
+        nodes = []
+        if g is not None:
+            for i, n in enumerate(g.nodes):
+                b = self._backend_of.get(n, -1)
+                nodes.append({"index": i, "name": n.name, "op": n.op.name,
+                              "backend": self.backends[b].name if b >= 0 else None,
+                              "cause": self._cause.get(n, ""), "split": split_of.get(i)})
+        return {"n_splits": len(self.splits), "n_copies": self.n_copies, "splits": splits,
+                "nodes": nodes}
+
+    def print_report(self, verbose: bool = False, file: Any = None) -> None:
+        """Print :meth:`report` as text (``GGMLPY_SCHED_DEBUG=1``; ``verbose`` adds every node, level 2)."""
+        out = file or sys.stderr
+        r = self.report()
+        print(f"sched: {r['n_splits']} splits, n_copies={r['n_copies']}", file=out)
+        for sp in r["splits"]:
+            ins = ", ".join(f"{x['name']} ({x['bytes']} B from {x['from']})" for x in sp["inputs"])
+            print(f"## SPLIT #{sp['id']}: {sp['backend']} nodes [{sp['nodes'][0]}, {sp['nodes'][1]}) "
+                  f"{len(sp['inputs'])} inputs{': ' + ins if ins else ''}", file=out)
+            if verbose:
+                for n in r["nodes"][sp["nodes"][0]:sp["nodes"][1]]:
+                    print(f"  node #{n['index']:4d} {n['op']:>16} {n['name']:<32} "
+                          f"[{n['backend']} {n['cause']}]", file=out)

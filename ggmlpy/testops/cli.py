@@ -1,0 +1,158 @@
+"""Command line of ``python -m ggmlpy test-backend-ops`` (mirrors ggml's ``test-backend-ops`` CLI).
+
+    python -m ggmlpy test-backend-ops [--mode test|perf|support] [-b BACKEND[,..]] [-o OP[,..]]
+        [-p REGEX] [--json] [--markdown] [--quick] [--list] [--graph FILE [--save DIR]]
+
+Exit status: 0 when every backend passed (or nothing failed), 1 on a failing case or a diverging
+graph, 2 on bad usage (unknown backend, bad regex, bad graph file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m ggmlpy test-backend-ops",
+        description="Compare every op across backends against the CPU backend (test), time "
+                    "them (perf), or list which backend supports what (support).")
+    p.add_argument("mode_pos", nargs="?", choices=("test", "perf", "support"),
+                   help="mode, as in ggml (same as --mode)")
+    p.add_argument("--mode", choices=("test", "perf", "support"), default=None)
+    p.add_argument("-b", "--backend", default=None,
+                   help="device name(s) under test, comma-separated (default: every non-CPU "
+                        "device; 'CPU' compares a second CPU backend)")
+    p.add_argument("-o", "--op", default=None,
+                   help="op descriptions (ADD, GELU, SWIGLU) or families (UNARY), comma-separated; "
+                        "an entry with '(' must equal a full case name")
+    p.add_argument("-p", "--params", default=None, help="regex searched in the case name OP(vars)")
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.add_argument("--markdown", action="store_true", help="support mode: a Markdown table")
+    p.add_argument("--quick", action="store_true",
+                   help="leave out cases tagged large (the CI subset)")
+    p.add_argument("--list", action="store_true", help="list the selected cases and family counts")
+    p.add_argument("--min-time", type=float, default=0.2,
+                   help="perf mode: seconds of timed runs per case (default 0.2)")
+    p.add_argument("--graph", default=None,
+                   help="a .py file defining build(ctx) -> (graph, inputs): compare that graph "
+                        "node by node and report the first diverging node")
+    p.add_argument("--save", default=None,
+                   help="--graph: directory for the diverging node's inputs/outputs "
+                        "(default: a new temporary directory, printed)")
+    p.add_argument("--no-isolate", action="store_true",
+                   help="--graph: let each backend keep its own intermediates")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (see the module docstring)."""
+    from ..errors import BackendUnavailableError
+
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    mode = args.mode or args.mode_pos or "test"
+    try:
+        if args.graph:
+            return _graph_main(args)
+        if args.list:
+            return _list_main(args, mode)
+        return _run_main(args, mode)
+    except BackendUnavailableError as e:
+        print(f"test-backend-ops: {e}", file=sys.stderr)
+        return 2
+    except re.error as e:
+        print(f"test-backend-ops: bad -p regex {args.params!r}: {e}", file=sys.stderr)
+        return 2
+
+
+def _list_main(args: argparse.Namespace, mode: str) -> int:
+    from .families import all_cases, family_counts, perf_cases
+    from .runner import select_cases
+
+    cases = perf_cases() if mode == "perf" else all_cases()
+    if args.quick:
+        cases = [c for c in cases if "large" not in c.tags]
+    sel = select_cases(cases, args.op, args.params)
+    counts = family_counts(sel)
+    if args.json:
+        print(json.dumps({"cases": [c.name for c in sel], "family_counts": counts}, indent=1))
+        return 0
+    for c in sel:
+        print(f"  {c.name}")
+    for fam, n in sorted(counts.items()):
+        print(f"{fam:<20} {n:5d}")
+    print(f"{len(sel)} cases")
+    return 0
+
+
+def _run_main(args: argparse.Namespace, mode: str) -> int:
+    from .runner import run_tests
+
+    stream = None if args.json else sys.stdout
+    if mode == "support":
+        stream = None
+    report = run_tests(mode, args.backend, args.op, args.params, quick=args.quick,
+                       min_time=args.min_time, stream=stream)
+    if not report.backends:
+        print("test-backend-ops: no backend to test (register SIM devices with "
+              "GGMLPY_SIM_DEVICES=N, or pass -b CPU to compare a second CPU backend)",
+              file=sys.stderr)
+        return 0
+    if args.json:
+        print(report.to_json())
+    elif mode == "support":
+        print(report.support_table(markdown=args.markdown))
+    elif mode == "test":
+        for line in report.summary_lines():
+            print(line)
+    return report.exit_code() if mode == "test" else 0
+
+
+def _graph_main(args: argparse.Namespace) -> int:
+    from .. import registry
+    from ..backends.cpu import backend_cpu_init
+    from ..tensor import Context
+    from .graph_compare import compare_graph
+    from .runner import resolve_backends
+
+    spec = importlib.util.spec_from_file_location("ggmlpy_user_graph", args.graph)
+    if spec is None or spec.loader is None:
+        print(f"test-backend-ops: cannot load {args.graph!r}", file=sys.stderr)
+        return 2
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+        build = getattr(mod, "build")
+    except (OSError, AttributeError, SyntaxError) as e:
+        print(f"test-backend-ops: {args.graph}: {e}", file=sys.stderr)
+        return 2
+    if args.backend:
+        b1 = resolve_backends(args.backend)[0]
+    else:
+        devs = [d for d in registry.devices() if d.name.upper() != "CPU"]
+        b1 = devs[0].init_backend() if devs else backend_cpu_init()
+    b2 = backend_cpu_init()
+    graph, inputs = build(Context(no_alloc=True))
+    # the default directory is only created when there is something to save
+    save = args.save or os.path.join(tempfile.gettempdir(),
+                                     f"ggmlpy-divergence-{os.getpid()}-{int(time.time())}")
+    rep = compare_graph(graph, inputs, b1, b2, isolate=not args.no_isolate, save_dir=save)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps(asdict(rep), indent=1, default=str))
+    else:
+        print(rep.summary())
+        if rep.diverged and not args.save:
+            print(f"  (save directory: {save})")
+    return 1 if rep.diverged else 0

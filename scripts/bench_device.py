@@ -1,0 +1,202 @@
+"""Benchmarks of the async device backend: copy bandwidths, a mul_mat, graph-compute latency. Prints JSON.
+
+Usage::
+
+    PYTHONPATH=. python scripts/bench_device.py [--device CUDA0|SIM0] [--copy-mb 256]
+        [--mm 4096,4096,512] [--repeat 5] [--table]
+
+Without ``--device`` it uses CUDA0 when CuPy sees a GPU, else a SIM device (latency 0). Every
+figure is the median of ``--repeat`` runs, timed with ``time.perf_counter`` after a warm-up, with
+the backend synchronized inside the timed region. Bandwidths are GB/s (10**9 bytes per second).
+
+* ``h2d_blocking_gbps`` / ``d2h_blocking_gbps``: ``backend_tensor_set`` / ``backend_tensor_get`` of
+  ``copy_mb`` MiB from/to pageable NumPy memory.
+* ``h2d_async_gbps``: ``backend_tensor_set_async`` + ``synchronize`` (snapshot into pinned staging
+  included).
+* ``h2d_pinned_gbps``: async copy from a tensor in the pinned host buffer type (``*_Host``) with
+  ``backend_tensor_copy_async`` + ``synchronize``.
+* ``d2d_gbps``: ``backend_tensor_copy_async`` between two device tensors on one backend (bytes
+  copied, not read+written).
+* ``mul_mat_gflops``: F32 ``mul_mat`` of ``[K, M] x [K, N]`` (2*M*N*K flops) via ``graph_compute``.
+* ``graph_latency_us``: a one-node graph (add of 1024 floats) ``graph_compute`` round trip;
+  ``graph_async_return_us``: time for ``graph_compute_async`` to return on that graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from ggmlpy import ops
+from ggmlpy.backend import (BufferType, backend_tensor_copy_async, backend_tensor_get,
+                            backend_tensor_set, backend_tensor_set_async, tensor_alloc)
+from ggmlpy.backends.cupy_runtime import cuda_reg
+from ggmlpy.backends.sim_runtime import sim_reg
+from ggmlpy.graph import Graph
+from ggmlpy.tensor import Context, Tensor
+from ggmlpy.types import Type
+
+
+def _place(buft: BufferType, *tensors: Tensor):
+    align = buft.get_alignment()
+    offs, total = [], 0
+    for t in tensors:
+        offs.append(total)
+        total += -(-t.nbytes // align) * align
+    buf = buft.alloc_buffer(total)
+    for t, o in zip(tensors, offs):
+        tensor_alloc(buf, t, o)
+    return buf
+
+
+def _median_time(fn, repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _pick_device(name: str | None):
+    if name is None:
+        reg = cuda_reg()
+        return reg.devices[0] if reg.devices else sim_reg(1, latency_us=0).devices[0]
+    if name.upper().startswith("SIM"):
+        idx = int(name[3:] or 0)
+        return sim_reg(idx + 1, latency_us=0).devices[idx]
+    reg = cuda_reg()
+    for d in reg.devices:
+        if d.name.upper() == name.upper():
+            return d
+    raise SystemExit(f"no device {name}: {reg.unavailable_reason or 'not found'}")
+
+
+def bench(device_name: str | None, copy_mb: int, mm: tuple[int, int, int], repeat: int) -> dict[str, Any]:
+    """Run every benchmark on one device; returns the JSON-able result dict."""
+    dev = _pick_device(device_name)
+    be = dev.init_backend()
+    out: dict[str, Any] = {"device": dev.name, "description": dev.description,
+                           "copy_mb": copy_mb, "repeat": repeat}
+    buft = dev.get_buffer_type()
+    try:
+        # copies -------------------------------------------------------------------------------
+        n = copy_mb * (1 << 20) // 4
+        nbytes = n * 4
+        ctx = Context()
+        a, b = ctx.new_tensor_1d(Type.F32, n), ctx.new_tensor_1d(Type.F32, n)
+        h = ctx.new_tensor_1d(Type.F32, n)
+        dbuf = _place(buft, a, b)
+        hbuf = _place(dev.get_host_buffer_type(), h)
+        x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        backend_tensor_set(h, x)
+
+        def gbps(sec: float) -> float:
+            return round(nbytes / sec / 1e9, 3)
+
+        out["h2d_blocking_gbps"] = gbps(_median_time(lambda: backend_tensor_set(a, x), repeat))
+        out["d2h_blocking_gbps"] = gbps(_median_time(lambda: backend_tensor_get(a), repeat))
+
+        def h2d_async() -> None:
+            backend_tensor_set_async(be, a, x)
+            be.synchronize()
+
+        out["h2d_async_gbps"] = gbps(_median_time(h2d_async, repeat))
+
+        from ggmlpy.backends.cpu import backend_cpu_init
+        cpu = backend_cpu_init()
+
+        def h2d_pinned() -> None:
+            backend_tensor_copy_async(cpu, be, h, a)
+            be.synchronize()
+
+        out["h2d_pinned_gbps"] = gbps(_median_time(h2d_pinned, repeat))
+
+        def d2d() -> None:
+            backend_tensor_copy_async(be, be, a, b)
+            be.synchronize()
+
+        out["d2d_gbps"] = gbps(_median_time(d2d, repeat))
+        ok = np.array_equal(backend_tensor_get(b).reshape(-1), x)
+        out["copies_correct"] = bool(ok)
+        dbuf.free()
+        hbuf.free()
+
+        # mul_mat ------------------------------------------------------------------------------
+        K, M, N = mm
+        ctx = Context()
+        w, v = ctx.new_tensor_2d(Type.F32, K, M), ctx.new_tensor_2d(Type.F32, K, N)
+        r = ops.mul_mat(ctx, w, v)
+        g = Graph()
+        g.build_forward_expand(r)
+        mbuf = _place(buft, w, v, r)
+        rng = np.random.default_rng(1)
+        wx = rng.standard_normal((M, K)).astype(np.float32)
+        vx = rng.standard_normal((N, K)).astype(np.float32)
+        backend_tensor_set(w, wx)
+        backend_tensor_set(v, vx)
+        sec = _median_time(lambda: be.graph_compute(g), repeat)
+        out["mul_mat_shape_KMN"] = [K, M, N]
+        out["mul_mat_gflops"] = round(2.0 * K * M * N / sec / 1e9, 1)
+        res = backend_tensor_get(r).reshape(N, M)
+        ref = vx[:8].astype(np.float64) @ wx.astype(np.float64).T
+        out["mul_mat_max_rel_err"] = float(np.max(np.abs(res[:8] - ref)) / np.max(np.abs(ref)))
+        mbuf.free()
+
+        # graph latency ------------------------------------------------------------------------
+        ctx = Context()
+        p, q = ctx.new_tensor_1d(Type.F32, 1024), ctx.new_tensor_1d(Type.F32, 1024)
+        s = ops.add(ctx, p, q)
+        g = Graph()
+        g.build_forward_expand(s)
+        lbuf = _place(buft, p, q, s)
+        lbuf.clear(0)
+        reps = max(20, repeat * 10)
+        out["graph_latency_us"] = round(_median_time(lambda: be.graph_compute(g), reps, 3) * 1e6, 1)
+        rets = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            be.graph_compute_async(g)
+            rets.append(time.perf_counter() - t0)
+            be.synchronize()
+        out["graph_async_return_us"] = round(statistics.median(rets) * 1e6, 1)
+        lbuf.free()
+    finally:
+        be.free()
+    return out
+
+
+def _table(res: dict[str, Any]) -> str:
+    rows = [(k, v) for k, v in res.items()]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None, help="CUDA0, CUDA1, SIM0 ... (default: CUDA0 if present, else SIM0)")
+    ap.add_argument("--copy-mb", type=int, default=256, help="MiB per copy (default 256)")
+    ap.add_argument("--mm", default="4096,4096,512", help="mul_mat K,M,N (default 4096,4096,512)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--table", action="store_true", help="also print a table to stderr")
+    args = ap.parse_args(argv)
+    mm = tuple(int(v) for v in args.mm.split(","))
+    if len(mm) != 3:
+        ap.error("--mm needs K,M,N")
+    res = bench(args.device, args.copy_mb, mm, args.repeat)  # type: ignore[arg-type]
+    print(json.dumps(res))
+    if args.table:
+        print(_table(res), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# GPU check for a CUDA machine: the GPU-marked tests, then the device benchmarks, then a short table.
+#
+# Expects Python 3.12 with numpy and cupy-cuda13x (safetensors, tokenizers for the model step);
+# ggmlpy itself is NOT installed: it runs from the repository root with PYTHONPATH=. .
+# pytest is used when importable; otherwise it is installed offline from wheels in ./.whl/
+# (carry that folder: `pip download "pytest>=8" --only-binary=:all: --python-version 3.12 -d .whl`).
+# Results (JSON, logs) go to $OUT if set, else to a temporary folder. Total budget: < 10 minutes.
+# Exit status: 0 when every step that ran passed.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PYTHON:-python}"
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+status=0
+t_start=$(date +%s)
+
+echo "== environment"
+"$PY" - <<'EOF' 2>&1 | tee "$OUT/env.txt"
+import platform, numpy
+print("python", platform.python_version(), "numpy", numpy.__version__)
+try:
+    import cupy
+    n = cupy.cuda.runtime.getDeviceCount()
+    print("cupy", cupy.__version__, "cuda runtime", cupy.cuda.runtime.runtimeGetVersion(),
+          "driver", cupy.cuda.runtime.driverGetVersion(), "devices", n)
+except Exception as e:
+    print("cupy unavailable:", type(e).__name__, e)
+from ggmlpy.backends.cupy_runtime import cuda_reg
+r = cuda_reg()
+print("ggmlpy CUDA devices:", [d.name + " " + d.description + " cc " + d.get_props().extra["compute_capability"]
+                               for d in r.devices] or r.unavailable_reason)
+raise SystemExit(0 if r.devices else 3)
+EOF
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "NO CUDA DEVICE: the GPU tests will skip"; status=1; }
+
+echo "== tests (pytest -m gpu)"
+if ! "$PY" -c "import pytest" 2>/dev/null; then
+    if [ -d .whl ]; then
+        "$PY" -m pip install -q --no-index --find-links .whl pytest >"$OUT/pip.log" 2>&1 \
+            || echo "pip install of pytest from .whl failed (see $OUT/pip.log)"
+    fi
+fi
+if "$PY" -c "import pytest" 2>/dev/null; then
+    timeout 330 "$PY" -m pytest -m gpu -q -x -rs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -25
+    rc=${PIPESTATUS[0]}
+    echo "pytest exit: $rc"
+    [ "$rc" -eq 0 ] || status=1
+    tests_line=$(grep -E "passed|failed|error|skipped|deselected" "$OUT/pytest.log" | tail -1)
+else
+    echo "SKIPPED: pytest is not installed and no ./.whl wheels were carried"
+    tests_line="not run (no pytest)"
+    status=1
+fi
+
+echo "== device benchmarks"
+timeout 150 "$PY" scripts/bench_device.py --device CUDA0 --repeat 5 >"$OUT/bench_device.json" 2>"$OUT/bench_device.err"
+rc=$?
+[ "$rc" -eq 0 ] || { status=1; echo "bench_device failed (exit $rc):"; tail -5 "$OUT/bench_device.err"; }
+cat "$OUT/bench_device.json"
+
+# ==== MiniLM embeddings run: ADD HERE (another engineer) ================================
+# Keep it under ~2 minutes and write its JSON to "$OUT/minilm.json"; add its figures to the
+# table below. Set status=1 on failure.
+# ========================================================================================
+
+echo "== summary"
+"$PY" - "$OUT" "$tests_line" <<'EOF'
+import json, os, sys
+out, tests_line = sys.argv[1], sys.argv[2]
+rows = [("gpu tests", tests_line)]
+try:
+    b = json.load(open(os.path.join(out, "bench_device.json")))
+    rows += [
+        ("device", f"{b['device']} ({b['description']})"),
+        ("host->device blocking / async / pinned", f"{b['h2d_blocking_gbps']} / {b['h2d_async_gbps']} / {b['h2d_pinned_gbps']} GB/s"),
+        ("device->host blocking", f"{b['d2h_blocking_gbps']} GB/s"),
+        ("device->device", f"{b['d2d_gbps']} GB/s (copies correct: {b['copies_correct']})"),
+        (f"mul_mat F32 K,M,N={b['mul_mat_shape_KMN']}", f"{b['mul_mat_gflops']} GFLOP/s (max rel err {b['mul_mat_max_rel_err']:.1e})"),
+        ("1-node graph: compute / async return", f"{b['graph_latency_us']} / {b['graph_async_return_us']} us"),
+    ]
+except Exception as e:  # noqa: BLE001
+    rows.append(("device benchmarks", f"missing ({type(e).__name__}: {e})"))
+p = os.path.join(out, "minilm.json")
+if os.path.exists(p):
+    rows.append(("minilm", open(p).read().strip()[:200]))
+w = max(len(k) for k, _ in rows)
+for k, v in rows:
+    print(f"{k:<{w}}  {v}")
+EOF
+echo "elapsed: $(( $(date +%s) - t_start )) s; results in $OUT; status $status"
+exit $status
