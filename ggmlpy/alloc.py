@@ -447,7 +447,8 @@ class GraphAllocator:
                 if p_hn is None or not p_hn.allocated or self._has_data(parent):
                     continue  # not owned in this pass (external data, weights, freed, handed on)
                 vs = parent.view_src
-                if parent.flags & Flag.OUTPUT or (vs is not None and vs.flags & Flag.OUTPUT):
+                flags = graph.tensor_flags
+                if flags(parent) & Flag.OUTPUT or (vs is not None and flags(vs) & Flag.OUTPUT):
                     continue
                 if not node.are_same_layout(parent):
                     continue
@@ -471,9 +472,9 @@ class GraphAllocator:
         hn.chunk, hn.offset = talloc.alloc(self._alloc_size(buffer_id, node))
         hn.buffer_id = buffer_id
 
-    def _free_node(self, node: Tensor) -> None:
+    def _free_node(self, graph: Graph, node: Tensor) -> None:
         # mirrors ggml_gallocr_free_node: outputs are never freed
-        if node.flags & Flag.OUTPUT:
+        if graph.tensor_flags(node) & Flag.OUTPUT:
             return
         hn = self._hn(node)
         talloc = self._tallocs[self._talloc_of[hn.buffer_id]]
@@ -493,13 +494,13 @@ class GraphAllocator:
             bid = node_ids[i] if node_ids is not None else 0
             if node.view_src is not None and node.op != Op.NONE:
                 self._hn(node.view_src).n_views += 1
-            if node.flags & Flag.INPUT:
+            if graph.tensor_flags(node) & Flag.INPUT:
                 self._allocate_node(graph, node, bid)
             for src in node_srcs(node):
                 if src is None:
                     continue
                 self._hn(src).n_children += 1
-                if src.flags & Flag.INPUT:
+                if graph.tensor_flags(src) & Flag.INPUT:
                     self._allocate_node(graph, src, bid)
 
         for i, node in enumerate(graph.nodes):
@@ -520,9 +521,9 @@ class GraphAllocator:
                         vs_hn = self._hn(vs)
                         vs_hn.n_views -= 1
                         if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
-                            self._free_node(vs)
+                            self._free_node(graph, vs)
                     elif p_hn.allocated:
-                        self._free_node(parent)
+                        self._free_node(graph, parent)
 
     def _rec_of(self, t: Tensor | None) -> _Rec:
         if t is None or t.view_src is not None or self._has_data(t):

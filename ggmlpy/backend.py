@@ -768,7 +768,7 @@ class Event:
 def event_new(device: Device) -> Event | None:
     """A new event for ``device``, or None when the device has no event support
     (mirrors ``ggml_backend_event_new``)."""
-    if device is None or not device.get_props().caps.events:
+    if device is None or not device.caps.events:
         return None
     return device._event_new()
 
@@ -793,7 +793,7 @@ def event_wait(backend: Backend, event: Event) -> None:
         ValueError: the backend cannot wait for events (no events capability), or the event's
             device and the backend's device are of different runtimes.
     """
-    if not backend.device.get_props().caps.events:
+    if not backend.device.caps.events:
         raise ValueError(f"event_wait: backend {backend.name} has no event support")
     backend._event_wait(event)
 
@@ -845,6 +845,11 @@ class Device:
         """Current :class:`DeviceProps`, memory figures fresh (mirrors ``ggml_backend_dev_get_props``)."""
         return self._get_props()
 
+    @property
+    def caps(self) -> DeviceCaps:
+        """The device's :class:`DeviceCaps` without querying memory (hot paths use this)."""
+        return self._get_caps()
+
     def get_memory(self) -> tuple[int, int]:
         """``(free, total)`` bytes; ``(0, 0)`` when unknown (mirrors ``ggml_backend_dev_memory``)."""
         p = self._get_props()
@@ -872,7 +877,7 @@ class Device:
         Raises:
             ValueError: the device lacks the ``buffer_from_host_ptr`` capability.
         """
-        if not self.get_props().caps.buffer_from_host_ptr:
+        if not self.caps.buffer_from_host_ptr:
             raise ValueError(f"device {self.name} cannot wrap host memory")
         return self._buffer_from_host_ptr(array, max_tensor_size)
 
@@ -897,6 +902,9 @@ class Device:
     # hooks ------------------------------------------------------------------------------------
     def _get_props(self) -> DeviceProps:
         raise NotImplementedError(f"{type(self).__name__} needs _get_props")
+
+    def _get_caps(self) -> DeviceCaps:
+        return self._get_props().caps
 
     def _init_backend(self, params: str | None) -> Backend:
         raise NotImplementedError(f"{type(self).__name__} needs _init_backend")

@@ -26,7 +26,7 @@ from ggmlpy.graph import Graph
 from ggmlpy.opcodes import Op
 from ggmlpy.tensor import Context, Tensor
 from ggmlpy.types import Type
-from test_device_cuda import fake_cuda_reg
+from fake_cupy import fake_cuda_reg
 
 RUNTIMES = ["sim", "fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)]
 

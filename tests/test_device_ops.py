@@ -28,7 +28,7 @@ from ggmlpy.graph import Graph
 from ggmlpy.tensor import Context, Tensor
 from ggmlpy.types import Type
 from helpers import np_permute
-from test_device_cuda import fake_cuda_reg
+from fake_cupy import fake_cuda_reg
 
 
 @dataclass

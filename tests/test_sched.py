@@ -311,3 +311,25 @@ def test_debug_env_prints_report(monkeypatch, capsys):
     sched.alloc_graph(m.graph)
     err = capsys.readouterr().err
     assert "SPLIT #0" in err and "SPLIT #2" in err and "SOFT_MAX" in err
+
+
+def test_parallel_input_slots_rotate_and_never_overlap_intermediates():
+    cpu = gp.backend_cpu_init()
+    ctx = Context()
+    x = ctx.new_tensor_1d(Type.F32, 64).set_name("x").set_input()
+    y = gp.scale(ctx, gp.sqr(ctx, x), 3.0).set_name("y").set_output()
+    g = Graph()
+    g.build_forward_expand(y)
+    sched = Scheduler([cpu], parallel=True)
+    offsets = []
+    for k in range(5):
+        sched.reset()
+        assert sched.alloc_graph(g)
+        offsets.append(x.offset)
+        spans = [(t.offset, t.offset + t.nbytes) for t in g.nodes]
+        assert all(e <= x.offset or s >= x.offset + x.nbytes for s, e in spans)
+        backend_tensor_set(x, np.full(64, float(k), np.float32))
+        sched.graph_compute(g)
+        assert np.all(backend_tensor_get(y) == 3.0 * k * k)
+    assert len(set(offsets[:4])) == 4 and offsets[4] == offsets[0]  # 4 slots, rotating
+    assert x.flags == gp.Flag.INPUT  # the scheduler's OUTPUT pin lives in its own tables

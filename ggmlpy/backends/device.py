@@ -567,14 +567,17 @@ class AsyncDevice(Device):
             self._info = self.runtime.device_info(self.index)
         return self._info
 
+    _CAPS = DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
+
+    def _get_caps(self) -> DeviceCaps:
+        return self._CAPS
+
     def _get_props(self) -> DeviceProps:
         info = self._get_info()
         free, total = self.runtime.mem_info(self.index)
         return DeviceProps(
             name=self._name, description=info.description, memory_free=free, memory_total=total,
-            type=info.type, device_id=info.device_id,
-            caps=DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True),
-            extra=dict(info.extra))
+            type=info.type, device_id=info.device_id, caps=self._CAPS, extra=dict(info.extra))
 
     @property
     def type(self) -> DeviceType:
