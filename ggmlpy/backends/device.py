@@ -50,7 +50,7 @@ import numpy as np
 
 from ..backend import (Backend, Buffer, BufferType, Device, DeviceCaps, DeviceProps, DeviceType,
                        Event, Reg, Status, tensor_buffer)
-
+from ..errors import OutOfMemoryError
 from ..graph import Graph
 from ..opcodes import Op
 from ..tensor import Tensor
@@ -122,6 +122,14 @@ class Runtime:
     xp: Any = np
     alignment: int = 128
     guid: uuid.UUID = uuid.UUID(int=0)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # implementations inherit the contract's docstrings (units, sync/async, errors)
+        super().__init_subclass__(**kwargs)
+        for name, fn in vars(cls).items():
+            base = getattr(Runtime, name, None)
+            if callable(fn) and not getattr(fn, "__doc__", None) and getattr(base, "__doc__", None):
+                fn.__doc__ = base.__doc__
 
     # devices ------------------------------------------------------------------------------------
     def device_count(self) -> int:

