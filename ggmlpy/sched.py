@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,8 @@ class Scheduler:
         self.splits: list[Split] = []
         self.graph = Graph(0)          # the scheduler's graph: split inputs, copies, nodes
         self._user_graph: Graph | None = None
+        self._views: dict[tuple[int, int, int], Graph] = {}
+        self._views_of: weakref.ref[Graph] | None = None
         self._node_ids: list[int] = []
         self._leaf_ids: list[int] = []
         self._prev_node_ids: list[int] = []
@@ -446,9 +449,23 @@ class Scheduler:
         sg.extra_flags = extra_flags
         node_ids: list[int] = []
         leaf_ids: list[int] = []
+        # reuse the split graph objects of the previous split of the same graph and ranges, so
+        # backends' plan caches (keyed by graph object and placement) hit across evaluations
+        if self._views_of is None or self._views_of() is not graph:
+            self._views = {}
+            self._views_of = weakref.ref(graph)
+        views: dict[tuple[int, int, int], Graph] = {}
         for sp in splits:
-            sp.graph = graph_view(graph, sp.i_start, sp.i_end)
-            sp.graph.src_map = src_map
+            key = (sp.backend_id, sp.i_start, sp.i_end)
+            view = self._views.get(key)
+            if view is None:
+                view = graph_view(graph, sp.i_start, sp.i_end)
+            views[key] = view
+            view.src_map = src_map
+            view.extra_flags = extra_flags
+            sp.graph = view
+        self._views = views
+        for sp in splits:
             for inp in sp.inputs:
                 cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
                 dep = self._ctx.new_view(inp, inp.type, inp.ne, inp.nb, 0)

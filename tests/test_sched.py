@@ -333,3 +333,22 @@ def test_parallel_input_slots_rotate_and_never_overlap_intermediates():
         assert np.all(backend_tensor_get(y) == 3.0 * k * k)
     assert len(set(offsets[:4])) == 4 and offsets[4] == offsets[0]  # 4 slots, rotating
     assert x.flags == gp.Flag.INPUT  # the scheduler's OUTPUT pin lives in its own tables
+
+
+def test_plans_are_reused_across_resplits(monkeypatch):
+    import ggmlpy.backends.cpu as cpu_mod
+
+    builds = []
+    real = cpu_mod.build_plan
+    monkeypatch.setattr(cpu_mod, "build_plan", lambda *a, **k: builds.append(1) or real(*a, **k))
+    cpu = gp.backend_cpu_init()
+    m = MLP(cpu)
+    sched = Scheduler([cpu])
+    for k in range(4):
+        x = RNG.standard_normal((5, 8)).astype(np.float32)
+        sched.reset()
+        sched.alloc_graph(m.graph)
+        backend_tensor_set(m.x, x)
+        sched.graph_compute(m.graph)
+        np.testing.assert_allclose(backend_tensor_get(m.out)[0, 0], m.reference(x), rtol=1e-5, atol=1e-6)
+    assert len(builds) == 1  # same split ranges and addresses: the CPU plan is built once
