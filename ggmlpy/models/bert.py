@@ -457,10 +457,30 @@ class BertModel:
         """
         if self._closed:
             raise ValueError("BertModel.encode: the model was closed")
+        return self.encode_ids(self.token_ids(sentences), batch_size, progress)
+
+    def encode_ids(self, ids: Sequence[Sequence[int]], batch_size: int = 32,
+                   progress: bool = False) -> np.ndarray:
+        """Embeddings of already tokenised sequences (each ``[CLS] ... [SEP]``, at most
+        ``max_seq_length`` ids, every id a row of the word-embedding table); otherwise as
+        :meth:`encode`, which calls it.
+
+        Raises:
+            ValueError: ``batch_size < 1``, the model was closed, an empty or too long sequence,
+                or an id outside the embedding table.
+        """
+        if self._closed:
+            raise ValueError("BertModel.encode: the model was closed")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         batch_size = min(batch_size, self.max_batch)
-        ids = self.token_ids(sentences)
+        ids = [list(map(int, t)) for t in ids]
+        n_vocab, max_len = self.tok_embd.ne[1], self.config.max_seq_length
+        for i, t in enumerate(ids):
+            if not 0 < len(t) <= max_len:
+                raise ValueError(f"sequence {i} has {len(t)} ids; 1..{max_len} are allowed")
+            if min(t) < 0 or max(t) >= n_vocab:
+                raise ValueError(f"sequence {i} has an id outside the {n_vocab}-row embedding table")
         n, hidden = len(ids), self.config.hidden_size
         if n == 0:
             return np.empty((0, hidden), dtype=np.float32)
