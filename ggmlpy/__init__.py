@@ -34,6 +34,11 @@ from .backends.cpu import backend_cpu_init, cpu_buffer_type, cpu_buffer_from_arr
 
 __version__ = "0.1.0"
 
+# a library logs, the application decides where logs go (nothing is printed by default)
+import logging as _logging
+
+_logging.getLogger("ggmlpy").addHandler(_logging.NullHandler())
+
 
 def __getattr__(name: str):
     # the allocator and scheduler are imported lazily so that importing ggmlpy stays cheap

@@ -34,8 +34,10 @@ def _cmd_devices(argv: Sequence[str]) -> int:
             **({"extra": props.extra} if props.extra else {}),
         })
     cuda_why = registry.cuda_unavailable_reason()
+    unknown = registry.unknown_backend_names()
     if args.json:
-        print(json.dumps({"devices": rows, "cuda_unavailable": cuda_why}, indent=2, default=str))
+        print(json.dumps({"devices": rows, "cuda_unavailable": cuda_why,
+                          "ignored_in_GGMLPY_BACKENDS": unknown}, indent=2, default=str))
         return 0
     print(f"{'name':<8} {'type':<6} {'free MiB':>10} {'total MiB':>10}  caps  description")
     for r in rows:
@@ -47,6 +49,8 @@ def _cmd_devices(argv: Sequence[str]) -> int:
     print("caps: a=async h=pinned host buffer p=buffer_from_host_ptr e=events")
     if cuda_why:
         print(f"CUDA: not available: {cuda_why}")
+    if unknown:
+        print(f"GGMLPY_BACKENDS: no device named {', '.join(unknown)} (ignored)")
     return 0
 
 
@@ -93,5 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return cmd[0](argv[1:])
     except GgmlpyError as e:
+        print(f"ggmlpy {argv[0]}: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        if "GGMLPY_" not in str(e):  # a bug, not a setting the user can fix: keep the traceback
+            raise
         print(f"ggmlpy {argv[0]}: {e}", file=sys.stderr)
         return 2

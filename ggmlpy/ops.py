@@ -312,7 +312,7 @@ def add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.ADD, False, "add")
@@ -324,7 +324,7 @@ def add_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.ADD, True, "add_inplace")
@@ -336,7 +336,7 @@ def sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.SUB, False, "sub")
@@ -348,7 +348,7 @@ def sub_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.SUB, True, "sub_inplace")
@@ -360,7 +360,7 @@ def mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.MUL, False, "mul")
@@ -372,7 +372,7 @@ def mul_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.MUL, True, "mul_inplace")
@@ -384,7 +384,7 @@ def div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.DIV, False, "div")
@@ -396,7 +396,7 @@ def div_inplace(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
     ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
     Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Types: CPU
-    kernels support all-F32/F16/BF16 and F16/BF16 a with F32 b. Raises ValueError if b does not tile
+    kernels support all-F32, all-F16 and F16 a with F32 b. Raises ValueError if b does not tile
     a.
     """
     return _binary_impl(ctx, a, b, Op.DIV, True, "div_inplace")
@@ -437,7 +437,7 @@ def _simple_unary(ctx: Context, a: Tensor, op: Op, inplace: bool, fn: str) -> Te
 def sqr(ctx: Context, a: Tensor) -> Tensor:
     """``x*x`` element-wise, op SQR (mirrors ``ggml_sqr``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.SQR, False, "sqr")
@@ -446,7 +446,7 @@ def sqr(ctx: Context, a: Tensor) -> Tensor:
 def sqr_inplace(ctx: Context, a: Tensor) -> Tensor:
     """In-place ``x*x``, op SQR (mirrors ``ggml_sqr_inplace``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.SQR, True, "sqr_inplace")
@@ -455,7 +455,7 @@ def sqr_inplace(ctx: Context, a: Tensor) -> Tensor:
 def sqrt(ctx: Context, a: Tensor) -> Tensor:
     """``sqrt(x)`` element-wise, op SQRT (mirrors ``ggml_sqrt``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.SQRT, False, "sqrt")
@@ -464,7 +464,7 @@ def sqrt(ctx: Context, a: Tensor) -> Tensor:
 def sqrt_inplace(ctx: Context, a: Tensor) -> Tensor:
     """In-place ``sqrt(x)``, op SQRT (mirrors ``ggml_sqrt_inplace``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.SQRT, True, "sqrt_inplace")
@@ -473,7 +473,7 @@ def sqrt_inplace(ctx: Context, a: Tensor) -> Tensor:
 def log(ctx: Context, a: Tensor) -> Tensor:
     """Natural ``log(x)`` element-wise, op LOG (mirrors ``ggml_log``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.LOG, False, "log")
@@ -482,7 +482,7 @@ def log(ctx: Context, a: Tensor) -> Tensor:
 def log_inplace(ctx: Context, a: Tensor) -> Tensor:
     """In-place ``log(x)``, op LOG (mirrors ``ggml_log_inplace``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.LOG, True, "log_inplace")
@@ -491,7 +491,7 @@ def log_inplace(ctx: Context, a: Tensor) -> Tensor:
 def sin(ctx: Context, a: Tensor) -> Tensor:
     """``sin(x)`` element-wise, op SIN (mirrors ``ggml_sin``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.SIN, False, "sin")
@@ -500,7 +500,7 @@ def sin(ctx: Context, a: Tensor) -> Tensor:
 def sin_inplace(ctx: Context, a: Tensor) -> Tensor:
     """In-place ``sin(x)``, op SIN (mirrors ``ggml_sin_inplace``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.SIN, True, "sin_inplace")
@@ -509,7 +509,7 @@ def sin_inplace(ctx: Context, a: Tensor) -> Tensor:
 def cos(ctx: Context, a: Tensor) -> Tensor:
     """``cos(x)`` element-wise, op COS (mirrors ``ggml_cos``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.COS, False, "cos")
@@ -518,7 +518,7 @@ def cos(ctx: Context, a: Tensor) -> Tensor:
 def cos_inplace(ctx: Context, a: Tensor) -> Tensor:
     """In-place ``cos(x)``, op COS (mirrors ``ggml_cos_inplace``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
     """
     return _simple_unary(ctx, a, Op.COS, True, "cos_inplace")
@@ -750,7 +750,7 @@ def set_2d_inplace(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) ->
 def sum(ctx: Context, a: Tensor) -> Tensor:
     """Sum of all elements, op SUM (mirrors ``ggml_sum``).
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16/BF16 on the CPU. Result:
+    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), F32/F16 on the CPU. Result:
     ``[1]`` (NumPy ``(1, 1, 1, 1)``) of **a's type**, src ``[a]``, no params. No shape rules.
     """
     _args(ctx, "sum", a=a)

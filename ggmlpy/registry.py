@@ -18,7 +18,7 @@ from typing import Any
 from .backend import Backend, Device, DeviceType, Reg
 from .errors import BackendUnavailableError
 
-__all__ = ["reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
+__all__ = ["unknown_backend_names", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
            "dev_by_type", "devices", "backend_init_by_name", "backend_init_by_type",
            "backend_init_best", "register", "register_sim_devices", "unregister",
            "cuda_unavailable_reason"]
@@ -140,6 +140,14 @@ def devices() -> list[Device]:
         out.remove(cpu)
     out.append(cpu)
     return out
+
+
+def unknown_backend_names() -> list[str]:
+    """Names in ``GGMLPY_BACKENDS`` that match no registered device (they are ignored)."""
+    _ensure_init()
+    known = {d.name.upper() for r in _regs for d in r.devices}
+    spec = os.environ.get("GGMLPY_BACKENDS", "")
+    return [s.strip() for s in spec.split(",") if s.strip() and s.strip().upper() not in known]
 
 
 def dev_count() -> int:

@@ -53,6 +53,13 @@ MAX_BACKENDS = 16
 MAX_COPIES = 4
 
 
+def _debug_level() -> int:
+    v = os.environ.get("GGMLPY_SCHED_DEBUG", "").strip()
+    if v in ("", "0", "1", "2"):
+        return int(v or 0)
+    raise ValueError(f"GGMLPY_SCHED_DEBUG must be 0, 1 or 2, got {v!r}")
+
+
 @dataclass
 class Split:
     """One per-backend piece of the graph (mirrors ``ggml_backend_sched_split``).
@@ -117,7 +124,7 @@ class Scheduler:
             [event_new(b.device) if self.n_copies > 1 else None for _ in range(self.n_copies)]
             for b in self.backends]
         self.galloc = GraphAllocator.new_n(self.bufts)
-        self.debug = int(os.environ.get("GGMLPY_SCHED_DEBUG", "0") or 0)
+        self.debug = _debug_level()
         self.callback_eval: EvalCallback | None = None
         # per-split state
         self._backend_of: dict[Tensor, int] = {}

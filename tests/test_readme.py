@@ -25,3 +25,7 @@ def test_readme_python_blocks_run():
     # float32 softmax of values up to ~33 against float64: 1e-6 relative
     np.testing.assert_allclose(gp.backend_tensor_get(ns["d"])[0, 0], ref, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(gp.backend_tensor_get(ns["d2"])[0, 0], ref, rtol=1e-6, atol=1e-7)
+    # the scheduler example really runs on the device, with b copied over from the CPU
+    splits = ns["report"]["splits"]
+    assert splits[0]["backend"] == "SIM0"
+    assert [i["name"] for i in splits[0]["inputs"]] == ["b"]

@@ -276,19 +276,25 @@ def test_eval_callback_observes_and_stops():
 def test_reserve_out_of_memory_returns_false_and_logs(caplog):
     sim = _sim(memory_mb=1)[0]
     cpu = gp.backend_cpu_init()
+    wctx = Context()
+    w = wctx.new_tensor_1d(Type.F32, 1).set_name("w")  # a 4-byte weight on SIM0
+    alloc_ctx_tensors_from_buft(wctx, sim.get_default_buffer_type()).set_usage(BufferUsage.WEIGHTS)
+    backend_tensor_set(w, np.array([2.0], np.float32))
     ctx = Context()
     x = ctx.new_tensor_1d(Type.F32, 1 << 20).set_name("x").set_input()  # 4 MiB
-    y = gp.sqr(ctx, x)
+    y = gp.mul(ctx, x, w).set_name("y")  # next to its weight: on SIM0, which has 1 MiB
     z = gp.sqrt(ctx, y).set_name("z")
     g = Graph()
     g.build_forward_expand(z)
     sched = Scheduler([sim, cpu])
-    for n in g.nodes:
-        sched.set_tensor_backend(n, sim)  # reserve keeps user pins
     with caplog.at_level(logging.ERROR, logger="ggmlpy"):
         assert sched.reserve(g) is False
-    assert any("bytes" in r.getMessage() or "size" in r.getMessage() for r in caplog.records)
-    assert x.buffer is None and list(z.src) == [y]
+    assert any("bytes" in r.getMessage() for r in caplog.records)
+    assert x.buffer is None and list(z.src) == [y] and list(y.src) == [x, w]
+    # computing without a successful allocation reports it instead of running
+    with caplog.at_level(logging.ERROR, logger="ggmlpy"):
+        assert sched.graph_compute(g) == Status.ALLOC_FAILED
+    assert x.buffer is None and z.buffer is None
     # the scheduler works again with a graph that fits
     ctx2 = Context()
     a = ctx2.new_tensor_1d(Type.F32, 16).set_name("a").set_input()

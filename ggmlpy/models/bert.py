@@ -232,8 +232,10 @@ class BertModel:
             self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
             worst = self._build_graph(max_batch, config.max_seq_length)
             if not self.sched.reserve(worst.graph):
-                raise ComputeError(f"could not reserve compute buffers for {max_batch} sequences "
-                                   f"of {config.max_seq_length} tokens")
+                raise ComputeError(
+                    f"out of memory reserving compute buffers for {max_batch} sequences of "
+                    f"{config.max_seq_length} tokens on {', '.join(self.devices)}; try a "
+                    "smaller max_batch (--batch-size) or fewer --n-gpu-layers")
             self._n_splits = self.sched.get_n_splits()
         except BaseException:
             self.close()

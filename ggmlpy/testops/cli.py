@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     mode = args.mode or args.mode_pos or "test"
     try:
+        _register_named_sim(args.backend)
         if args.graph:
             return _graph_main(args)
         if args.list:
@@ -73,6 +74,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except re.error as e:
         print(f"test-backend-ops: bad -p regex {args.params!r}: {e}", file=sys.stderr)
         return 2
+    except ValueError as e:
+        print(f"test-backend-ops: {e}", file=sys.stderr)
+        return 2
+
+
+def _register_named_sim(backend: str | None) -> None:
+    """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn (as ``embed --device`` does)."""
+    from .. import registry
+
+    for name in (backend or "").split(","):
+        m = re.fullmatch(r"\s*SIM(\d+)\s*", name, flags=re.I)
+        if m and registry.dev_by_name(name.strip()) is None:
+            n = int(m.group(1)) + 1
+            registry.register_sim_devices(n)
+            print(f"test-backend-ops: registered {n} host-emulated SIM device(s)", file=sys.stderr)
 
 
 def _list_main(args: argparse.Namespace, mode: str) -> int:
@@ -104,10 +120,10 @@ def _run_main(args: argparse.Namespace, mode: str) -> int:
     report = run_tests(mode, args.backend, args.op, args.params, quick=args.quick,
                        min_time=args.min_time, stream=stream)
     if not report.backends:
-        print("test-backend-ops: no backend to test (register SIM devices with "
-              "GGMLPY_SIM_DEVICES=N, or pass -b CPU to compare a second CPU backend)",
+        print("test-backend-ops: no backend to test besides the CPU reference (set "
+              "GGMLPY_SIM_DEVICES=N or pass -b SIM0; -b CPU tests a second CPU backend)",
               file=sys.stderr)
-        return 0
+        return 2
     if args.json:
         print(report.to_json())
     elif mode == "support":

@@ -56,10 +56,18 @@ def select_cases(cases: Iterable[TestCase], op: str | Sequence[str] | None = Non
 
     Raises:
         re.error: ``params`` is not a valid regular expression.
+        ValueError: an ``op`` entry names no op, family or case of ``cases``.
     """
+    cases = list(cases)
     ops: list[str] = []
     if op:
         ops = [o.strip() for o in (_split_top(op) if isinstance(op, str) else op) if o.strip()]
+    known = {c.op for c in cases} | {c.family for c in cases}
+    names = {c.name for c in cases}
+    unknown = [o for o in ops if (o not in names if "(" in o else o.upper() not in known)]
+    if unknown:
+        raise ValueError(f"unknown op, family or case name(s): {', '.join(unknown)} "
+                         f"(known ops: {', '.join(sorted(known))})")
     rx = re.compile(params) if params else None
     out = []
     for c in cases:
