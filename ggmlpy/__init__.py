@@ -32,6 +32,22 @@ from .registry import (reg_count, reg_get, reg_by_name, dev_count, dev_get, dev_
                        backend_init_best, register_sim_devices)
 from .backends.cpu import backend_cpu_init, cpu_buffer_type, cpu_buffer_from_array
 
+__all__ = [
+    "Type", "row_size", "type_from_dtype", "Op", "UnaryOp", "GluOp", "GgmlpyError",
+    "OutOfMemoryError", "NotAllocatedError", "UnsupportedOpError", "GraphFullError",
+    "BackendUnavailableError", "ComputeError", "Tensor", "Context", "Flag", "Graph", "new_graph",
+    "graph_view", "Status", "BufferUsage", "DeviceType", "DeviceCaps", "DeviceProps", "BufferType",
+    "Buffer", "MultiBuffer", "Backend", "Device", "Reg", "Event", "tensor_alloc", "view_init",
+    "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
+    "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async",
+    "event_new", "event_record", "event_wait", "event_synchronize", "event_query", "reg_count",
+    "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name", "dev_by_type", "devices",
+    "backend_init_by_name", "backend_init_by_type", "backend_init_best", "register_sim_devices",
+    "backend_cpu_init", "cpu_buffer_type", "cpu_buffer_from_array", "GraphAllocator",
+    "TensorAllocator", "backend_alloc_ctx_tensors", "backend_alloc_ctx_tensors_from_buft",
+    "alloc_ctx_tensors_size", "Scheduler", "graph_copy", "compare_graph_backend",
+] + list(_ops_all)
+
 __version__ = "0.1.0"
 
 # a library logs, the application decides where logs go (nothing is printed by default)

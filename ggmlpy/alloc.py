@@ -380,8 +380,10 @@ class GraphAllocator:
         self._placed = keep
 
     def _reset_graph(self, graph: Graph) -> None:
-        """Reset owned tensors, and views in ``graph`` of owned tensors (auto-initialised at
-        creation by ``Context``), before placing ``graph`` afresh."""
+        """Reset owned tensors, and views in ``graph`` whose memory is not (or will not stay)
+        their ``view_src``'s — views of owned tensors (auto-initialised at creation by
+        ``Context``) and views whose source was moved or un-placed since (e.g. by
+        ``Scheduler.reset``) — before placing ``graph`` afresh."""
         stale: list[Tensor] = []
         seen: set[int] = set()
 
@@ -390,8 +392,11 @@ class GraphAllocator:
                 return
             seen.add(id(t))
             vs = t.view_src
-            if (vs is not None and t._buffer is not None and not self._owns(t)
-                    and self._owns(vs) and t._buffer is vs._buffer):
+            if vs is None or t._buffer is None or self._owns(t):
+                return
+            moved = (vs._buffer is not t._buffer or vs._offset is None
+                     or t._offset != vs._offset + t.view_offs)
+            if moved or self._owns(vs):
                 stale.append(t)
 
         for leaf in graph.leafs:

@@ -452,8 +452,29 @@ def _check_range(tensor: Tensor, offset: int, size: int, what: str) -> None:
                          f"'{tensor.name}' of {tensor.nbytes} bytes")
 
 
+def _check_tensor(t: Any, what: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what}: expected a Tensor, got {type(t).__name__}")
+
+
+def _check_int(v: Any, name: str, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what}: {name} must be an int (bytes), got {v!r}")
+    return int(v)
+
+
 def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what: str) -> np.ndarray:
+    _check_tensor(tensor, what)
+    offset = _check_int(offset, "offset", what)
+    if size is not None:
+        size = _check_int(size, "size", what)
     tensor_buffer(tensor)
+    if not isinstance(data, (np.ndarray, bytes, bytearray, memoryview)):
+        # lists and scalars: values of the tensor's element type, never raw float64 bytes
+        if tensor.type.is_quantized:
+            raise TypeError(f"{what}: tensor '{tensor.name}' is {tensor.type.type_name}: pass its "
+                            "raw bytes (bytes or a uint8 array)")
+        data = np.asarray(data, dtype=tensor.type.dtype)
     if isinstance(data, np.ndarray) and data.dtype != np.uint8 and not tensor.type.is_quantized:
         if data.dtype != tensor.type.dtype:
             raise TypeError(f"{what}: array of dtype {data.dtype} for tensor '{tensor.name}' of "
@@ -504,6 +525,8 @@ def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None)
     Raises:
         NotAllocatedError: the tensor has no memory. ValueError: range outside the tensor.
     """
+    _check_tensor(tensor, "backend_tensor_get")
+    offset = _check_int(offset, "offset", "backend_tensor_get")
     buf = tensor_buffer(tensor)
     if offset == 0 and size is None:
         raw = buf._get_tensor(tensor, 0, tensor.nbytes)
@@ -548,6 +571,8 @@ def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
     Raises:
         ValueError: different type/ne/nb. NotAllocatedError: either is unallocated.
     """
+    _check_tensor(src, "backend_tensor_copy")
+    _check_tensor(dst, "backend_tensor_copy")
     _check_same_layout(src, dst, "backend_tensor_copy")
     if src is dst:
         return
@@ -569,6 +594,8 @@ def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset
     queued. Device backends snapshot ``data`` into pinned staging at call time, so the caller may
     reuse its array at once. Backends without async support synchronize and then copy blocking.
     """
+    if not isinstance(backend, Backend):
+        raise TypeError(f"backend_tensor_set_async: expected a Backend, got {type(backend).__name__}")
     raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set_async")
     if not raw.size:
         return
@@ -779,6 +806,9 @@ def event_record(event: Event, backend: Backend) -> None:
     Raises:
         ValueError: the backend belongs to another device than the event.
     """
+    if not isinstance(event, Event) or not isinstance(backend, Backend):
+        raise TypeError(f"event_record: expected (Event, Backend), got "
+                        f"({type(event).__name__}, {type(backend).__name__})")
     if backend.device is not event.device:
         raise ValueError(f"event_record: event of device {event.device.name} recorded on "
                          f"backend {backend.name} of another device")
@@ -793,6 +823,9 @@ def event_wait(backend: Backend, event: Event) -> None:
         ValueError: the backend cannot wait for events (no events capability), or the event's
             device and the backend's device are of different runtimes.
     """
+    if not isinstance(event, Event) or not isinstance(backend, Backend):
+        raise TypeError(f"event_wait: expected (Backend, Event), got "
+                        f"({type(backend).__name__}, {type(event).__name__})")
     if not backend.device.caps.events:
         raise ValueError(f"event_wait: backend {backend.name} has no event support")
     backend._event_wait(event)

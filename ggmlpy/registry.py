@@ -197,6 +197,8 @@ def backend_init_by_name(name: str, params: str | None = None) -> Backend:
         BackendUnavailableError: no such device; for CUDA names the message says why CUDA is
             unavailable here.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"backend_init_by_name: expected a device name, got {type(name).__name__}")
     d = dev_by_name(name)
     if d is None:
         why = ""

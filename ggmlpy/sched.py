@@ -103,6 +103,9 @@ class Scheduler:
                  graph_size: int = 2048, parallel: bool = False, op_offload: bool = True) -> None:
         backends = list(backends)
         n = len(backends)
+        for b in backends:
+            if not isinstance(b, Backend):
+                raise TypeError(f"Scheduler: expected Backend objects, got {type(b).__name__}")
         if not 0 < n <= MAX_BACKENDS:
             raise ValueError(f"Scheduler: need 1 to {MAX_BACKENDS} backends, got {n}")
         if backends[-1].device.type != DeviceType.CPU:
@@ -136,6 +139,7 @@ class Scheduler:
         self._user_graph: Graph | None = None
         self._views: dict[tuple[int, int, int], Graph] = {}
         self._views_of: weakref.ref[Graph] | None = None
+        self._chunk_views: dict[tuple[int, int, int], tuple[weakref.ref[Graph], Graph]] = {}
         self._node_ids: list[int] = []
         self._leaf_ids: list[int] = []
         self._prev_node_ids: list[int] = []
@@ -170,7 +174,8 @@ class Scheduler:
         for i, b in enumerate(self.backends):
             if b is backend:
                 return i
-        raise ValueError(f"Scheduler: backend {backend.name} is not one of this scheduler's backends")
+        what = backend.name if isinstance(backend, Backend) else repr(backend)
+        raise ValueError(f"Scheduler: {what} is not one of this scheduler's backends")
 
     def get_buffer_type(self, backend: Backend) -> BufferType:
         """The compute buffer type of ``backend`` (mirrors ``ggml_backend_sched_get_buffer_type``)."""
@@ -189,8 +194,11 @@ class Scheduler:
         """Pin ``node`` to ``backend`` until the next :meth:`reset` (mirrors ``ggml_backend_sched_set_tensor_backend``).
 
         Raises:
+            TypeError: ``node`` is not a Tensor.
             ValueError: ``backend`` is not one of the scheduler's backends.
         """
+        if not isinstance(node, Tensor):
+            raise TypeError(f"set_tensor_backend: expected a Tensor, got {type(node).__name__}")
         self._backend_of[node] = self._backend_index(backend)
         self._cause[node] = "usr"
         self.is_reset = False
@@ -437,9 +445,7 @@ class Scheduler:
                             copies.append(t)
                         self._copies[key] = copies
                         split.inputs.append(s)
-                    elif s not in split.inputs:
-                        # the copy exists (made for an earlier split on this backend): reuse it
-                        pass
+                    # else: the copy made for an earlier split on this backend is reused
                     if new_srcs is None:
                         new_srcs = list(node.src)
                     new_srcs[j] = self._copies[key][self.cur_copy]
@@ -686,7 +692,7 @@ class Scheduler:
             while not need and j1 < n - 1:
                 j1 += 1
                 need = cb(g.nodes[j1], True)
-            status = backend.graph_compute_async(graph_view(g, j0, j1 + 1))
+            status = backend.graph_compute_async(self._chunk_view(g, j0, j1 + 1))
             if status != Status.SUCCESS:
                 return status
             backend.synchronize()
@@ -694,6 +700,19 @@ class Scheduler:
                 return Status.ABORTED
             j0 = j1 + 1
         return Status.SUCCESS
+
+    def _chunk_view(self, g: Graph, i0: int, i1: int) -> Graph:
+        # the same node range of the same split graph reuses one view, so plans stay cached
+        key = (id(g), i0, i1)
+        hit = self._chunk_views.get(key)
+        if hit is not None and hit[0]() is g:
+            hit[1].src_map, hit[1].extra_flags = g.src_map, g.extra_flags
+            return hit[1]
+        if len(self._chunk_views) > 4096:
+            self._chunk_views.clear()
+        v = graph_view(g, i0, i1)
+        self._chunk_views[key] = (weakref.ref(g), v)
+        return v
 
     def synchronize(self) -> None:
         """Wait for every backend (mirrors ``ggml_backend_sched_synchronize``); with nothing allocated

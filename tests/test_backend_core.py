@@ -46,6 +46,25 @@ def test_set_get_roundtrip_and_shape(cpu):
     assert backend_tensor_get(t)[0, 0, 0, 2] == 100.0
 
 
+def test_lists_scalars_and_bad_arguments(cpu):
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 4).set_name("t")
+    buf = cpu.alloc_buffer(64)
+    _place(buf, [t])
+    backend_tensor_set(t, [1.0, 2.0, 3.0, 4.0])  # values of the tensor's type, not float64 bytes
+    np.testing.assert_array_equal(backend_tensor_get(t).ravel(), [1, 2, 3, 4])
+    with pytest.raises(ValueError, match="'t'"):
+        backend_tensor_set(t, [1.0, 2.0])
+    with pytest.raises(ValueError, match="'t'"):
+        backend_tensor_set(t, 1.5)
+    with pytest.raises(TypeError, match="offset"):
+        backend_tensor_set(t, np.zeros(1, np.float32), offset=1.5)
+    with pytest.raises(TypeError, match="Tensor"):
+        backend_tensor_get(np.zeros(4))
+    with pytest.raises(TypeError, match="Tensor"):
+        backend_tensor_copy(t, None)
+
+
 def test_set_errors_name_the_tensor(cpu):
     ctx = Context()
     t = ctx.new_tensor_1d(Type.F32, 4).set_name("inp")
@@ -113,9 +132,9 @@ def test_async_forms_fall_back_on_cpu(cpu):
 
 
 def test_zero_copy_user_memory(cpu):
-    arr = np.zeros(64, np.float32)
-    if arr.ctypes.data % 32:
-        pytest.skip("NumPy gave a misaligned array")
+    raw = np.zeros(64 * 4 + 32, np.uint8)
+    shift = (-raw.ctypes.data) % 32
+    arr = raw[shift:shift + 256].view(np.float32)  # 32-byte aligned, as ggml requires
     buf = gp.cpu_buffer_from_array(arr)
     ctx = Context()
     t = ctx.new_tensor_1d(Type.F32, 64)

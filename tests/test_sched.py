@@ -358,3 +358,76 @@ def test_plans_are_reused_across_resplits(monkeypatch):
         sched.graph_compute(m.graph)
         np.testing.assert_allclose(backend_tensor_get(m.out)[0, 0], m.reference(x), rtol=1e-5, atol=1e-6)
     assert len(builds) == 1  # same split ranges and addresses: the CPU plan is built once
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_two_devices_chain_with_peer_copies(parallel):
+    # SIM0 -> SIM1: the second device reads its copy of the first device's result
+    reg = sim_reg(2, latency_us=300)
+    s0, s1 = reg.devices[0].init_backend(), reg.devices[1].init_backend()
+    cpu = gp.backend_cpu_init()
+
+    def weight(backend, name, arr):
+        c = Context()
+        t = c.new_tensor_2d(Type.F32, 8, 8).set_name(name)
+        alloc_ctx_tensors_from_buft(c, backend.get_default_buffer_type()).set_usage(BufferUsage.WEIGHTS)
+        backend_tensor_set(t, arr)
+        return t
+
+    W0 = RNG.standard_normal((8, 8)).astype(np.float32)
+    W1 = RNG.standard_normal((8, 8)).astype(np.float32)
+    w0, w1 = weight(s0, "w0", W0), weight(s1, "w1", W1)
+    ctx = Context()
+    x = ctx.new_tensor_2d(Type.F32, 8, 3).set_name("x").set_input()
+    h = gp.tanh(ctx, gp.mul_mat(ctx, w0, x)).set_name("h")
+    y = gp.mul_mat(ctx, w1, h).set_name("y").set_output()
+    g = Graph()
+    g.build_forward_expand(y)
+    sched = Scheduler([s0, s1, cpu], parallel=parallel)
+    xs = [RNG.standard_normal((3, 8)).astype(np.float32) for _ in range(6)]
+    outs = [np.empty((1, 1, 3, 8), np.float32) for _ in xs]
+    for xk, ok in zip(xs, outs):
+        sched.reset()
+        assert sched.alloc_graph(g)
+        backend_tensor_set(x, xk)
+        assert sched.graph_compute_async(g) == Status.SUCCESS
+        backend_tensor_get_async(s1, y, ok)
+    sched.synchronize()
+    rep = sched.report()
+    assert [s["backend"] for s in rep["splits"]] == [s0.name, s1.name]
+    assert [[i["name"] for i in s["inputs"]] for s in rep["splits"]] == [["x"], ["h"]]
+    for xk, ok in zip(xs, outs):
+        ref = np.tanh(xk.astype(np.float64) @ W0.T) @ W1.T.astype(np.float64)
+        # float32 matmuls of K=8 and tanh against float64: 1e-5 relative is ample
+        np.testing.assert_allclose(ok[0, 0], ref, rtol=1e-5, atol=1e-5)
+
+
+def test_view_made_between_evaluations_follows_its_source():
+    # a view created while its source is placed (so it gets that address at once) must follow
+    # the source when the scheduler re-places it for another graph
+    cpu = gp.backend_cpu_init()
+    sched = Scheduler([cpu])
+    ctx = Context()
+    x = ctx.new_tensor_1d(Type.F32, 8).set_name("x").set_input()
+    y = ctx.new_tensor_1d(Type.F32, 256).set_name("y").set_input()
+    z = ctx.new_tensor_1d(Type.F32, 100000).set_input()
+    g0 = Graph()
+    g0.build_forward_expand(gp.sum(ctx, gp.scale(ctx, gp.scale(ctx, z, 1.0), 1.0)).set_output())
+    assert sched.reserve(g0)  # a compute buffer large enough for both graphs below
+    h = gp.scale(ctx, x, 2.0).set_name("h")
+    g1 = Graph()
+    g1.build_forward_expand(h.set_output())
+    sched.alloc_graph(g1)
+    backend_tensor_set(x, np.arange(8, dtype=np.float32))
+    sched.graph_compute(g1)
+    v = gp.view_1d(ctx, h, 8, 0).set_name("v")  # placed at h's current address
+    out = gp.add(ctx, gp.sum(ctx, gp.scale(ctx, y, 1.0)), gp.sum(ctx, v)).set_output()
+    g2 = Graph()
+    g2.build_forward_expand(out)
+    sched.reset()
+    sched.alloc_graph(g2)
+    assert v.buffer is h.buffer and v.offset == h.offset
+    backend_tensor_set(x, np.arange(8, dtype=np.float32))
+    backend_tensor_set(y, np.ones(256, np.float32))
+    sched.graph_compute(g2)
+    assert backend_tensor_get(out).ravel()[0] == 256 + 2 * np.arange(8).sum()

@@ -198,13 +198,28 @@ def _is_host_tensor(t: Tensor) -> bool:
 class CPUDevice(Device):
     """The CPU device (mirrors ``ggml_backend_cpu_device``); always registered, always last."""
 
+    _CAPS = DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False)
+
+    @property
+    def name(self) -> str:
+        """"CPU" (without reading the memory figures)."""
+        return "CPU"
+
+    @property
+    def type(self) -> DeviceType:
+        """``DeviceType.CPU``."""
+        return DeviceType.CPU
+
+    def _get_caps(self) -> DeviceCaps:
+        return self._CAPS
+
     def _get_props(self) -> DeviceProps:
         total, free = _host_memory()
         return DeviceProps(
             name="CPU",
             description=f"{platform.processor() or platform.machine()} (NumPy {np.__version__})",
             memory_free=free, memory_total=total, type=DeviceType.CPU,
-            caps=DeviceCaps(async_=False, host_buffer=False, buffer_from_host_ptr=True, events=False),
+            caps=self._CAPS,
             extra={"threads": os.cpu_count() or 1})
 
     def _init_backend(self, params: str | None) -> Backend:

@@ -407,7 +407,7 @@ class AsyncBackend(Backend):
     def _build_plan(self, graph: Graph) -> Plan:
         with self.runtime.on_stream(self.stream):
             return build_plan(graph, self.runtime.xp, self.name, self._can_read,
-                              self.device.supports_op)
+                              self.device.can_compute)
 
     def graph_plan_create(self, graph: Graph) -> Plan:
         """Resolve ``graph`` into a reusable :class:`~ggmlpy.backends.plan.Plan` on the calling
@@ -546,7 +546,9 @@ class AsyncDevice(Device):
         offload_min_batch: ``offload_op`` threshold (ggml-cuda's ``GGML_OP_OFFLOAD_MIN_BATCH``).
 
     ``supports_op``: the kernels' honest answer for the runtime's array module, unless refused, and
-    never for a node with a source in another device's buffer (ggml-cuda's rule).
+    never for a node with a source in another device's buffer (ggml-cuda's rule, which makes the
+    scheduler copy such sources). Compute plans check :meth:`can_compute` on what the node really
+    reads (the scheduler's copies through ``graph.src_map``).
     ``supports_buft``: its own device buffer type only (a discrete GPU does not compute on pinned
     host memory; ggml says yes to CUDA_Host only on integrated GPUs, which ggmlpy does not model).
     """
@@ -611,6 +613,12 @@ class AsyncDevice(Device):
             if self._host_buft is None:
                 self._host_buft = AsyncHostBufferType(f"{self.runtime.name}_Host", self)
             return self._host_buft
+
+    def can_compute(self, op: Tensor) -> bool:
+        """Whether a kernel exists for ``op``'s op and types here and the op is not refused; unlike
+        :meth:`supports_op` it ignores where the sources live (a plan reads the scheduler's copies
+        of them, which are checked separately)."""
+        return op.op not in self.refuse_ops and kernels.supports_op(op, self.runtime.xp)
 
     def _supports_op(self, op: Tensor) -> bool:
         if op.op in self.refuse_ops:

@@ -13,7 +13,9 @@ Rules every kernel follows:
 
 * Only functions NumPy and CuPy both provide are used (``xp.add(..., out=)``, ``xp.matmul``,
   ``xp.copyto``, ``xp.lib.stride_tricks.as_strided``, ``xp.take``, ...). Where the two differ
-  (``erf``, floating-point warnings) the difference is handled in one helper.
+  (``erf``) the difference is handled in one helper. Plans run with NumPy's floating-point
+  warnings off (:meth:`ggmlpy.backends.plan.Plan.run`): overflow to inf and NaN propagate
+  silently, as in ggml.
 * Results are written into ``dst`` (``out=`` where possible, else ``xp.copyto``); ``dst`` may be
   a strided view, and may share memory with ``srcs[0]`` (in-place ops, ggml-alloc's in-place
   reuse): kernels that read a source after writing part of ``dst`` compute into a temporary first.
@@ -69,18 +71,6 @@ def _as_strided(xp: Any, x: Any, shape: tuple[int, ...], strides: tuple[int, ...
 
 def _c_contig(x: Any) -> bool:
     return bool(x.flags.c_contiguous)
-
-
-def _quiet(xp: Any, fn: Step) -> Step:
-    """Run ``fn`` with NumPy's floating-point warnings off (overflow to inf is ggml's behaviour
-    too, e.g. EXP of 150); CuPy never warns, so its closures are returned unchanged."""
-    if not _is_numpy(xp):
-        return fn
-
-    def run() -> None:
-        with np.errstate(all="ignore"):
-            fn()
-    return run
 
 
 def _ufunc_step(xp: Any, fn: Any, *args: Any, out: Any) -> Step:
@@ -266,7 +256,7 @@ def _k_binary(ufunc_name: str) -> Kernel:
             b = b.reshape(1)
         a, b, d = _flatten_ew(a, b, d)
         step = _ufunc_step(xp, fn, a, b, out=d)
-        return _quiet(xp, step) if ufunc_name == "divide" else step
+        return step
     return make
 
 
@@ -275,11 +265,10 @@ def _k_add1(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return _ufunc_step(xp, xp.add, a, b, out=d)
 
 
-def _k_ufunc1(ufunc_name: str, quiet: bool = False) -> Kernel:
+def _k_ufunc1(ufunc_name: str) -> Kernel:
     def make(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         a, _, d = _flatten_ew(srcs[0], None, dst)
-        step = _ufunc_step(xp, getattr(xp, ufunc_name), a, out=d)
-        return _quiet(xp, step) if quiet else step
+        return _ufunc_step(xp, getattr(xp, ufunc_name), a, out=d)
     return make
 
 
@@ -328,7 +317,7 @@ def _k_unary(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     if node.type == Type.F32 and a.dtype == _F32 and op in _UNARY_UFUNC:
         a1, _, d1 = _flatten_ew(a, None, dst)
         step = _ufunc_step(xp, getattr(xp, _UNARY_UFUNC[op]), a1, out=d1)
-        return _quiet(xp, step) if op == UnaryOp.EXP else step
+        return step
     if op == UnaryOp.RELU and node.type == Type.F32 and a.dtype == _F32:
         a1, _, d1 = _flatten_ew(a, None, dst)
         return _ufunc_step(xp, xp.maximum, a1, _F32(0), out=d1)
@@ -337,7 +326,7 @@ def _k_unary(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
 
     def run() -> None:
         copyto(dst, act(xp, _f32(xp, a)), casting="unsafe")
-    return _quiet(xp, run)
+    return run
 
 
 def _k_glu(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
@@ -356,7 +345,7 @@ def _k_glu(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     def run() -> None:
         gg = _f32(xp, g)
         copyto(dst, act(xp, _f32(xp, x)) * gg, casting="unsafe")
-    return _quiet(xp, run)
+    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -776,7 +765,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
             w -= w.max(axis=-1, keepdims=True)
             exp(w, out=w)
             divide(w, w.sum(axis=-1, keepdims=True), out=dst)
-        return _quiet(xp, run_plain)
+        return run_plain
     mrows = mask[:, :, :X1, :]
     a6, m6 = _tile_23(xp, a, mrows)
     d6, _ = _tile_23(xp, dst, mrows)
@@ -795,7 +784,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         w -= w.max(axis=-1, keepdims=True)
         exp(w, out=w)
         divide(w, w.sum(axis=-1, keepdims=True), out=d6)
-    return _quiet(xp, run)
+    return run
 
 
 def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
@@ -858,7 +847,7 @@ def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         o = matmul(s, vv)
         o /= where(den == 0, _F32(1), den)
         copyto(d5, o, casting="unsafe")
-    return _quiet(xp, run)
+    return run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -949,8 +938,8 @@ _KERNELS: dict[Op, Kernel] = {
     Op.DUP: _k_copy, Op.CPY: _k_copy, Op.CONT: _k_copy,
     Op.ADD: _k_binary("add"), Op.SUB: _k_binary("subtract"), Op.MUL: _k_binary("multiply"),
     Op.DIV: _k_binary("divide"), Op.ADD1: _k_add1, Op.ACC: _k_acc, Op.SET: _k_set,
-    Op.SQR: _k_ufunc1("square"), Op.SQRT: _k_ufunc1("sqrt", quiet=True),
-    Op.LOG: _k_ufunc1("log", quiet=True), Op.SIN: _k_ufunc1("sin"), Op.COS: _k_ufunc1("cos"),
+    Op.SQR: _k_ufunc1("square"), Op.SQRT: _k_ufunc1("sqrt"),
+    Op.LOG: _k_ufunc1("log"), Op.SIN: _k_ufunc1("sin"), Op.COS: _k_ufunc1("cos"),
     Op.SUM: _k_sum, Op.SUM_ROWS: _k_sum_rows, Op.MEAN: _k_mean, Op.ARGMAX: _k_argmax,
     Op.REPEAT: _k_repeat, Op.CONCAT: _k_concat, Op.NORM: _k_norm, Op.RMS_NORM: _k_rms_norm,
     Op.GROUP_NORM: _k_group_norm, Op.L2_NORM: _k_l2_norm, Op.MUL_MAT: _k_mul_mat,

@@ -14,6 +14,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..backend import Buffer, tensor_buffer
 from ..errors import NotAllocatedError, UnsupportedOpError
 from ..graph import Graph
@@ -50,9 +52,11 @@ class Plan:
                                         f"{b.size} bytes, which was freed")
 
     def run(self) -> None:
-        """Run every step in order on the calling thread."""
-        for step in self.steps:
-            step()
+        """Run every step in order on the calling thread, with NumPy's floating-point warnings
+        off (overflow to inf and NaN propagate silently, as in ggml's kernels)."""
+        with np.errstate(all="ignore"):
+            for step in self.steps:
+                step()
 
 
 def _signature(graph: Graph) -> tuple:

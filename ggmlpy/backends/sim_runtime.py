@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import DeviceType, Reg
-from ..errors import ComputeError, OutOfMemoryError
+from ..errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ..opcodes import Op
 from ..tensor import Tensor
 from .cpu import MEMORY_ALIGNMENT, host_array
@@ -102,7 +102,8 @@ class _SimStream:
     def submit(self, fn: Callable[[], Any], delay: float) -> None:
         with self._cv:
             if self._closed:
-                raise RuntimeError(f"stream of {self.name} was freed")
+                raise BackendUnavailableError(f"the stream of {self.name} was freed (its backend "
+                                              "was freed); create a new backend")
             self._submitted += 1
         self._q.put((fn, delay))
 
