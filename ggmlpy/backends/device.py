@@ -134,15 +134,15 @@ class Runtime:
     # devices ------------------------------------------------------------------------------------
     def device_count(self) -> int:
         """Number of devices."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs device_count")
 
     def device_info(self, dev: int) -> DeviceInfo:
         """Static :class:`DeviceInfo` of device ``dev``."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs device_info")
 
     def mem_info(self, dev: int) -> tuple[int, int]:
         """``(free, total)`` bytes of device ``dev``; ``(0, 0)`` when unknown."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs mem_info")
 
     def activate(self, dev: int) -> AbstractContextManager[Any]:
         """A context manager making ``dev`` current for allocations and kernel launches
@@ -163,11 +163,11 @@ class Runtime:
             OutOfMemoryError: not enough memory, carrying ``requested`` and ``free`` bytes; the
                 device stays usable.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs malloc")
 
     def free(self, mem: DeviceMemory) -> None:
         """Release ``mem``. The caller guarantees no queued work still uses it."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs free")
 
     def array(self, mem: DeviceMemory, tensor: Tensor) -> Any:
         """An ``xp`` array viewing ``tensor`` inside ``mem`` at byte ``tensor.offset``, no copy.
@@ -175,25 +175,25 @@ class Runtime:
         Plain types: dtype ``tensor.type.dtype``, NumPy shape ``ne[::-1]``, strides ``nb[::-1]``.
         Block-quantized types: ``uint8`` rows, shape ``(ne3, ne2, ne1, row_bytes)``.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs array")
 
     # blocking copies (not ordered against any stream, like CUDA's synchronous buffer ops) ------
     def memcpy_htod(self, mem: DeviceMemory, offset: int, src: np.ndarray) -> None:
         """Copy the host bytes ``src`` to ``mem[offset:offset+src.size]``; blocking."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memcpy_htod")
 
     def memcpy_dtoh(self, mem: DeviceMemory, offset: int, size: int) -> np.ndarray:
         """A new host ``uint8`` array of ``size`` bytes read from ``mem[offset:]``; blocking."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memcpy_dtoh")
 
     def memcpy_dtod(self, dst: DeviceMemory, dst_offset: int, src: DeviceMemory, src_offset: int,
                     size: int) -> None:
         """Copy ``size`` bytes between device memories (same or different devices); blocking."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memcpy_dtod")
 
     def memset(self, mem: DeviceMemory, offset: int, size: int, value: int) -> None:
         """Set ``size`` bytes of ``mem`` from ``offset`` to the byte ``value``; blocking."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memset")
 
     # pinned host memory -----------------------------------------------------------------------
     def alloc_pinned(self, size: int) -> np.ndarray:
@@ -203,16 +203,16 @@ class Runtime:
         Raises:
             OutOfMemoryError: the allocation failed.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs alloc_pinned")
 
     # streams ------------------------------------------------------------------------------------
     def stream_new(self, dev: int, name: str) -> Any:
         """A new stream on device ``dev`` that runs queued work in order (``name`` for threads/logs)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs stream_new")
 
     def stream_free(self, stream: Any) -> None:
         """Release ``stream`` after the work queued on it has finished. Idempotent."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs stream_free")
 
     def stream_synchronize(self, stream: Any, check: bool = True) -> None:
         """Block the host until everything queued on ``stream`` has finished.
@@ -222,51 +222,51 @@ class Runtime:
                 is chained); the failure is then cleared and the stream stays usable. With
                 ``check=False`` failures are kept for the next checked synchronize.
         """
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs stream_synchronize")
 
     def launch(self, stream: Any, fn: Any) -> None:
         """*Async*: run ``fn()`` in ``stream``'s order (SIM: on the stream's worker thread; CuPy:
         ``fn`` enqueues kernels while ``stream`` is current, so it runs on the host at once)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs launch")
 
     def memcpy_htod_async(self, stream: Any, mem: DeviceMemory, offset: int, src: np.ndarray) -> None:
         """*Async*: upload host ``src`` into ``mem[offset:]`` in stream order. ``src`` is (pinned)
         staging owned by the runtime from now on: it is kept alive until the stream has passed
         the copy, and the caller never touches it again."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memcpy_htod_async")
 
     def memcpy_dtoh_async(self, stream: Any, out: np.ndarray, mem: DeviceMemory, offset: int) -> None:
         """*Async*: read ``out.size`` bytes of ``mem[offset:]`` into host ``out`` in stream order.
         ``out`` holds the data once :meth:`stream_synchronize` (or an :meth:`event_synchronize` of
         an event recorded after it) has returned."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memcpy_dtoh_async")
 
     def memcpy_dtod_async(self, stream: Any, dst: DeviceMemory, dst_offset: int, src: DeviceMemory,
                           src_offset: int, size: int) -> None:
         """*Async*: copy ``size`` bytes between device memories in ``stream`` order."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs memcpy_dtod_async")
 
     # events -------------------------------------------------------------------------------------
     def event_new(self, dev: int) -> Any:
         """A new event on device ``dev``, not yet recorded (query True)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs event_new")
 
     def event_record(self, event: Any, stream: Any) -> None:
         """*Async*: mark the current end of ``stream``; the event completes when the stream gets there."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs event_record")
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:
         """*Async*: later work on ``stream`` waits for the last record of ``event`` made before
         this call (no-op if never recorded). The host does not block."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs stream_wait_event")
 
     def event_synchronize(self, event: Any) -> None:
         """Block the host until ``event``'s last record has completed."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs event_synchronize")
 
     def event_query(self, event: Any) -> bool:
         """True when ``event``'s last record has completed (or it was never recorded); never blocks."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} needs event_query")
 
 
 # ---------------------------------------------------------------------------------------------
