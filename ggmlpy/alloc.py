@@ -41,13 +41,19 @@ from .opcodes import INPLACE_CAPABLE_OPS, Op
 from .tensor import Context, Flag, Tensor
 
 __all__ = ["TensorAllocator", "GraphAllocator", "alloc_ctx_tensors_from_buft",
-           "alloc_ctx_tensors", "alloc_ctx_tensors_size", "MAX_CHUNKS"]
+           "alloc_ctx_tensors", "alloc_ctx_tensors_size", "MAX_CHUNKS", "POLICIES"]
 
 log = logging.getLogger("ggmlpy.alloc")
 
 #: Largest number of chunks (backend buffers) one buffer type's plan may use (mirrors
 #: ``GGML_VBUFFER_MAX_CHUNKS``). The last chunk is unbounded, so planning never fails by itself.
 MAX_CHUNKS = 16
+
+#: Placement policies of :class:`GraphAllocator`: ``"ggml"`` reproduces ggml-alloc's layouts
+#: exactly; ``"compact"`` plans the same lifetimes and in-place reuse, then re-places every block
+#: offline (largest first, lowest free offset over its lifetime) and keeps that layout when it is
+#: smaller (single-chunk plans only).
+POLICIES = ("ggml", "compact")
 
 # ggml's SIZE_MAX / 2: the size of an "unbounded" free block.
 _UNBOUNDED = sys.maxsize
@@ -259,7 +265,7 @@ class _DynAllocator:
 class _HashNode:
     """Per-tensor planning state (mirrors ggml-alloc's ``struct hash_node``)."""
 
-    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated")
+    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated", "block")
 
     def __init__(self) -> None:
         self.n_children = 0
@@ -268,6 +274,43 @@ class _HashNode:
         self.chunk = 0
         self.offset = 0
         self.allocated = False
+        self.block: _Block | None = None
+
+
+class _Block:
+    """One planned allocation's lifetime, for the ``compact`` policy: ``size`` padded bytes live
+    from event ``start`` to event ``end`` (None: never freed); ``members`` are the hash nodes
+    placed in it (the tensor and its in-place heirs)."""
+
+    __slots__ = ("size", "start", "end", "members", "offset")
+
+    def __init__(self, size: int, start: int, hn: _HashNode) -> None:
+        self.size = size
+        self.start = start
+        self.end: int | None = None
+        self.members = [hn]
+        self.offset = 0
+
+
+def _compact_layout(blocks: list[_Block]) -> int:
+    """Offline placement of ``blocks``: largest first, each at the lowest offset free of every
+    already placed block whose lifetime overlaps; sets ``block.offset``; returns the peak bytes."""
+    placed: list[_Block] = []
+    peak = 0
+    for b in sorted(blocks, key=lambda x: (-x.size, x.start)):
+        b_end = _UNBOUNDED if b.end is None else b.end
+        busy = sorted((p for p in placed
+                       if p.start < b_end and b.start < (_UNBOUNDED if p.end is None else p.end)),
+                      key=lambda x: x.offset)
+        off = 0
+        for p in busy:
+            if off + b.size <= p.offset:
+                break
+            off = max(off, p.offset + p.size)
+        b.offset = off
+        placed.append(b)
+        peak = max(peak, off + b.size)
+    return peak
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,22 +343,36 @@ class GraphAllocator:
     Tensors the allocator places are *owned* (see the module docstring): they are reset and placed
     again by every :meth:`alloc_graph`; weights and user-allocated tensors are never touched.
 
+    Args:
+        buft / bufts: the compute buffer type(s).
+        policy: ``"ggml"`` (default) places tensors exactly as ggml-alloc does (offsets identical
+            to upstream's). ``"compact"`` keeps the same lifetimes and in-place decisions but
+            re-places the blocks offline, largest first at the lowest offset free over their
+            lifetime, and keeps that layout when it needs fewer bytes; it applies to single-chunk
+            plans (no ``max_size`` split) and costs O(blocks^2) planning time.
+
     Raises:
         TypeError: a buffer type is not a :class:`~ggmlpy.backend.BufferType`.
-        ValueError: ``new_n`` got no buffer types, or an alignment is not a power of two.
+        ValueError: ``new_n`` got no buffer types, an alignment is not a power of two, or an
+            unknown ``policy``.
     """
 
-    def __init__(self, buft: BufferType) -> None:
-        self._init([buft])
+    def __init__(self, buft: BufferType, policy: str = "ggml") -> None:
+        self._init([buft], policy)
 
     @classmethod
-    def new_n(cls, bufts: Sequence[BufferType]) -> GraphAllocator:
+    def new_n(cls, bufts: Sequence[BufferType], policy: str = "ggml") -> GraphAllocator:
         """A graph allocator with one buffer per entry of ``bufts`` (mirrors ``ggml_gallocr_new_n``)."""
         self = cls.__new__(cls)
-        self._init(list(bufts))
+        self._init(list(bufts), policy)
         return self
 
-    def _init(self, bufts: list[BufferType]) -> None:
+    def _init(self, bufts: list[BufferType], policy: str = "ggml") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"GraphAllocator: policy must be one of {POLICIES}, got {policy!r}")
+        self.policy = policy
+        self._event = 0
+        self._blocks: list[list[_Block]] = []
         if not bufts:
             raise ValueError("GraphAllocator: at least one buffer type is needed")
         self.bufts: list[BufferType] = []
@@ -472,10 +529,19 @@ class GraphAllocator:
                         hn.buffer_id, hn.chunk, hn.offset = p_hn.buffer_id, p_hn.chunk, p_hn.offset
                         p_hn.allocated = False  # the parent is not freed: the node owns it now
                         self._free_extra_space(node, parent)
+                        if p_hn.block is not None:
+                            hn.block = p_hn.block
+                            hn.block.members.append(hn)
                         return
-        talloc = self._tallocs[self._talloc_of[buffer_id]]
-        hn.chunk, hn.offset = talloc.alloc(self._alloc_size(buffer_id, node))
+        k = self._talloc_of[buffer_id]
+        talloc = self._tallocs[k]
+        size = self._alloc_size(buffer_id, node)
+        hn.chunk, hn.offset = talloc.alloc(size)
         hn.buffer_id = buffer_id
+        if self.policy == "compact":
+            hn.block = _Block(_pad(size, talloc.alignment), self._event, hn)
+            self._blocks[k].append(hn.block)
+            self._event += 1
 
     def _free_node(self, graph: Graph, node: Tensor) -> None:
         # mirrors ggml_gallocr_free_node: outputs are never freed
@@ -485,6 +551,9 @@ class GraphAllocator:
         talloc = self._tallocs[self._talloc_of[hn.buffer_id]]
         talloc.free(hn.chunk, hn.offset, self._alloc_size(hn.buffer_id, node))
         hn.allocated = False
+        if hn.block is not None:
+            hn.block.end = self._event
+            self._event += 1
 
     def _plan(self, graph: Graph, node_ids: Sequence[int] | None,
               leaf_ids: Sequence[int] | None) -> None:
@@ -530,6 +599,21 @@ class GraphAllocator:
                     elif p_hn.allocated:
                         self._free_node(graph, parent)
 
+    def _compact(self) -> None:
+        """The ``compact`` policy: re-place each single-chunk plan offline (largest block first at
+        the lowest offset free over its lifetime) and keep it when it is smaller than ggml's."""
+        for k, talloc in enumerate(self._tallocs):
+            if len(talloc.chunks) != 1 or not self._blocks[k]:
+                continue  # several chunks (a max_size): keep ggml's chunked plan
+            peak = _compact_layout(self._blocks[k])
+            chunk = talloc.chunks[0]
+            if peak >= chunk.max_size or peak > talloc.max_chunk_size:
+                continue
+            for b in self._blocks[k]:
+                for hn in b.members:
+                    hn.offset = b.offset
+            chunk.max_size = peak
+
     def _rec_of(self, t: Tensor | None) -> _Rec:
         if t is None or t.view_src is not None or self._has_data(t):
             return _INVALID
@@ -564,7 +648,11 @@ class GraphAllocator:
         node_ids, leaf_ids = self._check_ids(graph, node_ids, leaf_ids)
         for talloc in self._tallocs:
             talloc.reset()
+        self._event = 0
+        self._blocks = [[] for _ in self._tallocs]
         self._plan(graph, node_ids, leaf_ids)
+        if self.policy == "compact":
+            self._compact()
 
         node_srcs = graph.node_srcs
         self._node_recs = [(self._rec_of(node), [self._rec_of(s) for s in node_srcs(node)])

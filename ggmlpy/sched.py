@@ -91,16 +91,20 @@ class Scheduler:
         parallel: keep ``n_copies = 4`` copies of split inputs for pipelined evaluations.
         op_offload: let a higher-priority backend take ops whose weights are in host memory when
             its ``offload_op`` says so.
+        alloc_policy: the compute-buffer planner's placement policy, ``"ggml"`` (ggml's exact
+            layouts) or ``"compact"`` (same lifetimes, tighter offline placement); see
+            :class:`~ggmlpy.alloc.GraphAllocator`.
 
     Raises:
         ValueError: no backends, more than 16, the last is not a CPU device, a buffer type not
-            supported by its backend, or ``bufts`` of the wrong length.
+            supported by its backend, ``bufts`` of the wrong length, or an unknown ``alloc_policy``.
 
     Environment: ``GGMLPY_SCHED_DEBUG=1`` prints the splits after each split, ``=2`` every node too.
     """
 
     def __init__(self, backends: list[Backend], bufts: list[BufferType] | None = None,
-                 graph_size: int = 2048, parallel: bool = False, op_offload: bool = True) -> None:
+                 graph_size: int = 2048, parallel: bool = False, op_offload: bool = True,
+                 alloc_policy: str = "ggml") -> None:
         backends = list(backends)
         n = len(backends)
         for b in backends:
@@ -126,7 +130,7 @@ class Scheduler:
         self.events: list[list[Event | None]] = [
             [event_new(b.device) if self.n_copies > 1 else None for _ in range(self.n_copies)]
             for b in self.backends]
-        self.galloc = GraphAllocator.new_n(self.bufts)
+        self.galloc = GraphAllocator.new_n(self.bufts, policy=alloc_policy)
         self.debug = _debug_level()
         self.callback_eval: EvalCallback | None = None
         # per-split state

@@ -12,7 +12,8 @@ SwiGLU, and random DAGs) it reports:
   is every tensor whose lifetime contains ``i``; when node ``i``'s op may run in place
   (``INPLACE_CAPABLE_OPS``) and a source of the same layout dies at ``i``, that source's bytes are
   counted once;
-* ``ratio``: planned / lower_bound, and ``plan_ms``: planning time.
+* ``ratio``: planned / lower_bound, and ``plan_ms``: planning time; the ``_compact`` fields are
+  the same for ``GraphAllocator(policy="compact")`` (ggml's lifetimes, offline placement).
 
 Graphs are metadata only; weights and compute buffers live in a buffer type that allocates no
 memory. Usage: ``python scripts/bench_alloc.py [--tokens N] [--random N]``.
@@ -30,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ggmlpy import ops  # noqa: E402
-from ggmlpy.alloc import GraphAllocator, alloc_ctx_tensors_from_buft  # noqa: E402
+from ggmlpy.alloc import POLICIES, GraphAllocator, alloc_ctx_tensors_from_buft  # noqa: E402
 from ggmlpy.backend import Buffer, BufferType  # noqa: E402
 from ggmlpy.graph import Graph  # noqa: E402
 from ggmlpy.opcodes import INPLACE_CAPABLE_OPS  # noqa: E402
@@ -254,14 +255,19 @@ def lower_bound(g: Graph) -> int:
 def measure(name: str, g: Graph) -> dict:
     naive = naive_size(g)
     lb = lower_bound(g)
-    ga = GraphAllocator(META)
-    t0 = time.perf_counter()
-    assert ga.reserve(g)
-    ms = (time.perf_counter() - t0) * 1e3
-    planned = ga.get_buffer_size(0)
-    return {"graph": name, "n_nodes": g.n_nodes, "n_leafs": g.n_leafs, "planned": planned,
-            "naive": naive, "lower_bound": lb, "ratio": round(planned / lb, 4) if lb else None,
-            "naive_ratio": round(naive / lb, 2) if lb else None, "plan_ms": round(ms, 1)}
+    out = {"graph": name, "n_nodes": g.n_nodes, "n_leafs": g.n_leafs, "naive": naive,
+           "lower_bound": lb, "naive_ratio": round(naive / lb, 2) if lb else None}
+    for policy in POLICIES:
+        ga = GraphAllocator(META, policy=policy)
+        t0 = time.perf_counter()
+        assert ga.reserve(g)
+        ms = (time.perf_counter() - t0) * 1e3
+        planned = ga.get_buffer_size(0)
+        key = "" if policy == "ggml" else f"_{policy}"
+        out.update({f"planned{key}": planned,
+                    f"ratio{key}": round(planned / lb, 4) if lb else None,
+                    f"plan_ms{key}": round(ms, 1)})
+    return out
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ kernels are added.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -203,9 +204,10 @@ def _outputs(outs):
     return [backend_tensor_get(t).tobytes() for t in outs]
 
 
+@pytest.mark.parametrize("policy", ["ggml", "compact"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prog=program_st)
-def test_random_dag_placement_and_results(prog):
+def test_random_dag_placement_and_results(policy, prog):
     be = backend_cpu_init()
     # reference: every tensor in its own memory
     g0, in0, w0, out0, (ctx0, _) = _build(prog, weights_external=False)
@@ -220,7 +222,11 @@ def test_random_dag_placement_and_results(prog):
     if ws:
         alloc_ctx_tensors(wctx, be)
     buft = _MaxBuft(prog["max_size"]) if prog["max_size"] else cpu_buffer_type()
-    ga = GraphAllocator(buft)
+    ref = GraphAllocator(buft)  # ggml's plan (reserve places no tensor)
+    assert ref.reserve(g)
+    ggml_size = sum(b.size for b in ref.get_chunk_buffers(0))
+    ref.free()
+    ga = GraphAllocator(buft, policy=policy)
     for _ in range(2):
         assert ga.alloc_graph(g)
         _check_placement(g, ga)
@@ -234,6 +240,8 @@ def test_random_dag_placement_and_results(prog):
     naive = sum(-(-t.nbytes // 32) * 32 for t in [*g.leafs, *g.nodes]
                 if t.view_src is None and t.buffer in ga.get_chunk_buffers(0))
     assert ga.get_buffer_size(0) <= naive or prog["max_size"]
+    if policy == "compact":  # never larger than ggml's own plan of the same graph
+        assert sum(b.size for b in ga.get_chunk_buffers(0)) <= ggml_size
 
 
 @settings(max_examples=25, deadline=None)

@@ -431,3 +431,19 @@ def test_view_made_between_evaluations_follows_its_source():
     backend_tensor_set(y, np.ones(256, np.float32))
     sched.graph_compute(g2)
     assert backend_tensor_get(out).ravel()[0] == 256 + 2 * np.arange(8).sum()
+
+
+def test_compact_alloc_policy_through_the_scheduler():
+    sim = _sim(latency_us=100, refuse={Op.SOFT_MAX})[0]
+    cpu = gp.backend_cpu_init()
+    m = MLP(sim)
+    sched = Scheduler([sim, cpu], parallel=True, alloc_policy="compact")
+    for _ in range(3):
+        x = RNG.standard_normal((5, 8)).astype(np.float32)
+        sched.reset()
+        assert sched.alloc_graph(m.graph)
+        backend_tensor_set(m.x, x)
+        sched.graph_compute(m.graph)
+        np.testing.assert_allclose(backend_tensor_get(m.out)[0, 0], m.reference(x), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="policy"):
+        Scheduler([cpu], alloc_policy="tightest")

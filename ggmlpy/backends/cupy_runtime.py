@@ -241,18 +241,38 @@ class CupyRuntime(Runtime):
     def stream_synchronize(self, stream: Any, check: bool = True) -> None:
         try:
             stream.cs.synchronize()
-        except self.rt.CUDARuntimeError as e:
+        except Exception as e:
+            if not self._is_cuda_error(e):
+                raise
             if check:
                 raise ComputeError(f"CUDA{stream.dev}: queued work failed: {_one_line(e)}") from e
         self._reap(stream, everything=True)
+
+    def _is_cuda_error(self, e: BaseException) -> bool:
+        """A failure CuPy reports from CUDA or a CUDA library: ``CUDARuntimeError``, but also
+        ``CUDADriverError`` (kernel launches and module loads go through the driver API, and a
+        sticky fault of earlier work surfaces there) and ``CUBLASError``/``CUSOLVERError``/...
+        (all defined under ``cupy_backends.cuda``; the libraries are not imported here)."""
+        return (isinstance(e, self.rt.CUDARuntimeError)
+                or type(e).__module__.startswith("cupy_backends.cuda"))
 
     def launch(self, stream: Any, fn: Callable[[], Any]) -> None:
         self._reap(stream)
         try:
             with self.on_stream(stream):
                 fn()
-        except self.rt.CUDARuntimeError as e:
-            raise ComputeError(f"CUDA{stream.dev}: kernel launch failed: {_one_line(e)}") from e
+        except MemoryError as e:
+            if isinstance(e, OutOfMemoryError):
+                raise
+            # cupy.cuda.memory.OutOfMemoryError: the pool could not allocate a kernel temporary
+            # (it has already freed its cached blocks and retried)
+            free, _ = self.mem_info(stream.dev)
+            raise OutOfMemoryError(f"CUDA{stream.dev}", int(getattr(e, "_size", 0) or 0), free,
+                                   f"kernel temporaries: {_one_line(e)}") from e
+        except Exception as e:
+            if self._is_cuda_error(e):
+                raise ComputeError(f"CUDA{stream.dev}: kernel launch failed: {_one_line(e)}") from e
+            raise
 
     def _track(self, stream: Any, keep: Any, finish: Callable[[], None] | None) -> None:
         ev = self.cp.cuda.Event(block=False, disable_timing=True)

@@ -76,7 +76,13 @@ def _c_contig(x: Any) -> bool:
 def _ufunc_step(xp: Any, fn: Any, *args: Any, out: Any) -> Step:
     """A closure ``fn(*args, out=out)`` for a ufunc. For NumPy the output is passed positionally:
     ``partial(np.add, a, b, d)`` has no keyword dict to merge per call and costs ~40% less than
-    the ``out=`` form on tiny arrays (the per-node overhead target of the plan)."""
+    the ``out=`` form on tiny arrays (the per-node overhead target of the plan).
+
+    Inputs that view exactly the memory of ``out`` (in-place ops) are replaced by ``out`` itself:
+    a CuPy ufunc copies every input that *may share memory* with an output unless it is the very
+    same object (``cupy/_core/_kernel.pyx``, ``_copy_in_args_if_needed``), which would cost a
+    temporary and a full copy per call."""
+    args = tuple(_alias(x, out) for x in args)
     if _is_numpy(xp) and fn not in (np.maximum, np.minimum):  # those deprecate positional out
         return partial(fn, *args, out)
     return partial(fn, *args, out=out)
@@ -89,6 +95,15 @@ def _same_memory(x: Any, y: Any) -> bool:
                 and _data_ptr(x) == _data_ptr(y))
     except Exception:  # pragma: no cover - exotic array types
         return False
+
+
+def _alias(x: Any, out: Any) -> Any:
+    """``out`` when ``x`` is an array viewing exactly ``out``'s memory (same start, shape, strides,
+    dtype), else ``x``. Passing the output object itself as the input of an in-place ufunc lets
+    CuPy skip its defensive copy of inputs that overlap an output (NumPy: no difference)."""
+    if x is out or type(x) is not type(out):  # scalars, or already the same object
+        return x
+    return out if _same_memory(x, out) else x
 
 
 def _data_ptr(x: Any) -> int:
@@ -171,23 +186,29 @@ def _split_axis(shape: tuple[int, ...], strides: tuple[int, ...], ax: int, outer
 # ---------------------------------------------------------------------------------------------
 # erf (exact-erf GELU)
 
-def _erf(xp: Any, x: Any) -> Any:
-    """erf(x) for an ``xp`` array (float32 or float64); float64 result for NumPy input.
-
-    CuPy: ``cupyx.scipy.special.erf``. NumPy (which has no erf): :func:`ggmlpy.special.erf` in float64.
-    """
+def _erfc_fn(xp: Any) -> Callable[[Any], Any]:
+    """The element-wise erfc of ``xp``: :func:`ggmlpy.special.erfc` (float64) for NumPy, which has
+    none; ``cupyx.scipy.special.erfc`` (a CuPy ufunc: float64 in, float64 out) for CuPy."""
     if _is_numpy(xp):
-        return special.erf(x)
-    from cupyx.scipy.special import erf  # noqa: PLC0415 - only with cupy
+        return special.erfc
+    from cupyx.scipy.special import erfc  # noqa: PLC0415 - only with cupy
 
-    return erf(x)
+    return erfc
 
 
 def _gelu_erf(xp: Any, x: Any) -> Any:
-    """0.5*x*(1 + erf(x/sqrt(2))) as float32, from float32 ``x``."""
+    """0.5*x*(1 + erf(x/sqrt(2))) as float32, from float32 ``x``.
+
+    Both array modules evaluate ``0.5*x*erfc(-x/sqrt(2))`` in float64 and round once, so the
+    backends agree to the ulp: in float32, ``1 + erf(x/sqrt(2))`` cancels to 0 for x below about
+    -5.5 (CUDA's ``erff`` is also only accurate to 2 ulp)."""
     if _is_numpy(xp):
         return special.gelu_erf(x)
-    return (0.5 * x * (1.0 + _erf(xp, x * _F32(1.0 / math.sqrt(2.0))))).astype(_F32)
+    x64 = x.astype(_F64)
+    r = _erfc_fn(xp)(x64 * -math.sqrt(0.5))
+    r *= x64
+    r *= 0.5
+    return r.astype(_F32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,6 +303,7 @@ def _k_scale(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         return _ufunc_step(xp, xp.multiply, a, s32, out=d)
     b32 = _F32(bias)
     mul, add = xp.multiply, xp.add
+    a = _alias(a, d)
 
     def run() -> None:
         mul(a, s32, out=d)
@@ -292,6 +314,7 @@ def _k_scale(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
 def _k_clamp(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     lo, hi = _F32(node.op_params[0]), _F32(node.op_params[1])
     a, _, d = _flatten_ew(srcs[0], None, dst)
+    a = _alias(a, d)
     mn, mx = xp.minimum, xp.maximum
 
     def run() -> None:  # ggml: MAX(MIN(x, max), min)
@@ -582,10 +605,13 @@ def _k_argmax(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
 def _k_argsort(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     desc = bool(node.op_params[0]) if node.op_params else False
     a = srcs[0]
-    copyto, argsort = xp.copyto, xp.argsort
+    copyto = xp.copyto
+    # stable on both: CuPy's argsort is always stable (thrust; it accepts only kind=None or
+    # "stable"), NumPy's default quicksort is not, so ties would order differently per backend
+    argsort = partial(xp.argsort, axis=-1, kind="stable")
     if desc:
-        return lambda: copyto(dst, argsort(-a, axis=-1), casting="unsafe")
-    return lambda: copyto(dst, argsort(a, axis=-1), casting="unsafe")
+        return lambda: copyto(dst, argsort(-a), casting="unsafe")
+    return lambda: copyto(dst, argsort(a), casting="unsafe")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -613,6 +639,7 @@ def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     a = srcs[0]
     n = a.shape[-1]
     sm, mul, sqrt = xp.sum, xp.multiply, xp.sqrt
+    a = _alias(a, dst)  # in-place: CuPy would copy an overlapping input of ``mul`` per call
 
     def run() -> None:
         x64 = a.astype(_F64)
@@ -626,6 +653,7 @@ def _k_l2_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     eps = _F32(node.op_params[0])
     a = srcs[0]
     sm, mul, sqrt, maximum = xp.sum, xp.multiply, xp.sqrt, xp.maximum
+    a = _alias(a, dst)
 
     def run() -> None:
         x64 = a.astype(_F64)
@@ -696,10 +724,19 @@ def _mm_views(xp: Any, a: Any, b: Any, d: Any) -> tuple[Any, Any, Any]:
 
 
 def _matmul_step(xp: Any, a: Any, b: Any, dst: Any) -> Step:
-    """A closure for ``dst = b @ a^T`` (ggml MUL_MAT layout) over F32/F16 inputs."""
+    """A closure for ``dst = b @ a^T`` (ggml MUL_MAT layout) over F32/F16 inputs.
+
+    CuPy's ``matmul`` makes both operands C-contiguous first (``ascontiguousarray`` in
+    ``cupy/_core/_routines_linalg.pyx``), i.e. it would copy the transposed weight ``a^T`` on every
+    call. When the product folds into one 2-D GEMM with a C-contiguous output, CuPy gets ``dot``
+    instead, which hands transposed (F-contiguous) operands to cuBLAS as they are
+    (``_mat_to_cublas_contiguous``) and requires exactly that output layout."""
     matmul = xp.matmul
     if a.dtype == _F32 and b.dtype == _F32:
         aT, bv, dv = _mm_views(xp, a, b, dst)
+        if (not _is_numpy(xp) and aT.ndim == 2 and dv.dtype == _F32 and _c_contig(dv)
+                and (aT.flags.f_contiguous or _c_contig(aT))):
+            return partial(xp.dot, bv, aT, out=dv)
         return partial(matmul, bv, aT, out=dv)
 
     def run() -> None:
@@ -913,10 +950,11 @@ def _k_rope(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         d0, d1 = dst[..., 0:n_dims:2], dst[..., 1:n_dims:2]
     rest = _copy_into(xp, dst[..., n_dims:], a[..., n_dims:]) if n_dims < a.shape[-1] else _noop
     cos, sin, copyto = xp.cos, xp.sin, xp.copyto
-    posv = pos.reshape(-1)
+    # a reshape of a non-contiguous view is a copy: take it per call, never a stale one now
+    posv = pos.reshape(-1) if _c_contig(pos) else None
 
     def run() -> None:
-        pf = posv[:n_tok].astype(_F64)
+        pf = (posv if posv is not None else pos.reshape(-1))[:n_tok].astype(_F64)
         vec = base if ff is None else base / ff.reshape(-1)[:half].astype(_F64)
         theta = pf[:, None] * vec[None, :]         # (n_tok, half)
         c = (cos(theta) * ms).astype(_F32)[None, :, None, :]
