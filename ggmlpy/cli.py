@@ -96,6 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return cmd[0](argv[1:])
+    except BrokenPipeError:  # output piped into `head` and closed: not an error
+        sys.stderr.close()
+        return 0
     except GgmlpyError as e:
         print(f"ggmlpy {argv[0]}: {e}", file=sys.stderr)
         return 2

@@ -148,7 +148,7 @@ def _cosine(emb: np.ndarray) -> np.ndarray:
 def _print_human(sentences: Sequence[str], emb: np.ndarray, n_tokens: Sequence[int],
                  info: dict, similarity: bool) -> None:
     print(f"model {info['model']}  dim {info['dim']}  devices {','.join(info['devices'])}  "
-          f"splits {info['n_splits']}  {len(sentences)} sentences in {info['seconds']:.3f} s")
+          f"splits {info['n_splits']}  {len(sentences)} sentence{'s' if len(sentences) != 1 else ''} in {info['seconds']:.3f} s")
     width = len(str(len(sentences) - 1))
     for i, (s, e, nt) in enumerate(zip(sentences, emb, n_tokens)):
         dims = ", ".join(f"{v:+.4f}" for v in e[:_N_DIMS_SHOWN])

@@ -137,7 +137,7 @@ def _run_main(args: argparse.Namespace, mode: str) -> int:
 def _graph_main(args: argparse.Namespace) -> int:
     from .. import registry
     from ..backends.cpu import backend_cpu_init
-    from ..tensor import Context
+    from ..tensor import Context, Tensor
     from .graph_compare import compare_graph
     from .runner import resolve_backends
 
@@ -153,12 +153,25 @@ def _graph_main(args: argparse.Namespace) -> int:
         print(f"test-backend-ops: {args.graph}: {e}", file=sys.stderr)
         return 2
     if args.backend:
-        b1 = resolve_backends(args.backend)[0]
+        chosen = resolve_backends(args.backend)
+        if len(chosen) > 2:
+            print("test-backend-ops: --graph compares two backends; -b names at most two",
+                  file=sys.stderr)
+            return 2
+        b1 = chosen[0]
+        b2 = chosen[1] if len(chosen) == 2 else backend_cpu_init()
     else:
         devs = [d for d in registry.devices() if d.name.upper() != "CPU"]
-        b1 = devs[0].init_backend() if devs else backend_cpu_init()
-    b2 = backend_cpu_init()
+        if not devs:
+            print("test-backend-ops: no backend to compare with the CPU (set GGMLPY_SIM_DEVICES=N "
+                  "or pass -b NAME or -b A,B)", file=sys.stderr)
+            return 2
+        b1, b2 = devs[0].init_backend(), backend_cpu_init()
     graph, inputs = build(Context(no_alloc=True))
+    if not isinstance(inputs, dict) or not all(isinstance(k, Tensor) for k in inputs):
+        print(f"test-backend-ops: {args.graph}: build(ctx) must return (graph, inputs) with inputs "
+              "a dict {Tensor: numpy array}", file=sys.stderr)
+        return 2
     # the default directory is only created when there is something to save
     save = args.save or os.path.join(tempfile.gettempdir(),
                                      f"ggmlpy-divergence-{os.getpid()}-{int(time.time())}")

@@ -172,9 +172,14 @@ def compare_graph(graph: Graph, inputs: Mapping[Tensor, np.ndarray], backend1: B
         A :class:`DivergenceReport`.
 
     Raises:
+        TypeError: an ``inputs`` key is not a Tensor.
         ValueError: a pre-allocated tensor is in memory ``backend1`` cannot use.
         OutOfMemoryError: a buffer could not be allocated. Backend compute errors propagate.
     """
+    for k in inputs:
+        if not isinstance(k, Tensor):
+            raise TypeError(f"compare_graph: inputs must map Tensor -> array, got a key of type "
+                            f"{type(k).__name__}")
     tensors = _reachable(graph)
     buf, placed = _allocate(tensors, backend1)
     rep = DivergenceReport(False, backend1.name, backend2.name)
