@@ -250,7 +250,8 @@ class Scheduler:
             buf = t.buffer if t.buffer is not None else t.view_src.buffer  # type: ignore[union-attr]
             raise UnsupportedOpError(
                 f"Scheduler: pre-allocated tensor '{t.name}' ({t.op.name}) is in a {buf.name} "
-                f"buffer that no backend able to run its op can use")
+                f"buffer that no backend able to run its op can use (if another Scheduler or "
+                f"GraphAllocator placed it, call its reset() or free() first)")
         if t.flags & Flag.INPUT:
             return len(self.backends) - 1, "1.inp"
         if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):

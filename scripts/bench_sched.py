@@ -3,9 +3,9 @@
 1. split+alloc time per node (``sched.reset(); sched.alloc_graph(g)``) for 1k- and 10k-node graphs
    on CPU + SIM0 (weights of every other block on SIM0, so the graph really splits).
 2. Throughput of a stream of micro-batches through a balanced two-backend graph (first half of the
-   layers' weights on the CPU, second half on SIM0, as with partial offload): unpipelined
-   (``parallel=False``, synchronous compute per batch), ``parallel=False`` with async compute and
-   read-back, and pipelined (``parallel=True``).
+   layers' weights on the CPU and second half on SIM0, as with partial offload; and SIM0 then
+   SIM1, as with two GPUs): unpipelined (``parallel=False``, synchronous compute per batch),
+   ``parallel=False`` with async compute and read-back, and pipelined (``parallel=True``).
 
 BLAS threads are pinned to 1 (OMP/OPENBLAS/MKL_NUM_THREADS=1, set before NumPy loads) so the CPU
 split and the SIM stream each use one core of a two-core machine: the overlap is real.
@@ -72,15 +72,19 @@ def bench_split_alloc(n_nodes: int, sim, cpu, reps: int) -> dict:
         sched.alloc_graph(g)
         times.append(time.perf_counter() - t0)
     best = min(times)
+    sched.free()
     return {"n_nodes": g.n_nodes, "n_splits": sched.get_n_splits(),
             "split_alloc_s": best, "us_per_node": best / g.n_nodes * 1e6}
 
 
-def bench_pipeline(sim, cpu, n_layers: int, hidden: int, n_tok: int, n_batches: int) -> dict:
+def bench_pipeline(first, second, backends, n_layers: int, hidden: int, n_tok: int,
+                   n_batches: int) -> dict:
+    """First half of the layers' weights on ``first``, second half on ``second`` (the output's
+    device); ``backends`` is the scheduler's list (CPU last)."""
     rng = np.random.default_rng(1)
     half = n_layers // 2
-    w_cpu = _weights(cpu, [(hidden, hidden)] * half, rng)
-    w_sim = _weights(sim, [(hidden, hidden)] * (n_layers - half), rng)
+    w_cpu = _weights(first, [(hidden, hidden)] * half, rng)
+    w_sim = _weights(second, [(hidden, hidden)] * (n_layers - half), rng)
     ctx = Context()
     x = ctx.new_tensor_2d(Type.F32, hidden, n_tok).set_name("x").set_input()
     h = x
@@ -99,7 +103,7 @@ def bench_pipeline(sim, cpu, n_layers: int, hidden: int, n_tok: int, n_batches: 
     # "pipelined": parallel=True (n_copies=4, per-slot events), async as above.
     for mode, parallel, sync_each in (("unpipelined", False, True), ("async_1copy", False, False),
                                       ("pipelined", True, False)):
-        sched = Scheduler([sim, cpu], parallel=parallel, op_offload=False)
+        sched = Scheduler(backends, parallel=parallel, op_offload=False)
         sched.reserve(g)
         outs = [np.empty((n_tok, hidden), np.float32) for _ in range(n_batches)]
 
@@ -113,7 +117,7 @@ def bench_pipeline(sim, cpu, n_layers: int, hidden: int, n_tok: int, n_batches: 
                     outs[k][:] = backend_tensor_get(out)[0, 0]
                 else:
                     sched.graph_compute_async(g)
-                    backend_tensor_get_async(sim, out, outs[k])
+                    backend_tensor_get_async(second, out, outs[k])
             sched.synchronize()
 
         run()  # warm-up: plans built and cached
@@ -121,6 +125,7 @@ def bench_pipeline(sim, cpu, n_layers: int, hidden: int, n_tok: int, n_batches: 
         res[mode] = {"seconds": best, "batches_per_s": n_batches / best,
                      "n_splits": sched.get_n_splits(), "n_copies": sched.get_n_copies()}
         results[mode] = outs
+        sched.free()  # un-places the graph's tensors for the next scheduler
     base = res["unpipelined"]["batches_per_s"]
     res["speedup_pipelined_vs_unpipelined"] = res["pipelined"]["batches_per_s"] / base
     res["speedup_async_1copy_vs_unpipelined"] = res["async_1copy"]["batches_per_s"] / base
@@ -140,16 +145,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     args = ap.parse_args()
-    reg = sim_reg(1, latency_us=0.0)
-    sim = reg.devices[0].init_backend()
+    reg = sim_reg(2, latency_us=0.0)
+    sim, sim1 = (d.init_backend() for d in reg.devices)
+    size = {"n_layers": 8, "hidden": 256 if args.quick else 512, "n_tok": 128 if args.quick else 256,
+            "n_batches": 8 if args.quick else 16}
     cpu = gp.backend_cpu_init()
     sizes = (1000,) if args.quick else (1000, 10000)
     out = {
         "blas_threads": "OMP/OPENBLAS/MKL_NUM_THREADS=1",
         "split_alloc": [bench_split_alloc(n, sim, cpu, reps=3 if n > 2000 else 5) for n in sizes],
-        "pipeline": bench_pipeline(sim, cpu, n_layers=8, hidden=256 if args.quick else 512,
-                                   n_tok=128 if args.quick else 256,
-                                   n_batches=8 if args.quick else 16),
+        "pipeline_cpu_sim0": bench_pipeline(cpu, sim, [sim, cpu], **size),
+        "pipeline_sim0_sim1": bench_pipeline(sim, sim1, [sim, sim1, cpu], **size),
     }
     print(json.dumps(out, indent=2))
 
