@@ -55,6 +55,16 @@ class MLP:
         return s @ self.W2.T.astype(np.float64)
 
 
+def _sqr_scale_graph():
+    """x (input, 64 floats) -> y = 3 * x^2 (output); returns (x, y, graph)."""
+    ctx = Context()
+    x = ctx.new_tensor_1d(Type.F32, 64).set_name("x").set_input()
+    y = gp.scale(ctx, gp.sqr(ctx, x), 3.0).set_name("y").set_output()
+    g = Graph()
+    g.build_forward_expand(y)
+    return x, y, g
+
+
 def _srcs_snapshot(graph):
     return [(n, list(n.src)) for n in graph.nodes]
 
@@ -175,11 +185,7 @@ def test_parallel_user_input_overwritten_after_compute_async():
     # input feeding the SIM split directly: it must be copied before graph_compute_async returns
     sim = _sim(latency_us=2000)[0]
     cpu = gp.backend_cpu_init()
-    ctx = Context()
-    x = ctx.new_tensor_1d(Type.F32, 64).set_name("x").set_input()
-    y = gp.scale(ctx, gp.sqr(ctx, x), 3.0).set_name("y").set_output()
-    g = Graph()
-    g.build_forward_expand(y)
+    x, y, g = _sqr_scale_graph()
     sched = Scheduler([sim, cpu], parallel=True)
     results = []
     for k in range(6):
@@ -321,11 +327,7 @@ def test_debug_env_prints_report(monkeypatch, capsys):
 
 def test_parallel_input_slots_rotate_and_never_overlap_intermediates():
     cpu = gp.backend_cpu_init()
-    ctx = Context()
-    x = ctx.new_tensor_1d(Type.F32, 64).set_name("x").set_input()
-    y = gp.scale(ctx, gp.sqr(ctx, x), 3.0).set_name("y").set_output()
-    g = Graph()
-    g.build_forward_expand(y)
+    x, y, g = _sqr_scale_graph()
     sched = Scheduler([cpu], parallel=True)
     offsets = []
     for k in range(5):
