@@ -20,6 +20,7 @@ import pytest
 
 from ggmlpy import special
 from ggmlpy.backends import cupy_runtime, kernels
+from ggmlpy.backends.kernels import common, matmul, unary
 from ggmlpy.errors import ComputeError, OutOfMemoryError
 from ggmlpy.graph import Graph
 from ggmlpy.opcodes import VIEW_OPS, Op
@@ -105,23 +106,23 @@ def test_single_gemm_uses_dot_on_cupy_and_matches_numpy():
     a = rng.standard_normal((1, 1, 5, 7)).astype(np.float32)   # ne [7, 5]: M=5, K=7
     b = rng.standard_normal((1, 3, 4, 7)).astype(np.float32)   # broadcast over dim 2 (r2=3)
     d = np.empty((1, 3, 4, 5), np.float32)
-    step = kernels._matmul_step(fake, a, b, d)
+    step = matmul._matmul_step(fake, a, b, d)
     assert getattr(step, "func", None) is np.dot  # fake.dot is np.dot: the 2-D dot path
     step()
     np.testing.assert_allclose(d, b @ a.swapaxes(-1, -2), rtol=1e-5, atol=1e-6)
     # a non-contiguous destination keeps matmul (dot requires a C-contiguous out)
     dd = np.empty((1, 3, 5, 4), np.float32).swapaxes(-1, -2)
-    step2 = kernels._matmul_step(fake, a, b, dd)
+    step2 = matmul._matmul_step(fake, a, b, dd)
     assert getattr(step2, "func", None) is np.matmul
     step2()
     np.testing.assert_allclose(dd, b @ a.swapaxes(-1, -2), rtol=1e-5, atol=1e-6)
 
 
 def test_gelu_erf_cupy_path_matches_numpy_to_the_ulp(monkeypatch):
-    monkeypatch.setattr(kernels, "_erfc_fn", lambda xp: special.erfc)  # the fake has no cupyx
+    monkeypatch.setattr(unary, "_erfc_fn", lambda xp: special.erfc)  # the fake has no cupyx
     x = np.concatenate([np.linspace(-12, 12, 4001), [-5.9, -8.0, 0.0, 1e-30, np.inf]]).astype(np.float32)
-    got = kernels._gelu_erf(FakeCupy(1), x)
-    want = kernels._gelu_erf(np, x)
+    got = unary._gelu_erf(FakeCupy(1), x)
+    want = unary._gelu_erf(np, x)
     assert got.dtype == np.float32
     np.testing.assert_array_equal(got, want)
     assert got[np.searchsorted(x[:4001], -5.9)] != 0.0  # no f32 cancellation of 1 + erf
@@ -133,9 +134,9 @@ def test_inplace_ufunc_inputs_are_the_output_object():
     d = base[:, :4]
     a = base[:, :4]            # another view of exactly the same memory
     b = np.ones((4, 4), np.float32)
-    step = kernels._ufunc_step(FakeCupy(1), np.add, a, b, out=d)
+    step = common.ufunc_step(FakeCupy(1), np.add, a, b, out=d)
     assert step.args[0] is d and step.args[1] is b and step.keywords["out"] is d
-    assert kernels._alias(np.float32(2), d) is not d
+    assert common.alias(np.float32(2), d) is not d
 
 
 def test_argsort_is_stable_on_every_backend():

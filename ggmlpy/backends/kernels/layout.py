@@ -1,0 +1,250 @@
+"""Copy and layout kernels: DUP/CPY/CONT (with type conversion), REPEAT, CONCAT, SET, ACC,
+GET_ROWS, PAD, and the generators ARANGE and TIMESTEP_EMBEDDING.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ...opcodes import Op
+from ...tensor import Tensor
+from ...types import Type
+from .common import (F32, FLOATS, PLAIN, as_strided, c_contig, copy_into, src_of, sup_f32,
+                     tile_views, tiles)
+from .registry import Kernel, Step, kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# support
+
+
+def _sup_copy(node: Tensor, xp: Any) -> bool:
+    a = src_of(node, 0)
+    ok = (Type.F32, Type.F16, Type.I32)
+    if a is None or a.nelements != node.nelements:
+        return False
+    if a.type == node.type:
+        return a.type in PLAIN
+    return a.type in ok and node.type in ok
+
+
+def _sup_repeat(node: Tensor, xp: Any) -> bool:
+    a = src_of(node, 0)
+    return a is not None and a.type == node.type and a.type in PLAIN and tiles(a, node)
+
+
+def _sup_concat(node: Tensor, xp: Any) -> bool:
+    a, b = src_of(node, 0), src_of(node, 1)
+    return (a is not None and b is not None and a.type == b.type == node.type
+            and a.type in PLAIN and bool(node.op_params) and 0 <= int(node.op_params[0]) < 4)
+
+
+def _sup_set_acc(node: Tensor, xp: Any) -> bool:
+    a, b = src_of(node, 0), src_of(node, 1)
+    if a is None or b is None or len(node.op_params) < 4:
+        return False
+    types = (Type.F32, Type.I32) if node.op == Op.SET else (Type.F32,)
+    return (a.type == b.type == node.type and a.type in types and a.ne == node.ne
+            and a.is_contiguous() and b.nelements <= a.nelements)
+
+
+def _sup_get_rows(node: Tensor, xp: Any) -> bool:
+    a, b = src_of(node, 0), src_of(node, 1)
+    if a is None or b is None or b.type != Type.I32:
+        return False
+    if a.type in (Type.F32, Type.F16):
+        ok_t = node.type in FLOATS
+    elif a.type == Type.I32:
+        ok_t = node.type == Type.I32
+    else:
+        return False
+    return ok_t and a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
+
+
+def _sup_arange(node: Tensor, xp: Any) -> bool:
+    return node.type == Type.F32
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@kernel(Op.DUP, Op.CPY, Op.CONT, supports=_sup_copy)
+def _k_copy(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    """DUP / CONT / CPY: copy src0 into dst in logical row-major order, converting the type
+    (through float32 when neither side is float32; f32 -> i32 truncates toward zero)."""
+    a = srcs[0]
+    need_f32 = (a.dtype != dst.dtype and a.dtype != F32 and dst.dtype != F32
+                and (a.dtype.kind == "f" or dst.dtype.kind == "f"))
+    copyto = xp.copyto
+    if a.shape == dst.shape:
+        if need_f32:
+            return lambda: copyto(dst, a.astype(F32), casting="unsafe")
+        return copy_into(xp, dst, a)
+    shape = dst.shape
+    if c_contig(a):
+        a_r = a.reshape(shape)  # a view: nothing to do per call but the copy
+        if need_f32:
+            return lambda: copyto(dst, a_r.astype(F32), casting="unsafe")
+        return partial(copyto, dst, a_r, casting="unsafe")
+    if c_contig(dst):
+        d_flat = dst.reshape(-1)
+
+        def run_flat() -> None:
+            src = a.reshape(-1)  # a copy for non-contiguous a (logical order)
+            copyto(d_flat, src.astype(F32) if need_f32 else src, casting="unsafe")
+        return run_flat
+
+    def run() -> None:
+        src = a.reshape(shape)
+        copyto(dst, src.astype(F32) if need_f32 else src, casting="unsafe")
+    return run
+
+
+@kernel(Op.REPEAT, supports=_sup_repeat)
+def _k_repeat(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    d, a, _ = tile_views(xp, dst, srcs[0], dst)
+    return partial(xp.copyto, d, a, casting="unsafe")
+
+
+@kernel(Op.CONCAT, supports=_sup_concat)
+def _k_concat(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    dim = int(node.op_params[0])
+    ax = 3 - dim
+    a, b = srcs[0], srcs[1]
+    n = a.shape[ax]
+    sl_a = [slice(None)] * 4
+    sl_b = [slice(None)] * 4
+    sl_a[ax] = slice(0, n)
+    sl_b[ax] = slice(n, None)
+    da, db = dst[tuple(sl_a)], dst[tuple(sl_b)]
+    copyto = xp.copyto
+
+    def run() -> None:
+        copyto(da, a, casting="unsafe")
+        copyto(db, b, casting="unsafe")
+    return run
+
+
+def _region(xp: Any, node: Tensor, dst: Any, b: Any) -> Any:
+    """The view of ``dst`` that SET/ACC write ``b`` into: shape ``b.ne``, byte strides
+    ``(nb1, nb2, nb3)`` from op_params, element stride = dst's element size, at byte ``offset``."""
+    nb1, nb2, nb3, offset = (int(v) for v in node.op_params[:4])
+    item = dst.dtype.itemsize
+    ne = b.shape[::-1]
+    strides = (item, nb1, nb2, nb3)
+    extent = item + sum((n - 1) * s for n, s in zip(ne, strides))
+    total = dst.size * item
+    if not c_contig(dst):
+        raise ValueError(f"{node.op.name} '{node.name}': destination must be contiguous")
+    if offset < 0 or offset % item or offset + extent > total:
+        raise ValueError(f"{node.op.name} '{node.name}': view of {list(ne)} with strides "
+                         f"{[nb1, nb2, nb3]} at byte offset {offset} does not fit the "
+                         f"{total} bytes of the destination")
+    flat = dst.reshape(-1)[offset // item:]
+    return as_strided(xp, flat, b.shape, strides[::-1])
+
+
+def _k_region(accumulate: bool) -> Kernel:
+    """SET (``accumulate=False``: copy b into the region) or ACC (add b to it): dst = a, then the
+    region of dst described by op_params (:func:`_region`) is written from b."""
+    def make(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+        a, b = srcs[0], srcs[1]
+        region = _region(xp, node, dst, b)
+        copy_a = copy_into(xp, dst, a)
+        if accumulate:
+            write = partial(xp.add, region, b, out=region)
+        else:
+            write = partial(xp.copyto, region, b, casting="unsafe")
+
+        def run() -> None:
+            copy_a()
+            write()
+        return run
+    return make
+
+
+kernel(Op.SET, supports=_sup_set_acc)(_k_region(False))
+kernel(Op.ACC, supports=_sup_set_acc)(_k_region(True))
+
+
+@kernel(Op.GET_ROWS, supports=_sup_get_rows)
+def _k_get_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    a, idx = srcs[0], srcs[1]          # a (A3, A2, R, n); idx (1, A3, A2, r) int32
+    A3, A2 = a.shape[0], a.shape[1]
+    copyto = xp.copyto
+    if A3 == 1 and A2 == 1:
+        a2, i1, d2 = a[0, 0], idx[0, 0, 0], dst[0, 0]
+        if a.dtype == dst.dtype and c_contig(d2):
+            return partial(xp.take, a2, i1, axis=0, out=d2)
+        take = xp.take
+        return lambda: copyto(d2, take(a2, i1, axis=0), casting="unsafe")
+    i3 = xp.arange(A3).reshape(A3, 1, 1)
+    i2 = xp.arange(A2).reshape(1, A2, 1)
+    ii = idx[0]
+    return lambda: copyto(dst, a[i3, i2, ii], casting="unsafe")
+
+
+@kernel(Op.PAD, supports=sup_f32)
+def _k_pad(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    p = [int(v) for v in node.op_params[:8]] + [0] * max(0, 8 - len(node.op_params))
+    circular = bool(node.op_params[8]) if len(node.op_params) > 8 else False
+    a = srcs[0]
+    copyto = xp.copyto
+    if circular:
+        idx = []
+        for dim in range(4):
+            ax = 3 - dim
+            n_src, n_dst, lp = a.shape[ax], dst.shape[ax], p[2 * dim]
+            idx.append((ax, xp.asarray((np.arange(n_dst) - lp) % n_src)))
+        take = xp.take
+
+        def run_circ() -> None:
+            x = a
+            for ax, ix in idx:
+                x = take(x, ix, axis=ax)
+            copyto(dst, x, casting="unsafe")
+        return run_circ
+    inner = tuple(slice(p[2 * (3 - ax)], p[2 * (3 - ax)] + a.shape[ax]) for ax in range(4))
+    d_in = dst[inner]
+
+    def run() -> None:
+        copyto(dst, 0)
+        copyto(d_in, a, casting="unsafe")
+    return run
+
+
+@kernel(Op.ARANGE, supports=_sup_arange)
+def _k_arange(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    start, _stop, step = (F32(v) for v in node.op_params[:3])
+    n = dst.shape[-1]
+    # no sources: the values are constants, computed once (f32 start + step*i, like ggml)
+    vals = xp.asarray((start + step * np.arange(n, dtype=F32)).astype(F32).reshape(dst.shape))
+    return partial(xp.copyto, dst, vals, casting="unsafe")
+
+
+@kernel(Op.TIMESTEP_EMBEDDING, supports=sup_f32)
+def _k_timestep_embedding(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    dim, max_period = int(node.op_params[0]), node.op_params[1]
+    half = dim // 2
+    j = np.arange(half, dtype=F32)
+    with np.errstate(all="ignore"):
+        freqs = np.exp((-np.log(F32(max_period)) * j) / F32(half)).astype(F32)
+    freqs_x = xp.asarray(freqs)
+    t = srcs[0]                       # (1, 1, 1, N)
+    tcol = t.reshape(-1)[:, None] if c_contig(t) else None
+    d = dst[0, 0]                     # (N, ne0)
+    d_cos, d_sin, d_rest = d[:, :half], d[:, half:2 * half], d[:, 2 * half:]
+    copyto, cos, sin = xp.copyto, xp.cos, xp.sin
+
+    def run() -> None:
+        tt = tcol if tcol is not None else t.reshape(-1)[:, None]
+        args = tt * freqs_x
+        cos(args, out=d_cos)
+        sin(args, out=d_sin)
+        if d_rest.size:
+            copyto(d_rest, 0)
+    return run

@@ -1,0 +1,85 @@
+"""Normalisation kernels: NORM, RMS_NORM, L2_NORM, GROUP_NORM (F32). Sums are accumulated in
+float64 like ggml's CPU; the result is float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...opcodes import Op
+from ...tensor import Tensor
+from .common import F32, F64, alias, sup_f32_same
+from .registry import Step, kernel
+
+
+@kernel(Op.NORM, supports=sup_f32_same)
+def _k_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    eps = float(node.op_params[0])
+    a = srcs[0]
+    n = a.shape[-1]
+    sm, copyto, sqrt = xp.sum, xp.copyto, xp.sqrt
+
+    def run() -> None:
+        mean = (sm(a, axis=-1, keepdims=True, dtype=F64) / n).astype(F32)
+        d = a - mean                                            # f32, as ggml
+        var = sm(d * d, axis=-1, keepdims=True, dtype=F64) / n
+        scale = (1.0 / sqrt(var + eps)).astype(F32)
+        d *= scale
+        copyto(dst, d, casting="unsafe")
+    return run
+
+
+@kernel(Op.RMS_NORM, supports=sup_f32_same)
+def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    eps = float(node.op_params[0])
+    a = srcs[0]
+    n = a.shape[-1]
+    sm, mul, sqrt = xp.sum, xp.multiply, xp.sqrt
+    a = alias(a, dst)  # in-place: CuPy would copy an overlapping input of ``mul`` per call
+
+    def run() -> None:
+        x64 = a.astype(F64)
+        ms = sm(x64 * x64, axis=-1, keepdims=True) / n
+        scale = (1.0 / sqrt(ms + eps)).astype(F32)
+        mul(a, scale, out=dst)
+    return run
+
+
+@kernel(Op.L2_NORM, supports=sup_f32_same)
+def _k_l2_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    eps = F32(node.op_params[0])
+    a = srcs[0]
+    sm, mul, sqrt, maximum = xp.sum, xp.multiply, xp.sqrt, xp.maximum
+    a = alias(a, dst)
+
+    def run() -> None:
+        x64 = a.astype(F64)
+        ss = sm(x64 * x64, axis=-1, keepdims=True)
+        scale = 1.0 / maximum(sqrt(ss).astype(F32), eps)       # ggml: 1/fmaxf(sqrtf(sum), eps)
+        mul(a, scale.astype(F32), out=dst)
+    return run
+
+
+@kernel(Op.GROUP_NORM, supports=sup_f32_same)
+def _k_group_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    n_groups, eps = int(node.op_params[0]), float(node.op_params[1])
+    a = srcs[0]                       # (ne3, ne2=channels, ne1, ne0)
+    ne2 = a.shape[1]
+    cpg = (ne2 + n_groups - 1) // n_groups
+    groups = [slice(g, min(g + cpg, ne2)) for g in range(0, ne2, cpg)]
+    sm, copyto, sqrt = xp.sum, xp.copyto, xp.sqrt
+    axes = (1, 2, 3)
+
+    def run() -> None:
+        outs = []
+        for s in groups:               # ~32 groups: compute all first (dst may alias a)
+            x = a[:, s]
+            n = x.shape[1] * x.shape[2] * x.shape[3]
+            mean = (sm(x, axis=axes, keepdims=True, dtype=F64) / n).astype(F32)
+            d = x - mean
+            var = sm(d * d, axis=axes, keepdims=True, dtype=F64) / n
+            d *= (1.0 / sqrt(var + eps)).astype(F32)
+            outs.append(d)
+        for s, d in zip(groups, outs):
+            copyto(dst[:, s], d, casting="unsafe")
+    return run

@@ -1,0 +1,181 @@
+"""The kernel registry: one entry per op, holding the kernel factory and its support predicate.
+
+Every family module registers its kernels here with :func:`kernel`::
+
+    @kernel(Op.ADD, supports=_sup_binary)
+    def _k_add(xp, node, dst, srcs): ...
+
+The registry is the single source of truth for op support: :func:`supports_op` answers from the
+predicates, :func:`compile_node` dispatches to the factories, and the README's "Supported ops per
+backend" table is generated from :func:`supports_op` (:mod:`ggmlpy.testops.support_table`).
+
+A predicate ``pred(node, xp) -> bool`` sees the array module the kernel would run with
+(``numpy`` for CPU and SIM, ``cupy`` for CUDA), so one runtime can declare its own gaps
+(``return not is_numpy(xp) and ...``) without touching the others.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ...opcodes import Op
+from ...tensor import Tensor
+from ...types import Type
+
+__all__ = ["Step", "Kernel", "Predicate", "KernelEntry", "KernelRegistry", "REGISTRY", "kernel",
+           "compile_node", "supports_op", "registered_ops"]
+
+#: a compiled node: a zero-argument closure computing it into its destination view
+Step = Callable[[], None]
+#: ``make(xp, node, dst, srcs) -> Step | None``: resolves one node into a :data:`Step`
+Kernel = Callable[[Any, Tensor, Any, list[Any]], "Step | None"]
+#: ``supports(node, xp) -> bool``: whether the kernel computes ``node`` with array module ``xp``
+Predicate = Callable[[Tensor, Any], bool]
+
+#: ops that compute nothing (leafs and views): supported for every type and array module
+_NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
+
+
+@dataclass(frozen=True)
+class KernelEntry:
+    """One registered kernel: the op, the factory ``make(xp, node, dst, srcs)`` and the predicate
+    ``supports(node, xp)``."""
+
+    op: Op
+    make: Kernel
+    supports: Predicate
+
+
+def _check_predicate(supports: Any, ops: tuple[Op, ...]) -> None:
+    if not callable(supports):
+        raise TypeError(f"kernel({', '.join(o.name for o in ops)}): supports must be a callable "
+                        f"pred(node, xp) -> bool, got {type(supports).__name__}")
+    try:
+        inspect.signature(supports).bind(None, None)
+    except TypeError as e:
+        raise TypeError(f"kernel({', '.join(o.name for o in ops)}): supports must accept "
+                        f"(node, xp): {e}") from None
+    except ValueError:  # pragma: no cover - builtins without a signature
+        pass
+
+
+class KernelRegistry:
+    """Kernels and support predicates by op: ggml's per-backend ``supports_op`` and
+    ``compute_forward`` switch, as data. The package uses one instance, :data:`REGISTRY`; tests may build their own.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Op, KernelEntry] = {}
+
+    def kernel(self, *ops: Op, supports: Predicate) -> Callable[[Kernel], Kernel]:
+        """Decorator registering a kernel factory for ``ops`` with predicate ``supports``.
+
+        Returns the factory unchanged. Raises TypeError when an op is not an :class:`Op` or the
+        predicate does not take ``(node, xp)``, ValueError when no op is given, an op computes
+        nothing (NONE and the view ops) or already has a kernel."""
+        if not ops:
+            raise ValueError("kernel(): name at least one op")
+        for op in ops:
+            if not isinstance(op, Op):
+                raise TypeError(f"kernel(): ops must be Op members, got {op!r}")
+            if op in _NO_COMPUTE:
+                raise ValueError(f"kernel(): {op.name} computes nothing and takes no kernel")
+            if op in self._entries:
+                raise ValueError(f"kernel(): {op.name} already has a kernel "
+                                 f"({self._entries[op].make.__qualname__})")
+        _check_predicate(supports, ops)
+
+        def register(make: Kernel) -> Kernel:
+            if not callable(make):
+                raise TypeError(f"kernel({', '.join(o.name for o in ops)}): the kernel must be "
+                                f"a callable make(xp, node, dst, srcs)")
+            for op in ops:
+                if op in self._entries:
+                    raise ValueError(f"kernel(): {op.name} already has a kernel")
+                self._entries[op] = KernelEntry(op, make, supports)
+            return make
+        return register
+
+    def entry(self, op: Op) -> KernelEntry | None:
+        """The entry registered for ``op``, or None."""
+        return self._entries.get(op)
+
+    def ops(self) -> tuple[Op, ...]:
+        """Every op with a kernel, in registration order."""
+        return tuple(self._entries)
+
+    def compile_node(self, xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step | None:
+        """A closure computing ``node`` into ``dst`` from ``srcs``.
+
+        Args:
+            xp: ``numpy`` or ``cupy``.
+            node: the tensor to compute (its op, op_params, types and shapes are read here, once).
+            dst: ``xp`` view of the node's memory, NumPy shape ``node.ne[::-1]``, strides
+                ``node.nb[::-1]`` (bytes).
+            srcs: ``xp`` views of ``node.src`` (None where a source is absent).
+
+        Returns:
+            A zero-argument callable that computes the node synchronously (on CuPy: launches on
+            the current stream), or None when there is nothing to compute.
+
+        Raises:
+            ValueError: no kernel for the op (callers check :meth:`supports_op` first), or a
+                malformed node (e.g. a SET/ACC region outside the destination).
+        """
+        e = self._entries.get(node.op)
+        if e is None:
+            raise ValueError(f"compile_node: no kernel for op {node.op.name} of '{node.name}'")
+        return e.make(xp, node, dst, srcs)
+
+    def supports_op(self, node: Tensor, xp: Any) -> bool:
+        """Whether ``node``'s op and type combination has a kernel for array module ``xp``
+        (mirrors ``ggml_backend_supports_op``).
+
+        NONE and the view ops (RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing and are
+        supported for any type. Quantized and BF16 tensors are never supported by the compute
+        kernels. Otherwise the op's predicate decides, given ``node`` and ``xp``; a predicate that
+        raises ValueError/TypeError/IndexError on a malformed node means "not supported"."""
+        op = node.op
+        if op in _NO_COMPUTE:
+            return True
+        e = self._entries.get(op)
+        if e is None:
+            return False
+        if node.type.is_quantized or node.type == Type.BF16:
+            return False
+        for s in node.src:
+            if s is not None and (s.type.is_quantized or s.type == Type.BF16):
+                return False
+        try:
+            return bool(e.supports(node, xp))
+        except (ValueError, TypeError, IndexError):
+            return False
+
+
+#: the registry every backend uses
+REGISTRY = KernelRegistry()
+
+
+def kernel(*ops: Op, supports: Predicate) -> Callable[[Kernel], Kernel]:
+    """``@kernel(Op.ADD, supports=pred)``: register a kernel in :data:`REGISTRY` (see
+    :meth:`KernelRegistry.kernel`)."""
+    return REGISTRY.kernel(*ops, supports=supports)
+
+
+def compile_node(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step | None:
+    """:meth:`KernelRegistry.compile_node` of :data:`REGISTRY` (the contract plan.py uses)."""
+    return REGISTRY.compile_node(xp, node, dst, srcs)
+
+
+def supports_op(node: Tensor, xp: Any) -> bool:
+    """:meth:`KernelRegistry.supports_op` of :data:`REGISTRY` (CPU: ``xp = numpy``; device
+    backends: their runtime's array module)."""
+    return REGISTRY.supports_op(node, xp)
+
+
+def registered_ops() -> tuple[Op, ...]:
+    """Every op with a kernel in :data:`REGISTRY`."""
+    return REGISTRY.ops()

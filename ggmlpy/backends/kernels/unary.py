@@ -1,0 +1,178 @@
+"""UNARY (ggml_unary_op activations) and GLU (gated linear units) kernels.
+
+Each activation maps a float32 array to a new float32 array (never writes its input). F16 tensors
+are computed in float32 and rounded once. GELU uses the exact float32 tanh formula (ggml's CPU
+looks it up in an f16 table); GELU_ERF is evaluated in float64 on both array modules
+(:mod:`ggmlpy.special` for NumPy, ``cupyx.scipy.special.erfc`` for CuPy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from ... import special
+from ...opcodes import GluOp, Op, UnaryOp
+from ...tensor import Tensor
+from ...types import Type
+from .common import (F32, F64, FLOATS, as_f32, flatten_ew, is_numpy, src_of, sup_same_float,
+                     ufunc_step)
+from .registry import Step, kernel
+
+
+# ---------------------------------------------------------------------------------------------
+# erf (exact-erf GELU)
+
+
+def _erfc_fn(xp: Any) -> Callable[[Any], Any]:
+    """The element-wise erfc of ``xp``: :func:`ggmlpy.special.erfc` (float64) for NumPy, which has
+    none; ``cupyx.scipy.special.erfc`` (a CuPy ufunc: float64 in, float64 out) for CuPy."""
+    if is_numpy(xp):
+        return special.erfc
+    from cupyx.scipy.special import erfc  # noqa: PLC0415 - only with cupy
+
+    return erfc
+
+
+def _gelu_erf(xp: Any, x: Any) -> Any:
+    """0.5*x*(1 + erf(x/sqrt(2))) as float32, from float32 ``x``.
+
+    Both array modules evaluate ``0.5*x*erfc(-x/sqrt(2))`` in float64 and round once, so the
+    backends agree to the ulp: in float32, ``1 + erf(x/sqrt(2))`` cancels to 0 for x below about
+    -5.5 (CUDA's ``erff`` is also only accurate to 2 ulp)."""
+    if is_numpy(xp):
+        return special.gelu_erf(x)
+    x64 = x.astype(F64)
+    r = _erfc_fn(xp)(x64 * -math.sqrt(0.5))
+    r *= x64
+    r *= 0.5
+    return r.astype(F32)
+
+
+# ---------------------------------------------------------------------------------------------
+# activations
+
+
+def _sigmoid(xp: Any, x: Any) -> Any:
+    # 1/(1+exp(-x)) without overflow: e = exp(-|x|) <= 1
+    e = xp.exp(-xp.abs(x))
+    d = 1.0 + e
+    return xp.where(x >= 0, 1.0 / d, e / d).astype(x.dtype, copy=False)
+
+
+def _act_abs(xp, x): return xp.abs(x)
+def _act_sgn(xp, x): return xp.sign(x)
+def _act_neg(xp, x): return xp.negative(x)
+def _act_step(xp, x): return (x > 0).astype(x.dtype)
+def _act_tanh(xp, x): return xp.tanh(x)
+def _act_elu(xp, x): return xp.where(x > 0, x, xp.expm1(xp.minimum(x, 0)))
+def _act_relu(xp, x): return xp.maximum(x, 0)
+def _act_sigmoid(xp, x): return _sigmoid(xp, x)
+def _act_silu(xp, x): return x * _sigmoid(xp, x)
+def _act_gelu_quick(xp, x): return x * _sigmoid(xp, x * F32(1.702))
+def _act_hardsigmoid(xp, x): return xp.minimum(xp.maximum((x + 3) / 6, 0), 1)
+def _act_hardswish(xp, x): return x * xp.minimum(xp.maximum((x + 3) / 6, 0), 1)
+def _act_exp(xp, x): return xp.exp(x)
+def _act_gelu_erf(xp, x): return _gelu_erf(xp, x)
+
+
+_GELU_C = F32(math.sqrt(2.0 / math.pi))
+_GELU_A = F32(0.044715)
+
+
+def _act_gelu(xp, x):
+    # tanh approximation, exact float32 formula (ggml's CPU uses an f16 lookup table; see module doc)
+    return 0.5 * x * (1.0 + xp.tanh(_GELU_C * x * (1.0 + _GELU_A * x * x)))
+
+
+_UNARY: dict[UnaryOp, Callable[[Any, Any], Any]] = {
+    UnaryOp.ABS: _act_abs, UnaryOp.SGN: _act_sgn, UnaryOp.NEG: _act_neg, UnaryOp.STEP: _act_step,
+    UnaryOp.TANH: _act_tanh, UnaryOp.ELU: _act_elu, UnaryOp.RELU: _act_relu,
+    UnaryOp.SIGMOID: _act_sigmoid, UnaryOp.GELU: _act_gelu, UnaryOp.GELU_QUICK: _act_gelu_quick,
+    UnaryOp.SILU: _act_silu, UnaryOp.HARDSWISH: _act_hardswish,
+    UnaryOp.HARDSIGMOID: _act_hardsigmoid, UnaryOp.EXP: _act_exp, UnaryOp.GELU_ERF: _act_gelu_erf,
+}
+
+
+#: unary ops that are a single ufunc: computed straight into dst with ``out=`` for F32
+_UNARY_UFUNC = {UnaryOp.ABS: "abs", UnaryOp.SGN: "sign", UnaryOp.NEG: "negative",
+                UnaryOp.TANH: "tanh", UnaryOp.EXP: "exp"}
+
+
+_GLU: dict[GluOp, Callable[[Any, Any], Any]] = {
+    GluOp.REGLU: _act_relu, GluOp.GEGLU: _act_gelu, GluOp.SWIGLU: _act_silu,
+    GluOp.GEGLU_ERF: _act_gelu_erf, GluOp.GEGLU_QUICK: _act_gelu_quick,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# support
+
+
+def _sup_unary(node: Tensor, xp: Any) -> bool:
+    if not node.op_params:
+        return False
+    try:
+        UnaryOp(int(node.op_params[0]))
+    except ValueError:
+        return False
+    return sup_same_float(node, xp)
+
+
+def _sup_glu(node: Tensor, xp: Any) -> bool:
+    a, b = src_of(node, 0), src_of(node, 1)
+    if not node.op_params or a is None:
+        return False
+    try:
+        GluOp(int(node.op_params[0]))
+    except ValueError:
+        return False
+    if a.type not in FLOATS or node.type not in FLOATS:
+        return False
+    if b is None:
+        return a.ne[0] == 2 * node.ne[0] and a.ne[1:] == node.ne[1:]
+    return b.type in FLOATS and a.ne == b.ne == node.ne
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+
+@kernel(Op.UNARY, supports=_sup_unary)
+def _k_unary(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    op = UnaryOp(node.op_params[0])
+    a = srcs[0]
+    if node.type == Type.F32 and a.dtype == F32 and op in _UNARY_UFUNC:
+        a1, _, d1 = flatten_ew(a, None, dst)
+        step = ufunc_step(xp, getattr(xp, _UNARY_UFUNC[op]), a1, out=d1)
+        return step
+    if op == UnaryOp.RELU and node.type == Type.F32 and a.dtype == F32:
+        a1, _, d1 = flatten_ew(a, None, dst)
+        return ufunc_step(xp, xp.maximum, a1, F32(0), out=d1)
+    act = _UNARY[op]
+    copyto = xp.copyto
+
+    def run() -> None:
+        copyto(dst, act(xp, as_f32(xp, a)), casting="unsafe")
+    return run
+
+
+@kernel(Op.GLU, supports=_sup_glu)
+def _k_glu(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    op = GluOp(node.op_params[0])
+    swapped = bool(node.op_params[1]) if len(node.op_params) > 1 else False
+    act = _GLU[op]
+    a = srcs[0]
+    b = srcs[1] if len(srcs) > 1 else None
+    if b is None:
+        n = dst.shape[-1]
+        x, g = (a[..., n:2 * n], a[..., :n]) if swapped else (a[..., :n], a[..., n:2 * n])
+    else:
+        x, g = a, b  # split form: ggml ignores `swapped`
+    copyto = xp.copyto
+
+    def run() -> None:
+        gg = as_f32(xp, g)
+        copyto(dst, act(xp, as_f32(xp, x)) * gg, casting="unsafe")
+    return run
