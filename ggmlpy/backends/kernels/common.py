@@ -28,14 +28,17 @@ PLAIN = (Type.F32, Type.F16, Type.I32, Type.I16, Type.I8, Type.F64, Type.I64)
 
 
 def is_numpy(xp: Any) -> bool:
+    """True when the array module is NumPy (the host path); False for CuPy or a stand-in."""
     return xp is np
 
 
 def as_strided(xp: Any, x: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    """A zero-copy view of ``x`` with NumPy ``shape`` and byte ``strides`` (no bounds check)."""
     return xp.lib.stride_tricks.as_strided(x, shape=shape, strides=strides)
 
 
 def c_contig(x: Any) -> bool:
+    """True when the array ``x`` is C-contiguous (row-major, NumPy order ``ne[::-1]``)."""
     return bool(x.flags.c_contiguous)
 
 
@@ -73,6 +76,7 @@ def alias(x: Any, out: Any) -> Any:
 
 
 def data_ptr(x: Any) -> int:
+    """The address of ``x``'s first element (NumPy: host address; CuPy: device address)."""
     if isinstance(x, np.ndarray):
         return x.__array_interface__["data"][0]
     return int(x.data.ptr)  # cupy
@@ -86,6 +90,7 @@ def copy_into(xp: Any, dst: Any, src: Any) -> Step:
 
 
 def noop() -> None:
+    """The step of a node with nothing to compute (e.g. a copy onto the same memory)."""
     return None
 
 
@@ -144,23 +149,28 @@ def flatten_ew(a: Any, b: Any, dst: Any) -> tuple[Any, Any, Any]:
 
 
 def src_of(node: Tensor, i: int) -> Tensor | None:
+    """``node.src[i]``, or None when the node has fewer sources."""
     return node.src[i] if i < len(node.src) else None
 
 
 def tiles(b: Tensor, a: Tensor) -> bool:
+    """True when ``b.ne[i]`` divides ``a.ne[i]`` for every dim (ggml's ``can_repeat``)."""
     return all(m > 0 and n % m == 0 for n, m in zip(a.ne, b.ne))
 
 
 def sup_same_float(node: Tensor, xp: Any) -> bool:
+    """Predicate: src0 and node F32/F16 (any mix) with the same ``ne``."""
     a = src_of(node, 0)
     return a is not None and a.type in FLOATS and node.type in FLOATS and a.ne == node.ne
 
 
 def sup_f32(node: Tensor, xp: Any) -> bool:
+    """Predicate: src0 and node F32 (shapes are the op constructor's business)."""
     a = src_of(node, 0)
     return a is not None and a.type == Type.F32 and node.type == Type.F32
 
 
 def sup_f32_same(node: Tensor, xp: Any) -> bool:
+    """Predicate: src0 and node F32 with the same ``ne``."""
     a = src_of(node, 0)
     return a is not None and a.type == node.type == Type.F32 and a.ne == node.ne
