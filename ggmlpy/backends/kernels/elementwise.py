@@ -49,10 +49,10 @@ def _k_binary(ufunc_name: str) -> Kernel:
     return make
 
 
-kernel(Op.ADD, supports=_sup_binary)(_k_binary("add"))
-kernel(Op.SUB, supports=_sup_binary)(_k_binary("subtract"))
-kernel(Op.MUL, supports=_sup_binary)(_k_binary("multiply"))
-kernel(Op.DIV, supports=_sup_binary)(_k_binary("divide"))
+#: binary ops and the ``xp`` ufunc computing each (src1 tiles src0, ggml's repeat broadcast)
+_BINARY_UFUNCS = {Op.ADD: "add", Op.SUB: "subtract", Op.MUL: "multiply", Op.DIV: "divide"}
+for _op, _name in _BINARY_UFUNCS.items():
+    kernel(_op, supports=_sup_binary)(_k_binary(_name))
 
 
 @kernel(Op.ADD1, supports=_sup_add1)
@@ -68,11 +68,10 @@ def _k_ufunc1(ufunc_name: str) -> Kernel:
     return make
 
 
-kernel(Op.SQR, supports=sup_same_float)(_k_ufunc1("square"))
-kernel(Op.SQRT, supports=sup_same_float)(_k_ufunc1("sqrt"))
-kernel(Op.LOG, supports=sup_same_float)(_k_ufunc1("log"))
-kernel(Op.SIN, supports=sup_same_float)(_k_ufunc1("sin"))
-kernel(Op.COS, supports=sup_same_float)(_k_ufunc1("cos"))
+#: one-source maths ops and the ``xp`` ufunc computing each (F32/F16, same shape)
+_UNARY_UFUNCS = {Op.SQR: "square", Op.SQRT: "sqrt", Op.LOG: "log", Op.SIN: "sin", Op.COS: "cos"}
+for _op, _name in _UNARY_UFUNCS.items():
+    kernel(_op, supports=sup_same_float)(_k_ufunc1(_name))
 
 
 @kernel(Op.SCALE, supports=sup_f32_same)
