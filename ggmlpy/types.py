@@ -1,8 +1,31 @@
 """Element types: ggml's ``ggml_type`` with block size, bytes per block and NumPy dtype.
 
-Mirrors ``ggml_type``, ``ggml_blck_size``, ``ggml_type_size``, ``ggml_row_size`` and
-``ggml_is_quantized``. The numeric ids are ggml's, so files and op_params that store a type id
-read across unchanged.
+Mirrors ``ggml_type``, ``ggml_blck_size``, ``ggml_type_size``, ``ggml_row_size``,
+``ggml_type_name`` and ``ggml_is_quantized``. The numeric ids are ggml's (and GGUF's), so files
+and op_params that store a type id read across unchanged.
+
+Types and byte layouts (one block; all little-endian; ``f16`` = IEEE half):
+
+=======  ====  =====  ===========================================================================
+type     blck  bytes  layout of one block
+=======  ====  =====  ===========================================================================
+F32      1     4      float32
+F16      1     2      IEEE half (``np.float16``)
+BF16     1     2      bfloat16, the top 16 bits of a float32 (``ml_dtypes.bfloat16``)
+Q4_0     32    18     d f16; qs[16]: element i in low nibble of qs[i], i+16 in the high nibble;
+                      x = d * (q - 8)
+Q4_1     32    20     d f16, m f16; qs[16] as Q4_0; x = d * q + m
+Q5_0     32    22     d f16; qh[4] (uint32, bit i = fifth bit of element i); qs[16] as Q4_0;
+                      x = d * (q - 16)
+Q5_1     32    24     d f16, m f16; qh[4]; qs[16]; x = d * q + m
+Q8_0     32    34     d f16; qs[32] int8; x = d * q
+Q4_K     256   144    d f16, dmin f16, scales[12] (8 x 6-bit scale + 8 x 6-bit min), qs[128]
+Q5_K     256   176    d f16, dmin f16, scales[12], qh[32], qs[128]
+Q6_K     256   210    ql[128], qh[64], scales[16] int8, d f16
+I8..I64  1     1..8   signed integers; F64 float64
+=======  ====  =====  ===========================================================================
+
+Quantizing and dequantizing these layouts lives in :mod:`ggmlpy.quants`.
 """
 
 from __future__ import annotations
@@ -10,9 +33,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
+import ml_dtypes
 import numpy as np
 
-__all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype"]
+__all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype", "type_from_name", "BF16_DTYPE"]
+
+BF16_DTYPE: np.dtype = np.dtype(ml_dtypes.bfloat16)
+"""NumPy dtype of a BF16 element (``ml_dtypes.bfloat16``, the dtype JAX uses)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +48,10 @@ class TypeTraits:
 
     Attributes:
         name: ggml's name ("f32", "q8_0", ...).
-        blck_size: elements per block (1 for plain types, 32 for Q4_0/Q8_0).
+        blck_size: elements per block (1 for plain types, 32 for Q4_0..Q8_0, 256 for K-quants).
         type_size: bytes per block (for plain types: bytes per element).
         dtype: NumPy dtype of one element's storage, or None for block-quantized types
-            (their memory is exposed as raw ``uint8`` rows). BF16 is stored as ``uint16``.
+            (their memory is exposed as raw ``uint8`` rows). BF16 is ``ml_dtypes.bfloat16``.
         is_float: whether values are floating point (F32, F16, BF16, F64 and quantized types).
     """
 
@@ -45,7 +72,13 @@ class Type(IntEnum):
     F32 = 0
     F16 = 1
     Q4_0 = 2
+    Q4_1 = 3
+    Q5_0 = 6
+    Q5_1 = 7
     Q8_0 = 8
+    Q4_K = 12
+    Q5_K = 13
+    Q6_K = 14
     I8 = 24
     I16 = 25
     I32 = 26
@@ -99,14 +132,22 @@ _TRAITS: dict[Type, TypeTraits] = {
     Type.F32: TypeTraits("f32", 1, 4, np.dtype(np.float32), True),
     Type.F16: TypeTraits("f16", 1, 2, np.dtype(np.float16), True),
     Type.Q4_0: TypeTraits("q4_0", 32, 18, None, True),
+    Type.Q4_1: TypeTraits("q4_1", 32, 20, None, True),
+    Type.Q5_0: TypeTraits("q5_0", 32, 22, None, True),
+    Type.Q5_1: TypeTraits("q5_1", 32, 24, None, True),
     Type.Q8_0: TypeTraits("q8_0", 32, 34, None, True),
+    Type.Q4_K: TypeTraits("q4_K", 256, 144, None, True),
+    Type.Q5_K: TypeTraits("q5_K", 256, 176, None, True),
+    Type.Q6_K: TypeTraits("q6_K", 256, 210, None, True),
     Type.I8: TypeTraits("i8", 1, 1, np.dtype(np.int8), False),
     Type.I16: TypeTraits("i16", 1, 2, np.dtype(np.int16), False),
     Type.I32: TypeTraits("i32", 1, 4, np.dtype(np.int32), False),
     Type.I64: TypeTraits("i64", 1, 8, np.dtype(np.int64), False),
     Type.F64: TypeTraits("f64", 1, 8, np.dtype(np.float64), True),
-    Type.BF16: TypeTraits("bf16", 1, 2, np.dtype(np.uint16), True),
+    Type.BF16: TypeTraits("bf16", 1, 2, BF16_DTYPE, True),
 }
+
+_FROM_NAME = {tr.name.lower(): ty for ty, tr in _TRAITS.items()}
 
 _FROM_DTYPE = {
     np.dtype(np.float32): Type.F32,
@@ -116,6 +157,7 @@ _FROM_DTYPE = {
     np.dtype(np.int32): Type.I32,
     np.dtype(np.int64): Type.I64,
     np.dtype(np.float64): Type.F64,
+    BF16_DTYPE: Type.BF16,
 }
 
 
@@ -143,10 +185,27 @@ def type_from_dtype(dtype: np.dtype | type) -> Type:
     """The :class:`Type` whose storage dtype is ``dtype`` (float32 -> F32, int32 -> I32, ...).
 
     Raises:
-        TypeError: if no ggml type stores that dtype (bf16 has no NumPy dtype and is not found).
+        TypeError: if no ggml type stores that dtype (``ml_dtypes.bfloat16`` gives BF16).
     """
     dt = np.dtype(dtype)
     try:
         return _FROM_DTYPE[dt]
     except KeyError:
         raise TypeError(f"no ggml type for NumPy dtype {dt}") from None
+
+
+def type_from_name(name: str) -> Type:
+    """The :class:`Type` called ``name``, case-insensitive ("f16", "Q8_0", "q4_k", "BF16").
+
+    Mirrors looking a name up in ggml's type traits table.
+
+    Raises:
+        ValueError: no such type (the message lists the known names).
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"type name must be a str, got {type(name).__name__}")
+    try:
+        return _FROM_NAME[name.lower()]
+    except KeyError:
+        raise ValueError(f"unknown ggml type name {name!r}; known: "
+                         f"{', '.join(sorted(_FROM_NAME))}") from None

@@ -1,0 +1,60 @@
+"""Legacy 32-element block types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quant dequantizers.
+
+Both directions come from ``gguf.quants`` (gguf-py 0.19, the optional ``[gguf]`` extra): its
+NumPy quantizers for these five types and its dequantizers for all eight block types are bit-exact
+with ggml's ``quantize_row_*_ref`` / ``dequantize_row_*`` (held by tests against vectors generated
+from ggml's C code, tests/data/ggml_quant_vectors.npz) and vectorized over blocks (measured
+300-1700 MB/s of float32 on one core, see scripts/bench_quant.py), so they are used as they are.
+Byte layouts are in :mod:`ggmlpy.types`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..types import Type
+
+__all__ = ["gguf_quantize_blocks", "gguf_dequantize_blocks", "GGUF_QUANTIZE", "GGUF_DEQUANTIZE"]
+
+#: types whose quantizer is gguf-py's
+GGUF_QUANTIZE = frozenset({Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0})
+#: types whose dequantizer is gguf-py's
+GGUF_DEQUANTIZE = GGUF_QUANTIZE | {Type.Q4_K, Type.Q5_K, Type.Q6_K}
+
+
+def _gguf_quants():
+    try:
+        import gguf.quants as gq
+        from gguf import GGMLQuantizationType
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("quantizing/dequantizing the legacy and K-quant types needs the gguf "
+                          "package: pip install 'ggmlpy[gguf]'") from e
+    return gq, GGMLQuantizationType
+
+
+def gguf_quantize_blocks(x: np.ndarray, type: Type) -> np.ndarray:
+    """Quantize float32 blocks with gguf-py.
+
+    Args:
+        x: float32, shape (nblocks, blck_size).
+        type: one of :data:`GGUF_QUANTIZE`.
+
+    Returns:
+        uint8, shape (nblocks, type_size).
+    """
+    gq, Q = _gguf_quants()
+    return np.ascontiguousarray(gq.quantize(x, Q(int(type))), dtype=np.uint8)
+
+
+def gguf_dequantize_blocks(b: np.ndarray, type: Type) -> np.ndarray:
+    """Dequantize blocks with gguf-py.
+
+    Args:
+        b: uint8, shape (nblocks, type_size).
+        type: one of :data:`GGUF_DEQUANTIZE`.
+
+    Returns:
+        float32, shape (nblocks, blck_size).
+    """
+    gq, Q = _gguf_quants()
+    return np.asarray(gq.dequantize(b, Q(int(type))), dtype=np.float32)
