@@ -5,7 +5,9 @@ ggml's names and shape rules (:mod:`ggmlpy.ops`, re-exported here: ``ggmlpy.add(
 backend interface (:mod:`ggmlpy.backend`), a registry of devices (:mod:`ggmlpy.registry`), the
 graph allocator (:mod:`ggmlpy.alloc`), the NumPy CPU backend, a CuPy CUDA backend and a
 host-emulated device (:mod:`ggmlpy.backends`), and the multi-backend scheduler
-(:mod:`ggmlpy.sched`).
+(:mod:`ggmlpy.sched`), ggml's quantized types (:mod:`ggmlpy.quants`: ``ggmlpy.quantize``,
+``ggmlpy.dequantize``) and GGUF files (:mod:`ggmlpy.gguf_io`: ``ggmlpy.gguf_load``,
+``ggmlpy.gguf_save``; needs the ``[gguf]`` extra).
 
 Conventions: shapes are ggml's ``ne`` (``ne[0]`` innermost); the NumPy array holding the same data
 has shape ``ne[::-1]``. Strides ``nb`` and all offsets and sizes are in bytes.
@@ -13,10 +15,10 @@ has shape ``ne[::-1]``. Strides ``nb`` and all offsets and sizes are in bytes.
 
 from __future__ import annotations
 
-from .types import Type, row_size, type_from_dtype
+from .types import Type, row_size, type_from_dtype, type_from_name
 from .opcodes import Op, UnaryOp, GluOp
 from .errors import (GgmlpyError, OutOfMemoryError, NotAllocatedError, UnsupportedOpError,
-                     GraphFullError, BackendUnavailableError, ComputeError)
+                     GraphFullError, BackendUnavailableError, ComputeError, GGUFError)
 from .tensor import Tensor, Context, Flag
 from .graph import Graph, new_graph, graph_view
 from .ops import *  # noqa: F401,F403  (graph-building functions: add, mul_mat, soft_max_ext, ...)
@@ -33,7 +35,8 @@ from .registry import (reg_count, reg_get, reg_by_name, dev_count, dev_get, dev_
 from .backends.cpu import backend_cpu_init, cpu_buffer_type, cpu_buffer_from_array
 
 __all__ = [
-    "Type", "row_size", "type_from_dtype", "Op", "UnaryOp", "GluOp", "GgmlpyError",
+    "Type", "row_size", "type_from_dtype", "type_from_name", "quantize", "dequantize",
+    "gguf_load", "gguf_save", "GGUFModel", "GGUFError", "Op", "UnaryOp", "GluOp", "GgmlpyError",
     "OutOfMemoryError", "NotAllocatedError", "UnsupportedOpError", "GraphFullError",
     "BackendUnavailableError", "ComputeError", "Tensor", "Context", "Flag", "Graph", "new_graph",
     "graph_view", "Status", "BufferUsage", "DeviceType", "DeviceCaps", "DeviceProps", "BufferType",
@@ -65,6 +68,14 @@ def __getattr__(name: str):
         return getattr(alloc, {"backend_alloc_ctx_tensors": "alloc_ctx_tensors",
                                "backend_alloc_ctx_tensors_from_buft": "alloc_ctx_tensors_from_buft",
                                }.get(name, name))
+    if name in ("quantize", "dequantize"):
+        from . import quants
+
+        return getattr(quants, name)
+    if name in ("gguf_load", "gguf_save", "GGUFModel"):
+        from . import gguf_io
+
+        return getattr(gguf_io, name)
     if name == "Scheduler":
         from .sched import Scheduler
 

@@ -8,7 +8,7 @@ dedicated classes below or a :class:`~ggmlpy.backend.Status`.
 from __future__ import annotations
 
 __all__ = ["GgmlpyError", "OutOfMemoryError", "NotAllocatedError", "UnsupportedOpError",
-           "GraphFullError", "BackendUnavailableError", "ComputeError"]
+           "GraphFullError", "BackendUnavailableError", "ComputeError", "GGUFError"]
 
 
 class GgmlpyError(Exception):
@@ -51,3 +51,22 @@ class BackendUnavailableError(GgmlpyError, RuntimeError):
 
 class ComputeError(GgmlpyError, RuntimeError):
     """A backend failed while computing a graph (carries the failing node when known)."""
+
+
+class GGUFError(GgmlpyError, ValueError):
+    """A GGUF file cannot be read: bad header or metadata, a tensor of an unknown or unsupported
+    type, a misaligned or truncated tensor. The message names the file and, when one is at fault,
+    the tensor.
+
+    Attributes:
+        path: the file.
+        tensor: the tensor's name, or None when the fault is not in one tensor.
+        reason: what is wrong, in words.
+    """
+
+    def __init__(self, path: str, reason: str, tensor: str | None = None) -> None:
+        self.path = str(path)
+        self.tensor = tensor
+        self.reason = reason
+        where = f"{self.path}: tensor '{tensor}'" if tensor is not None else self.path
+        super().__init__(f"{where}: {reason}")

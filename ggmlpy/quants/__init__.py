@@ -124,8 +124,8 @@ def quantize(array: Any, type: Type) -> np.ndarray:
         raise ValueError(f"quantize: ne[0] = {ne0} (the array's last axis) is not a multiple of "
                          f"the block size {bs} of {t.type_name}")
     if not np.isfinite(x).all():
-        bad = np.argwhere(~np.isfinite(x))[0]
-        raise ValueError(f"quantize: non-finite value {x[tuple(bad)]} at index {tuple(bad)} "
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(x))[0])
+        raise ValueError(f"quantize: non-finite value {x[bad]} at index {bad} "
                          f"cannot be quantized to {t.type_name}")
     blocks = x.reshape(-1, bs)
     out = np.empty((blocks.shape[0], t.type_size), np.uint8)
