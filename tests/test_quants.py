@@ -87,6 +87,19 @@ def test_f16_bf16_conversion_bit_exact_with_ggml(vec):
     assert np.array_equal(h[fin], x[fin].astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.parametrize("shape", [(32, 1), (32, 7), (32, 8), (16, 16), (32, 1000), (16, 4099)])
+def test_seqsum_is_sequential(shape):
+    # the K-quant quantizers are bit-exact only if sums run in C's loop order
+    from ggmlpy.quants._common import seqsum
+
+    rng = np.random.default_rng(shape[1])
+    a = (rng.standard_normal(shape) * np.exp(rng.uniform(-12, 12, shape))).astype(np.float32)
+    want = a[0].copy()
+    for i in range(1, shape[0]):
+        want = want + a[i]
+    assert np.array_equal(seqsum(a).view(np.uint32), want.view(np.uint32))
+
+
 # ---------------------------------------------------------------- round trips
 
 

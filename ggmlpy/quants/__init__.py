@@ -41,8 +41,9 @@ _OWN_QUANTIZE = {Type.Q4_K: kquants.quantize_q4_k, Type.Q5_K: kquants.quantize_q
 _PLAIN = (Type.F32, Type.F16, Type.BF16, Type.F64)
 #: every type :func:`quantize` and :func:`dequantize` accept
 QUANTIZABLE = frozenset(_PLAIN) | GGUF_QUANTIZE | frozenset(_OWN_QUANTIZE)
-# blocks per chunk: bounds the K-quant quantizers' temporaries (about 40 x the input chunk)
-_CHUNK_ELEMS = 1 << 18
+# elements per chunk: keeps every temporary in cache (measured best of 4K..256K on 1024x1024:
+# 16K gives 2-3x the throughput of 256K for both gguf-py's code and the K-quant quantizers)
+_CHUNK_ELEMS = 1 << 14
 
 
 def _check_type(type: Any, what: str) -> Type:
@@ -191,7 +192,7 @@ def dequantize(data: Any, type: Type, ne: Sequence[int]) -> np.ndarray:
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
     blocks = raw.reshape(-1, t.type_size)
     out = np.empty((blocks.shape[0], bs), np.float32)
-    step = max(1, (_CHUNK_ELEMS * 4) // bs)
+    step = max(1, _CHUNK_ELEMS // bs)
     for i in range(0, blocks.shape[0], step):
         out[i:i + step] = gguf_dequantize_blocks(blocks[i:i + step], t)
     return out.reshape(shape)

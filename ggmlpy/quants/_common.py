@@ -36,8 +36,17 @@ def seqsum(a: np.ndarray) -> np.ndarray:
 
     Returns:
         float32 array of shape ``a.shape[1:]``.
+
+    NumPy reduces a C-contiguous array over its outer axis 0 as ``out += a[i]`` for i in order
+    (pairwise summation is used only along the innermost axis), so ``np.add.reduce`` is exact
+    here and ~20x faster than ``np.add.accumulate``; with fewer than 8 columns the iterator may
+    make axis 0 the inner loop, so those take the always-sequential ``accumulate``. Held by
+    tests/test_quants.py::test_seqsum_is_sequential.
     """
-    return np.add.accumulate(np.asarray(a, dtype=F32), axis=0, dtype=F32)[-1]
+    a = np.ascontiguousarray(a, dtype=F32)
+    if a.ndim < 2 or a.size // max(a.shape[0], 1) < 8:
+        return np.add.accumulate(a, axis=0, dtype=F32)[-1]
+    return np.add.reduce(a, axis=0, dtype=F32)
 
 
 def fp16_round(v: np.ndarray) -> np.ndarray:

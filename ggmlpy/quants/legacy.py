@@ -43,7 +43,9 @@ def gguf_quantize_blocks(x: np.ndarray, type: Type) -> np.ndarray:
         uint8, shape (nblocks, type_size).
     """
     gq, Q = _gguf_quants()
-    return np.ascontiguousarray(gq.quantize(x, Q(int(type))), dtype=np.uint8)
+    # one long row: gguf-py works in groups of 16 rows, so 32-element rows would be slow
+    q = gq.quantize(np.ascontiguousarray(x).reshape(1, -1), Q(int(type)))
+    return np.ascontiguousarray(q, dtype=np.uint8).reshape(x.shape[0], type.type_size)
 
 
 def gguf_dequantize_blocks(b: np.ndarray, type: Type) -> np.ndarray:
@@ -57,4 +59,5 @@ def gguf_dequantize_blocks(b: np.ndarray, type: Type) -> np.ndarray:
         float32, shape (nblocks, blck_size).
     """
     gq, Q = _gguf_quants()
-    return np.asarray(gq.dequantize(b, Q(int(type))), dtype=np.float32)
+    d = gq.dequantize(np.ascontiguousarray(b).reshape(1, -1), Q(int(type)))
+    return np.asarray(d, dtype=np.float32).reshape(b.shape[0], type.blck_size)
