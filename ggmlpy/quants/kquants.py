@@ -43,32 +43,32 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
     mx = np.maximum.reduce(x, axis=0)
     sum_w = seqsum(w)
     sum_x = seqsum(w * x)
-    mn = np.where(mn > 0, F32(0), mn).astype(F32)
+    mn = np.where(mn > 0, F32(0), mn).astype(F32, copy=False)
     flat = mx == mn
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        rng = (mx - mn).astype(F32)
-        iscale = (F32(nmax) / rng).astype(F32)
-        scale = (F32(1) / iscale).astype(F32)
-        xm = (x - mn).astype(F32)
-        L = np.clip(nearest_int(iscale * xm), 0, nmax).astype(F32)
-        diff = (scale * L + mn - x).astype(F32)
+        rng = (mx - mn).astype(F32, copy=False)
+        iscale = (F32(nmax) / rng).astype(F32, copy=False)
+        scale = (F32(1) / iscale).astype(F32, copy=False)
+        xm = (x - mn).astype(F32, copy=False)
+        L = np.clip(nearest_int(iscale * xm), 0, nmax).astype(F32, copy=False)
+        diff = (scale * L + mn - x).astype(F32, copy=False)
         best = seqsum(w * (diff * diff))
         for step in range(nstep + 1):
-            isc = ((F32(rmin) + F32(rdelta) * F32(step)) + F32(nmax)).astype(F32)
+            isc = ((F32(rmin) + F32(rdelta) * F32(step)) + F32(nmax)).astype(F32, copy=False)
             # ggml's loop reads the current (possibly updated) min in both places
-            isc = (isc / (mx - mn).astype(F32)).astype(F32)
-            la = np.clip(nearest_int(isc * (x - mn).astype(F32)), 0, nmax).astype(F32)
-            wl = (w * la).astype(F32)
+            isc = (isc / (mx - mn).astype(F32, copy=False)).astype(F32, copy=False)
+            la = np.clip(nearest_int(isc * (x - mn).astype(F32, copy=False)), 0, nmax).astype(F32, copy=False)
+            wl = (w * la).astype(F32, copy=False)
             sum_l = seqsum(wl)
             sum_l2 = seqsum(wl * la)
             sum_xl = seqsum(wl * x)
-            D = (sum_w * sum_l2 - sum_l * sum_l).astype(F32)
-            this_scale = ((sum_w * sum_xl - sum_x * sum_l) / D).astype(F32)
-            this_min = ((sum_l2 * sum_x - sum_l * sum_xl) / D).astype(F32)
+            D = (sum_w * sum_l2 - sum_l * sum_l).astype(F32, copy=False)
+            this_scale = ((sum_w * sum_xl - sum_x * sum_l) / D).astype(F32, copy=False)
+            this_min = ((sum_l2 * sum_x - sum_l * sum_xl) / D).astype(F32, copy=False)
             pos = this_min > 0
-            this_min = np.where(pos, F32(0), this_min).astype(F32)
-            this_scale = np.where(pos, sum_xl / sum_l2, this_scale).astype(F32)
-            d2 = (this_scale * la + this_min - x).astype(F32)
+            this_min = np.where(pos, F32(0), this_min).astype(F32, copy=False)
+            this_scale = np.where(pos, sum_xl / sum_l2, this_scale).astype(F32, copy=False)
+            d2 = (this_scale * la + this_min - x).astype(F32, copy=False)
             cur = seqsum(w * (d2 * d2))
             upd = (D > 0) & (cur < best)
             L = np.where(upd, la, L)
@@ -76,8 +76,8 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
             scale = np.where(upd, this_scale, scale)
             mn = np.where(upd, this_min, mn)
     L = np.where(flat, F32(0), L)
-    scale = np.where(flat, F32(0), scale).astype(F32)
-    return L.astype(np.uint8), scale, (-mn).astype(F32)
+    scale = np.where(flat, F32(0), scale).astype(F32, copy=False)
+    return L.astype(np.uint8), scale, (-mn).astype(F32, copy=False)
 
 
 def _k_scales_mins(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
@@ -90,9 +90,9 @@ def _k_scales_mins(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: 
         (d f16 bits (nb,), dmin f16 bits (nb,), packed scales uint8 (nb, 12), L uint8 (nb, 256)).
     """
     nb = x.shape[0]
-    xs = x.reshape(nb * 8, 32).T  # (32, G): one column per 32-element sub-block
-    av_x = np.sqrt((seqsum(xs * xs) / F32(32)).astype(F32)).astype(F32)
-    w = (av_x + np.abs(xs)).astype(F32)
+    xs = np.ascontiguousarray(x.reshape(nb * 8, 32).T)  # (32, G): one column per 32-element sub-block
+    av_x = np.sqrt((seqsum(xs * xs) / F32(32)).astype(F32, copy=False)).astype(F32, copy=False)
+    w = (av_x + np.abs(xs)).astype(F32, copy=False)
     L, scales, mins = _make_qkx2_quants(xs, w, nmax, rmin, rdelta, nstep)
     scales = scales.reshape(nb, 8)
     mins = mins.reshape(nb, 8)
@@ -100,22 +100,22 @@ def _k_scales_mins(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: 
     # max over sub-blocks, starting from 0 (negative values never win)
     # ggml keeps the largest value > 0 starting from +0 (so -0.0 and negatives give +0)
     max_scale = np.maximum.reduce(scales, axis=1)
-    max_scale = np.where(max_scale > 0, max_scale, F32(0)).astype(F32)
+    max_scale = np.where(max_scale > 0, max_scale, F32(0)).astype(F32, copy=False)
     max_min = np.maximum.reduce(mins, axis=1)
-    max_min = np.where(max_min > 0, max_min, F32(0)).astype(F32)
+    max_min = np.where(max_min > 0, max_min, F32(0)).astype(F32, copy=False)
     with np.errstate(divide="ignore"):
-        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32)
-        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32)
+        inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32, copy=False)
+        inv_min = np.where(max_min > 0, F32(63) / max_min, F32(0)).astype(F32, copy=False)
     ls = np.minimum(nearest_int(inv_scale[:, None] * scales) & 0xFF, 63).astype(np.uint8)
     lm = np.minimum(nearest_int(inv_min[:, None] * mins) & 0xFF, 63).astype(np.uint8)
     sc = np.zeros((nb, 12), np.uint8)
     sc[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
     sc[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
     sc[:, 8:12] = (ls[:, 4:8] & 0xF) | ((lm[:, 4:8] & 0xF) << 4)
-    d16 = (max_scale / F32(63)).astype(F32).astype(np.float16)
-    dmin16 = (max_min / F32(63)).astype(F32).astype(np.float16)
-    d = (d16.astype(F32)[:, None] * ls.astype(F32)).astype(F32)   # (nb, 8)
-    dm = (dmin16.astype(F32)[:, None] * lm.astype(F32)).astype(F32)
+    d16 = (max_scale / F32(63)).astype(F32, copy=False).astype(np.float16)
+    dmin16 = (max_min / F32(63)).astype(F32, copy=False).astype(np.float16)
+    d = (d16.astype(F32, copy=False)[:, None] * ls.astype(F32, copy=False)).astype(F32, copy=False)   # (nb, 8)
+    dm = (dmin16.astype(F32, copy=False)[:, None] * lm.astype(F32, copy=False)).astype(F32, copy=False)
     xr = x.reshape(nb, 8, 32)
     with np.errstate(divide="ignore", invalid="ignore"):
         lq = nearest_int((xr + dm[:, :, None]) / d[:, :, None])
@@ -184,34 +184,34 @@ def _make_qx_quants_rmse1(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndar
     amax = ax[imax, np.arange(G)]
     mx = x[imax, np.arange(G)]
     zero = amax < GROUP_MAX_EPS
-    w = (x * x).astype(F32)
-    wx = (w * x).astype(F32)
+    w = (x * x).astype(F32, copy=False)
+    wx = (w * x).astype(F32, copy=False)
 
     def trial(iscale):
         lraw = np.clip(nearest_int(iscale * x), -nmax, nmax - 1)
-        lf = lraw.astype(F32)
+        lf = lraw.astype(F32, copy=False)
         sumlx = seqsum(wx * lf)
         suml2 = seqsum((w * lf) * lf)
         return lraw, sumlx, suml2
 
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = (F32(-nmax) / mx).astype(F32)
+        iscale = (F32(-nmax) / mx).astype(F32, copy=False)
         l0, sumlx, suml2 = trial(iscale)
         L = (l0 + nmax).astype(np.int8)
-        scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32)
-        best = (scale * sumlx).astype(F32)
+        scale = np.where(suml2 != 0, sumlx / suml2, F32(0)).astype(F32, copy=False)
+        best = (scale * sumlx).astype(F32, copy=False)
         for step in range(-9, 10):
             if step == 0:
                 continue
-            isc = (-(F32(nmax) + F32(0.1) * F32(step)) / mx).astype(F32)
+            isc = (-(F32(nmax) + F32(0.1) * F32(step)) / mx).astype(F32, copy=False)
             l1, sumlx, suml2 = trial(isc)
-            upd = (suml2 > 0) & ((sumlx * sumlx).astype(F32) > (best * suml2).astype(F32))
+            upd = (suml2 > 0) & ((sumlx * sumlx).astype(F32, copy=False) > (best * suml2).astype(F32, copy=False))
             L = np.where(upd, (l1 + nmax).astype(np.int8), L)
-            new_scale = (sumlx / suml2).astype(F32)
+            new_scale = (sumlx / suml2).astype(F32, copy=False)
             scale = np.where(upd, new_scale, scale)
-            best = np.where(upd, (new_scale * sumlx).astype(F32), best)
+            best = np.where(upd, (new_scale * sumlx).astype(F32, copy=False), best)
     L = np.where(zero, np.int8(0), L)
-    scale = np.where(zero, F32(0), scale).astype(F32)
+    scale = np.where(zero, F32(0), scale).astype(F32, copy=False)
     return L, scale
 
 
@@ -225,7 +225,7 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
         uint8, shape (nb, 210).
     """
     nb = x.shape[0]
-    xs = x.reshape(nb * 16, 16).T
+    xs = np.ascontiguousarray(x.reshape(nb * 16, 16).T)
     L, scales = _make_qx_quants_rmse1(xs, 32)
     L = L.T.reshape(nb, 16, 16)
     scales = scales.reshape(nb, 16)
@@ -235,10 +235,10 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     max_scale = scales[np.arange(nb), im]
     zero = max_abs < GROUP_MAX_EPS
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = (F32(-128) / max_scale).astype(F32)
-        d16 = (F32(1) / iscale).astype(F32).astype(np.float16)
+        iscale = (F32(-128) / max_scale).astype(F32, copy=False)
+        d16 = (F32(1) / iscale).astype(F32, copy=False).astype(np.float16)
         qsc = np.minimum(127, nearest_int(iscale[:, None] * scales)).astype(np.int8)
-        d = (d16.astype(F32)[:, None] * qsc.astype(F32)).astype(F32)
+        d = (d16.astype(F32, copy=False)[:, None] * qsc.astype(F32, copy=False)).astype(F32, copy=False)
         lq = np.clip(nearest_int(x.reshape(nb, 16, 16) / d[:, :, None]), -32, 31) + 32
     L = np.where((d != 0)[:, :, None], lq.astype(np.int8), L).reshape(nb, 256).astype(np.uint8)
     Lc = L.reshape(nb, 2, 4, 32)                      # half, quarter, position
