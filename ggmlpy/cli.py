@@ -81,7 +81,21 @@ _COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m ggmlpy`` and the ``ggmlpy`` script; returns the exit status."""
+    """Entry point of ``python -m ggmlpy`` and the ``ggmlpy`` script; returns the exit status.
+
+    Every ``GGMLPY_*`` variable is validated before the subcommand runs (a bad one: one line
+    naming it, exit status 2); set ``GGMLPY_*`` variables ggmlpy does not know are reported as
+    ignored on stderr (likely typos).
+
+    Raises:
+        TypeError: ``argv`` is not None or a sequence of str.
+    """
+    if argv is not None:
+        if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
+            raise TypeError(f"main: argv must be a sequence of str or None, got {type(argv).__name__}")
+        for i, a in enumerate(argv):
+            if not isinstance(a, str):
+                raise TypeError(f"main: argv[{i}] must be a str, got {type(a).__name__}")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m ggmlpy COMMAND [ARGS]\n\ncommands:")
@@ -92,8 +106,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd is None:
         print(f"ggmlpy: unknown command {argv[0]!r}; try: {', '.join(_COMMANDS)}", file=sys.stderr)
         return 2
+    from . import env
     from .errors import GgmlpyError
 
+    try:
+        env.validate()
+    except env.EnvError as e:
+        print(f"ggmlpy {argv[0]}: {e}", file=sys.stderr)
+        return 2
+    for name in env.unknown_variables():
+        print(f"ggmlpy {argv[0]}: {name} is not a ggmlpy variable (ignored); known: "
+              f"{', '.join(env.KNOWN)}", file=sys.stderr)
     try:
         return cmd[0](argv[1:])
     except BrokenPipeError:  # output piped into `head` and closed: not an error

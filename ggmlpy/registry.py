@@ -11,17 +11,18 @@ only on request: ``GGMLPY_SIM_DEVICES=N`` at first use, or :func:`register_sim_d
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import Any
 
+from . import env
+from ._check import check_int, check_number, check_optional, check_str, check_type
 from .backend import Backend, Device, DeviceType, Reg
 from .errors import BackendUnavailableError
 
 __all__ = ["unknown_backend_names", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
            "dev_by_type", "devices", "backend_init_by_name", "backend_init_by_type",
            "backend_init_best", "register", "register_sim_devices", "unregister",
-           "cuda_unavailable_reason"]
+           "cuda_unavailable_reason", "registered_devices", "excluded_by_backends_env"]
 
 _lock = threading.RLock()
 _regs: list[Reg] = []
@@ -29,35 +30,54 @@ _initialized = False
 
 
 def _ensure_init() -> None:
+    """Register CUDA, ``GGMLPY_SIM_DEVICES`` SIM devices and the CPU, once.
+
+    Every ``GGMLPY_*`` variable is validated first and the regs are built into a local list that
+    replaces ``_regs`` only when all succeeded, so a failure (a bad variable, a SIM runtime that
+    cannot start) leaves the registry uninitialised and the next call starts over cleanly.
+    """
     global _initialized
     if _initialized:
         return
     with _lock:
         if _initialized:
             return
+        env.validate()  # raises EnvError naming the variable; nothing registered yet
         from .backends.cpu import cpu_reg
         from .backends.cupy_runtime import cuda_reg
 
-        _regs.append(cuda_reg())
-        n_sim = os.environ.get("GGMLPY_SIM_DEVICES", "").strip()
-        if n_sim:
-            try:
-                n = int(n_sim)
-            except ValueError:
-                raise ValueError(f"GGMLPY_SIM_DEVICES must be an integer, got {n_sim!r}") from None
-            if n > 0:
-                from .backends.sim_runtime import sim_reg
+        regs = [cuda_reg()]
+        n = env.sim_devices()
+        if n > 0:
+            from .backends.sim_runtime import sim_reg
 
-                _regs.append(sim_reg(n))
-        _regs.append(cpu_reg())
+            regs.append(sim_reg(n))
+        regs.append(cpu_reg())
+        _regs[:] = regs
         _initialized = True
+
+
+def _device_type(value: object, where: str) -> DeviceType:
+    """``value`` as a DeviceType (a DeviceType or its int id); TypeError/ValueError naming ``type``."""
+    if isinstance(value, DeviceType):
+        return value
+    check_type("type", value, (DeviceType, int), where)
+    try:
+        return DeviceType(value)
+    except ValueError:
+        raise ValueError(f"{where}: type must be a DeviceType "
+                         f"({', '.join(t.name for t in DeviceType)}), got {value!r}") from None
 
 
 def register(reg: Reg) -> None:
     """Register ``reg`` and its devices ahead of the CPU (mirrors ``ggml_backend_register``).
 
     A reg already registered (same object, or same name) is replaced by the new one.
+
+    Raises:
+        TypeError: ``reg`` is not a :class:`~ggmlpy.backend.Reg`.
     """
+    check_type("reg", reg, Reg, "register")
     _ensure_init()
     with _lock:
         for i, r in enumerate(_regs):
@@ -71,8 +91,9 @@ def unregister(name: str) -> None:
     """Remove the reg called ``name`` (case-insensitive; the CPU cannot be removed).
 
     Raises:
-        ValueError: ``name`` is "CPU".
+        TypeError: ``name`` is not a str. ValueError: ``name`` is "CPU".
     """
+    check_str("name", name, "unregister")
     if name.upper() == "CPU":
         raise ValueError("the CPU backend cannot be unregistered")
     _ensure_init()
@@ -87,10 +108,31 @@ def register_sim_devices(n: int = 1, **options: Any) -> Reg:
     ``memory_mb``, ``refuse_ops``). Returns the new reg.
 
     Raises:
-        ValueError: ``n < 1``.
+        TypeError: ``n`` is not an int, an option has the wrong type, or an unknown option is
+            given. ValueError: ``n`` outside 1..64, ``latency_us`` not finite or < 0,
+            ``memory_mb`` not finite or <= 0, or a malformed ``GGMLPY_*`` variable.
     """
-    if n < 1:
-        raise ValueError(f"register_sim_devices: n must be >= 1, got {n}")
+    where = "register_sim_devices"
+    check_int("n", n, 1, env.MAX_SIM_DEVICES, where)
+    unknown = sorted(set(options) - {"latency_us", "memory_mb", "refuse_ops"})
+    if unknown:
+        raise TypeError(f"{where}: unknown option(s) {', '.join(unknown)}; "
+                        "accepted: latency_us, memory_mb, refuse_ops")
+    if options.get("latency_us") is not None:
+        check_number("latency_us", options["latency_us"], 0.0, where=where)
+    if options.get("memory_mb") is not None:
+        check_number("memory_mb", options["memory_mb"], 0.0, where=where, lo_open=True)
+    if options.get("refuse_ops") is not None:
+        from .opcodes import Op
+
+        ops = options["refuse_ops"]
+        if isinstance(ops, (str, bytes)) or not hasattr(ops, "__iter__"):
+            raise TypeError(f"{where}: refuse_ops must be an iterable of Op, got {type(ops).__name__}")
+        ops = list(ops)
+        for i, op in enumerate(ops):
+            check_type(f"refuse_ops[{i}]", op, Op, where)
+        options["refuse_ops"] = ops
+    _ensure_init()
     from .backends.sim_runtime import sim_reg
 
     reg = sim_reg(n, **options)
@@ -105,7 +147,12 @@ def reg_count() -> int:
 
 
 def reg_get(i: int) -> Reg:
-    """Registration ``i`` (mirrors ``ggml_backend_reg_get``). Raises IndexError when out of range."""
+    """Registration ``i`` (mirrors ``ggml_backend_reg_get``).
+
+    Raises:
+        TypeError: ``i`` is not an int. IndexError: out of range.
+    """
+    check_type("i", i, int, "reg_get")
     _ensure_init()
     if not 0 <= i < len(_regs):
         raise IndexError(f"reg index {i} out of range 0..{len(_regs) - 1}")
@@ -113,7 +160,12 @@ def reg_get(i: int) -> Reg:
 
 
 def reg_by_name(name: str) -> Reg | None:
-    """The registration called ``name`` (case-insensitive) or None (mirrors ``ggml_backend_reg_by_name``)."""
+    """The registration called ``name`` (case-insensitive) or None (mirrors ``ggml_backend_reg_by_name``).
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    check_str("name", name, "reg_by_name")
     _ensure_init()
     for r in _regs:
         if r.name.upper() == name.upper():
@@ -121,17 +173,26 @@ def reg_by_name(name: str) -> Reg | None:
     return None
 
 
-def devices() -> list[Device]:
-    """Every device in priority order, after ``GGMLPY_BACKENDS`` filtering (CPU last)."""
+def registered_devices() -> list[Device]:
+    """Every registered device in registration order, ignoring ``GGMLPY_BACKENDS``."""
     _ensure_init()
     with _lock:
-        devs = [d for r in _regs for d in r.devices]
-    spec = os.environ.get("GGMLPY_BACKENDS", "").strip()
-    if not spec:
+        return [d for r in _regs for d in r.devices]
+
+
+def devices() -> list[Device]:
+    """Every device in priority order, after ``GGMLPY_BACKENDS`` filtering (CPU last).
+
+    Raises:
+        EnvError: a malformed ``GGMLPY_*`` variable (a ``ValueError`` naming it).
+    """
+    devs = registered_devices()
+    spec = env.backends()
+    if spec is None:
         return devs
     by_name = {d.name.upper(): d for d in devs}
     out: list[Device] = []
-    for name in (s.strip().upper() for s in spec.split(",") if s.strip()):
+    for name in spec:
         d = by_name.get(name)
         if d is not None and d not in out:
             out.append(d)
@@ -142,12 +203,17 @@ def devices() -> list[Device]:
     return out
 
 
+def excluded_by_backends_env(name: str) -> bool:
+    """True when a device called ``name`` is registered but ``GGMLPY_BACKENDS`` leaves it out."""
+    check_str("name", name, "excluded_by_backends_env")
+    known = any(d.name.upper() == name.upper() for d in registered_devices())
+    return known and all(d.name.upper() != name.upper() for d in devices())
+
+
 def unknown_backend_names() -> list[str]:
     """Names in ``GGMLPY_BACKENDS`` that match no registered device (they are ignored)."""
-    _ensure_init()
-    known = {d.name.upper() for r in _regs for d in r.devices}
-    spec = os.environ.get("GGMLPY_BACKENDS", "")
-    return [s.strip() for s in spec.split(",") if s.strip() and s.strip().upper() not in known]
+    known = {d.name.upper() for d in registered_devices()}
+    return [n for n in (env.backends() or []) if n not in known]
 
 
 def dev_count() -> int:
@@ -156,7 +222,12 @@ def dev_count() -> int:
 
 
 def dev_get(i: int) -> Device:
-    """Device ``i`` in priority order (mirrors ``ggml_backend_dev_get``). Raises IndexError when out of range."""
+    """Device ``i`` in priority order (mirrors ``ggml_backend_dev_get``).
+
+    Raises:
+        TypeError: ``i`` is not an int. IndexError: out of range.
+    """
+    check_type("i", i, int, "dev_get")
     devs = devices()
     if not 0 <= i < len(devs):
         raise IndexError(f"device index {i} out of range 0..{len(devs) - 1}")
@@ -164,7 +235,12 @@ def dev_get(i: int) -> Device:
 
 
 def dev_by_name(name: str) -> Device | None:
-    """The device called ``name`` (case-insensitive) or None (mirrors ``ggml_backend_dev_by_name``)."""
+    """The device called ``name`` (case-insensitive) or None (mirrors ``ggml_backend_dev_by_name``).
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    check_str("name", name, "dev_by_name")
     for d in devices():
         if d.name.upper() == name.upper():
             return d
@@ -175,7 +251,11 @@ def dev_by_type(type: DeviceType) -> Device | None:
     """The first device of ``type`` in priority order, or None (mirrors ``ggml_backend_dev_by_type``).
 
     SIM devices report type ACCEL, so ``dev_by_type(GPU)`` only finds real GPUs.
+
+    Raises:
+        TypeError: ``type`` is not a :class:`~ggmlpy.backend.DeviceType`.
     """
+    type = _device_type(type, "dev_by_type")
     for d in devices():
         if d.type == type:
             return d
@@ -195,14 +275,18 @@ def backend_init_by_name(name: str, params: str | None = None) -> Backend:
 
     Raises:
         BackendUnavailableError: no such device; for CUDA names the message says why CUDA is
-            unavailable here.
+            unavailable here; a device left out by ``GGMLPY_BACKENDS`` says so.
+        TypeError: ``name`` is not a str, ``params`` neither None nor a str.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"backend_init_by_name: expected a device name, got {type(name).__name__}")
+    where = "backend_init_by_name"
+    check_str("name", name, where)
+    check_optional("params", params, str, where)
     d = dev_by_name(name)
     if d is None:
         why = ""
-        if name.upper().startswith("CUDA"):
+        if excluded_by_backends_env(name):
+            why = f" (it exists but GGMLPY_BACKENDS={','.join(env.backends() or [])} leaves it out)"
+        elif name.upper().startswith("CUDA"):
             why = f" ({cuda_unavailable_reason() or 'no such CUDA device'})"
         elif name.upper().startswith("SIM"):
             why = " (SIM devices need GGMLPY_SIM_DEVICES=N or register_sim_devices())"
@@ -216,7 +300,10 @@ def backend_init_by_type(type: DeviceType, params: str | None = None) -> Backend
 
     Raises:
         BackendUnavailableError: no device of that type.
+        TypeError: ``type`` is not a DeviceType, ``params`` neither None nor a str.
     """
+    type = _device_type(type, "backend_init_by_type")
+    check_optional("params", params, str, "backend_init_by_type")
     d = dev_by_type(type)
     if d is None:
         raise BackendUnavailableError(f"no device of type {DeviceType(type).name}")

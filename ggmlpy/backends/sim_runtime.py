@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import DeviceType, Reg
+from .. import env
 from ..errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ..opcodes import Op
 from ..tensor import Tensor
@@ -336,9 +337,9 @@ def sim_reg(n: int, latency_us: float | None = None, memory_mb: float | None = N
         ValueError: ``n < 1``, negative options, or a malformed environment variable.
     """
     if latency_us is None:
-        latency_us = _env_number(ENV_LATENCY) or 0.0
+        latency_us = env.sim_latency_us() or 0.0
     if memory_mb is None:
-        memory_mb = _env_number(ENV_MEMORY)
+        memory_mb = env.sim_memory_mb()
     mem_bytes = None if memory_mb is None else int(float(memory_mb) * (1 << 20))
     runtime = SimRuntime(n, latency_us=latency_us, memory_bytes=mem_bytes)
     return make_reg(runtime, refuse_ops=refuse_ops)
