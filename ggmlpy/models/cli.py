@@ -14,7 +14,6 @@ import argparse
 import importlib
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -58,29 +57,60 @@ class _Parser(argparse.ArgumentParser):
 
 
 def read_sentences(path: str) -> list[str]:
-    """Sentences from a file: a JSON array of strings when the name ends in ``.json``, else one
-    sentence per line (lines empty after stripping are skipped; the rest keep their text without
-    the line break). ``-`` reads standard input as lines.
+    """Sentences from a file, one per row of the output.
+
+    * A name ending in ``.json``: a JSON array of strings.
+    * ``-`` (standard input): a JSON array of strings when the text, stripped, starts with ``[``
+      and parses as one; otherwise lines, as below.
+    * Anything else: one sentence per line. Every line counts, blank ones included (a blank
+      sentence is embedded as sentence-transformers embeds it: ``[CLS] [SEP]``), so row ``i`` of
+      the output is line ``i`` of the file; a final line break ends the last line and does not
+      start an empty one. ``\r\n`` line ends are accepted.
+
+    A UTF-8 byte-order mark at the start is ignored in every format.
 
     Raises:
-        _UsageError: the file cannot be read, is not UTF-8, or (JSON) is not an array of strings.
+        TypeError: ``path`` is not a str.
+        _UsageError: the file cannot be read, is not UTF-8, or (JSON) is not an array of strings
+            (one line naming the file).
     """
+    if not isinstance(path, str):
+        raise TypeError(f"read_sentences: path must be a str, got {type(path).__name__}")
     try:
         if path == "-":
             text = sys.stdin.read()
         else:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise _UsageError(f"cannot read --input {path}: {e}") from None
+    text = text.removeprefix("\ufeff")
     if path.lower().endswith(".json"):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise _UsageError(f"--input {path} is not valid JSON: {e}") from None
-        if not isinstance(data, list) or not all(isinstance(s, str) for s in data):
-            raise _UsageError(f"--input {path} must hold a JSON array of strings")
-        return list(data)
-    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+        return _json_sentences(path, data)
+    if path == "-" and text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # not JSON: plain lines that happen to start with '['
+        if isinstance(data, list):
+            return _json_sentences(path, data)
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final line break ends the last line
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _json_sentences(path: str, data: object) -> list[str]:
+    if not isinstance(data, list):
+        raise _UsageError(f"--input {path} must hold a JSON array of strings, got {type(data).__name__}")
+    for i, s in enumerate(data):
+        if not isinstance(s, str):
+            raise _UsageError(f"--input {path} must hold a JSON array of strings; element {i} "
+                              f"is {type(s).__name__}")
+    return list(data)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,10 +119,14 @@ def read_sentences(path: str) -> list[str]:
 
 def _pick_device(name: str) -> str:
     """Normalise ``--device``; register SIM devices on demand when GGMLPY_SIM_DEVICES is unset."""
-    from .. import registry
+    from .. import env, registry
 
+    allowed = env.backends()
+    if allowed is not None and name.upper() != "CPU" and name.upper() not in allowed:
+        raise _UsageError(f"--device {name}: GGMLPY_BACKENDS={','.join(allowed)} leaves it out "
+                          "(add it to GGMLPY_BACKENDS or unset the variable)")
     m = _SIM_RE.match(name)
-    if m and registry.dev_by_name(name) is None and not os.environ.get("GGMLPY_SIM_DEVICES", "").strip():
+    if m and registry.dev_by_name(name) is None and env.sim_devices() == 0:
         n = int(m.group(1)) + 1
         registry.register_sim_devices(n)
         names = "SIM0" if n == 1 else f"SIM0..SIM{n - 1}"
@@ -129,8 +163,9 @@ def _embed_parser() -> argparse.ArgumentParser:
     p.add_argument("--parallel", action="store_true",
                    help="pipeline batches: the CPU part of batch k+1 overlaps the device's batch k")
     p.add_argument("--input", metavar="FILE", default=None,
-                   help="read sentences from FILE: one per line, or a JSON array if it ends in "
-                   ".json; - reads stdin")
+                   help="read sentences from FILE: one per line (blank lines are embedded too, "
+                   "so row i is line i), or a JSON array if it ends in .json; - reads stdin "
+                   "(a JSON array there is recognised)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--similarity", action="store_true",
                    help="also print the cosine-similarity matrix")
@@ -166,7 +201,9 @@ def _print_human(sentences: Sequence[str], emb: np.ndarray, n_tokens: Sequence[i
 def embed_main(argv: Sequence[str]) -> int:
     """Entry point of ``python -m ggmlpy embed``; returns the exit status (see the module docstring).
 
-    ``--json`` prints ``{"model", "dim", "embeddings" (n x dim floats), "n_tokens", "devices",
+    ``--json`` prints ``{"model", "dim", "embeddings" (n x dim floats), "input_source" (per row:
+    ``"argv"`` or the ``--input`` path), "input_index" (per row: 0-based position among the
+    SENTENCE arguments, or line / array element of the ``--input`` file), "n_tokens", "devices",
     "n_splits", "seconds" (encode wall time, load excluded), "load_seconds", "n_gpu_layers",
     "parallel"}`` plus ``"similarity"`` with ``--similarity``.
     """
@@ -195,14 +232,24 @@ def _embed(args: argparse.Namespace) -> int:
 
     prog = "ggmlpy embed"
     sentences = list(args.sentences)
+    # where each row came from: ("argv", k) for the k-th SENTENCE argument, (FILE, k) for line /
+    # element k of --input FILE
+    origin = [("argv", k) for k in range(len(sentences))]
     if args.input is not None:
-        sentences += read_sentences(args.input)
+        from_file = read_sentences(args.input)
+        origin += [(args.input, k) for k in range(len(from_file))]
+        sentences += from_file
     if not sentences:
         raise _UsageError("no sentences: pass SENTENCE arguments or --input FILE")
     if args.batch_size < 1:
         raise _UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     device = _pick_device(args.device)
     ngl = args.n_gpu_layers
+    if device.upper() == "CPU":
+        ignored = [f for f, on in (("-ngl", ngl is not None), ("--parallel", args.parallel)) if on]
+        if ignored:
+            _err(prog, f"note: {' and '.join(ignored)} ignored: --device is the CPU, so every "
+                       "layer runs there (pass --device SIM0 or CUDA0 to offload)")
     if ngl is None:
         ngl = 0 if device.upper() == "CPU" else -1
     t0 = time.perf_counter()
@@ -239,6 +286,7 @@ def _embed(args: argparse.Namespace) -> int:
         model.close()
     if args.json:
         out = {"model": info["model"], "dim": info["dim"], "embeddings": emb.tolist(),
+               "input_source": [o[0] for o in origin], "input_index": [o[1] for o in origin],
                "n_tokens": n_tokens, "devices": info["devices"], "n_splits": info["n_splits"],
                "seconds": info["seconds"], "load_seconds": info["load_seconds"],
                "n_gpu_layers": info["n_gpu_layers"], "parallel": info["parallel"]}

