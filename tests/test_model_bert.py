@@ -287,14 +287,16 @@ def test_cli_text_input_and_human_output(model_dir: Path, capsys, tmp_path: Path
     rc, out, _ = _run_cli(capsys, ["--no-progress", "--input", str(path), "third"])
     assert rc == 0
     lines = [ln for ln in out.splitlines() if ln.startswith("[")]
-    assert len(lines) == 3 and "tokens" in lines[0] and "norm 1.0000" in lines[0]
-    assert "'third'" in lines[0] and "'second one'" in lines[2]
+    # blank lines are embedded too (issue 10 item 15): row 1 + k is line k of the file
+    assert len(lines) == 5 and "tokens" in lines[0] and "norm 1.0000" in lines[0]
+    assert "'third'" in lines[0] and "'first sentence'" in lines[1] and "'second one'" in lines[4]
+    assert "tokens   2" in lines[2] and "tokens   2" in lines[3]  # [CLS] [SEP]
 
 
 @pytest.mark.parametrize("argv, needle", [
     ([], "no sentences"),
     (["--device", "CUDA99", "x"], "CUDA99"),
-    (["--device", "CPU", "--n-gpu-layers", "7", "x"], "n_gpu_layers"),
+    (["--device", "SIM0", "--n-gpu-layers", "7", "x"], "n_gpu_layers"),
     (["--batch-size", "0", "x"], "batch-size"),
     (["--model", "/definitely/not/here", "x"], "python -m ggmlpy download all-MiniLM-L6-v2"),
     (["--input", "/definitely/not/here.txt"], "cannot read"),

@@ -250,12 +250,13 @@ def _embed(args: argparse.Namespace) -> int:
         if ignored:
             _err(prog, f"note: {' and '.join(ignored)} ignored: --device is the CPU, so every "
                        "layer runs there (pass --device SIM0 or CUDA0 to offload)")
+        ngl = 0
     if ngl is None:
-        ngl = 0 if device.upper() == "CPU" else -1
+        ngl = -1
     t0 = time.perf_counter()
     try:
         model = BertModel.load(model_dir=args.model, device=device, n_gpu_layers=ngl,
-                               parallel=args.parallel, max_batch=args.batch_size)
+                               parallel=args.parallel and device.upper() != "CPU", max_batch=args.batch_size)
     except (BackendUnavailableError, ValueError, TypeError, FileNotFoundError) as e:
         raise _UsageError(str(e)) from None
     except OutOfMemoryError as e:

@@ -22,8 +22,17 @@ from collections.abc import Sequence
 __all__ = ["main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr (exit status 2), like every other
+    error of this command."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"test-backend-ops: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m ggmlpy test-backend-ops",
         description="Compare every op across backends against the CPU backend (test), time "
                     "them (perf), or list which backend supports what (support).")
@@ -56,10 +65,28 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (see the module docstring)."""
+    """Run the command line; returns the exit status (see the module docstring).
+
+    Raises:
+        TypeError: ``argv`` is not None or a sequence of str.
+    """
     from ..errors import BackendUnavailableError
 
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if argv is not None:
+        if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
+            raise TypeError(f"test-backend-ops main: argv must be a sequence of str or None, "
+                            f"got {type(argv).__name__}")
+        for i, a in enumerate(argv):
+            if not isinstance(a, str):
+                raise TypeError(f"test-backend-ops main: argv[{i}] must be a str, got {type(a).__name__}")
+    try:
+        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:  # --help (0) or a usage error (2, already printed as one line)
+        return int(e.code or 0)
+    if args.mode and args.mode_pos and args.mode != args.mode_pos:
+        print(f"test-backend-ops: mode given twice: {args.mode_pos!r} and --mode {args.mode!r}",
+              file=sys.stderr)
+        return 2
     mode = args.mode or args.mode_pos or "test"
     try:
         _register_named_sim(args.backend)
@@ -81,14 +108,41 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _register_named_sim(backend: str | None) -> None:
     """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn (as ``embed --device`` does)."""
-    from .. import registry
+    from .. import env, registry
+    from ..errors import BackendUnavailableError
 
+    allowed = env.backends()
     for name in (backend or "").split(","):
-        m = re.fullmatch(r"\s*SIM(\d+)\s*", name, flags=re.I)
-        if m and registry.dev_by_name(name.strip()) is None:
+        name = name.strip()
+        if allowed is not None and name and name.upper() != "CPU" and name.upper() not in allowed:
+            raise BackendUnavailableError(f"-b {name}: GGMLPY_BACKENDS={','.join(allowed)} leaves "
+                                          "it out (add it to GGMLPY_BACKENDS or unset the variable)")
+        m = re.fullmatch(r"SIM(\d+)", name, flags=re.I)
+        if m and registry.dev_by_name(name) is None and env.sim_devices() == 0:
             n = int(m.group(1)) + 1
             registry.register_sim_devices(n)
             print(f"test-backend-ops: registered {n} host-emulated SIM device(s)", file=sys.stderr)
+
+
+def _check_build_result(result: object) -> str | None:
+    """What is wrong with build()'s return value (one clause), or None when it is usable."""
+    from ..graph import Graph
+    from ..tensor import Tensor
+
+    if not isinstance(result, tuple) or len(result) != 2:
+        n = f" of {len(result)}" if isinstance(result, tuple) else ""
+        return f"it returned {type(result).__name__}{n}"
+    graph, inputs = result
+    if not isinstance(graph, Graph):
+        hint = " (wrap it: g = Graph(); g.build_forward_expand(out))" \
+            if isinstance(graph, Tensor) else ""
+        return f"the first element is {type(graph).__name__}, not a Graph{hint}"
+    if not isinstance(inputs, dict):
+        return f"the second element is {type(inputs).__name__}, not a dict"
+    for k in inputs:
+        if not isinstance(k, Tensor):
+            return f"an inputs key is {type(k).__name__}, not a Tensor"
+    return None
 
 
 def _list_main(args: argparse.Namespace, mode: str) -> int:
@@ -167,11 +221,22 @@ def _graph_main(args: argparse.Namespace) -> int:
                   "or pass -b NAME or -b A,B)", file=sys.stderr)
             return 2
         b1, b2 = devs[0].init_backend(), backend_cpu_init()
-    graph, inputs = build(Context(no_alloc=True))
-    if not isinstance(inputs, dict) or not all(isinstance(k, Tensor) for k in inputs):
-        print(f"test-backend-ops: {args.graph}: build(ctx) must return (graph, inputs) with inputs "
-              "a dict {Tensor: numpy array}", file=sys.stderr)
+    if not callable(build):
+        print(f"test-backend-ops: {args.graph}: build is {type(build).__name__}, not a function "
+              "build(ctx) -> (graph, inputs)", file=sys.stderr)
         return 2
+    try:
+        result = build(Context(no_alloc=True))
+    except Exception as e:  # the user's code: report it as one line, no traceback
+        print(f"test-backend-ops: {args.graph}: build(ctx) raised {type(e).__name__}: "
+              f"{' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    shape_err = _check_build_result(result)
+    if shape_err:
+        print(f"test-backend-ops: {args.graph}: build(ctx) must return (graph, inputs) with "
+              f"inputs a dict {{Tensor: numpy array}}; {shape_err}", file=sys.stderr)
+        return 2
+    graph, inputs = result
     # the default directory is only created when there is something to save
     save = args.save or os.path.join(tempfile.gettempdir(),
                                      f"ggmlpy-divergence-{os.getpid()}-{int(time.time())}")

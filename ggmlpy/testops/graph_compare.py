@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._check import check_bool, check_number, check_optional, check_type
 from ..backend import (Backend, backend_tensor_copy, backend_tensor_get, backend_tensor_set,
                        tensor_alloc, view_init)
 from ..compare import graph_copy, nmse
@@ -144,6 +145,26 @@ def _allocate(tensors: list[Tensor], backend: Backend) -> tuple[Any, list[Tensor
     return buf, placed
 
 
+def _check_inputs(tensors: list[Tensor], inputs: Mapping[Tensor, np.ndarray]) -> None:
+    """Every graph input has a value, every value belongs to the graph and has the right size."""
+    ids = {id(t) for t in tensors}
+    missing = [t for t in tensors if t.op == Op.NONE and t.view_src is None
+               and not t.is_allocated and t not in inputs]
+    if missing:
+        names = ", ".join(f"'{t.name}' ne={list(t.ne)}" for t in missing[:5])
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ValueError(f"compare_graph: graph input(s) {names}{more} have no value in inputs "
+                         "and no memory; give each input an array (NumPy shape ne[::-1])")
+    for t, arr in inputs.items():
+        if id(t) not in ids:
+            raise ValueError(f"compare_graph: inputs key '{t.name}' is not a tensor of the graph")
+        a = np.asarray(arr)
+        if a.size != t.nelements:
+            raise ValueError(f"compare_graph: inputs['{t.name}'] has {a.size} elements (shape "
+                             f"{a.shape}), the tensor has {t.nelements} (NumPy shape "
+                             f"{tuple(reversed(t.ne))})")
+
+
 def _f64(t: Tensor) -> np.ndarray:
     return np.asarray(backend_tensor_get(t)).astype(np.float64)
 
@@ -172,15 +193,31 @@ def compare_graph(graph: Graph, inputs: Mapping[Tensor, np.ndarray], backend1: B
         A :class:`DivergenceReport`.
 
     Raises:
-        TypeError: an ``inputs`` key is not a Tensor.
-        ValueError: a pre-allocated tensor is in memory ``backend1`` cannot use.
+        TypeError: an argument has the wrong type (named in the message), or an ``inputs`` key
+            is not a Tensor.
+        ValueError: a graph input (a leaf without memory, op NONE, not a view) has no entry in
+            ``inputs`` -- it would otherwise run on whatever the new buffer holds; an ``inputs``
+            key is not part of ``graph``; an input array's element count differs from the
+            tensor's; a pre-allocated tensor is in memory ``backend1`` cannot use.
         OutOfMemoryError: a buffer could not be allocated. Backend compute errors propagate.
     """
+    where = "compare_graph"
+    check_type("graph", graph, Graph, where)
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"{where}: inputs must be a mapping Tensor -> array, got "
+                        f"{type(inputs).__name__}")
+    check_type("backend1", backend1, Backend, where)
+    check_type("backend2", backend2, Backend, where)
+    if tolerance is not None and not isinstance(tolerance, Mapping):
+        check_number("tolerance", tolerance, 0.0, where=where)
+    check_bool("isolate", isolate, where)
+    check_optional("save_dir", save_dir, (str, os.PathLike), where)
     for k in inputs:
         if not isinstance(k, Tensor):
             raise TypeError(f"compare_graph: inputs must map Tensor -> array, got a key of type "
                             f"{type(k).__name__}")
     tensors = _reachable(graph)
+    _check_inputs(tensors, inputs)
     buf, placed = _allocate(tensors, backend1)
     rep = DivergenceReport(False, backend1.name, backend2.name)
     cp = None
