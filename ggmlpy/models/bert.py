@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
+from .._check import check_bool, check_int, check_optional, check_type
 from ..alloc import alloc_ctx_tensors_from_buft
 from ..backend import (Backend, Buffer, BufferUsage, Device, DeviceType, Status,
                        backend_tensor_get, backend_tensor_get_async, backend_tensor_set)
@@ -188,7 +189,15 @@ class BertModel:
                 cannot run (activation other than exact GELU, max pooling).
             OutOfMemoryError: a weight or compute buffer could not be allocated.
             ImportError: ``safetensors``/``tokenizers`` are missing (``pip install ggmlpy[models]``).
+            TypeError: an argument has the wrong type (the message names it).
         """
+        where = "BertModel.load"
+        check_optional("model_dir", model_dir, (str, Path), where)
+        check_type("device", device, (str, Device), where)
+        check_int("n_gpu_layers", n_gpu_layers, -1, None, where)
+        check_bool("parallel", parallel, where)
+        check_int("max_batch", max_batch, 1, None, where)
+        check_bool("op_offload", op_offload, where)
         model_dir = find_default_model_dir() if model_dir is None else check_model_dir(model_dir)
         config = BertConfig.from_model_dir(model_dir)
         if config.hidden_act != "gelu":
@@ -454,9 +463,15 @@ class BertModel:
             L2-normalised when the model normalises; ``[0, hidden_size]`` for no sentences.
 
         Raises:
-            TypeError: a single str or a non-str sentence. ValueError: ``batch_size < 1`` or the
-            model was closed. ComputeError: the scheduler could not allocate or a backend failed.
+            TypeError: a single str or a non-str sentence, ``batch_size`` not an int,
+            ``progress`` not a bool. ValueError: ``batch_size < 1`` or the model was closed.
+            ComputeError: the scheduler could not allocate or a backend failed.
         """
+        check_int("batch_size", batch_size, 1, None, "BertModel.encode")
+        check_bool("progress", progress, "BertModel.encode")
+        if isinstance(sentences, (str, bytes)) or not hasattr(sentences, "__iter__"):
+            raise TypeError(f"BertModel.encode: sentences must be a sequence of str (a list), got "
+                            f"{type(sentences).__name__}")
         if self._closed:
             raise ValueError("BertModel.encode: the model was closed")
         return self.encode_ids(self.token_ids(sentences), batch_size, progress)
