@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 __all__ = ["check_type", "check_int", "check_number", "check_str", "check_bool",
-           "check_optional", "describe"]
+           "check_optional", "check_str_sequence", "describe"]
 
 
 def describe(value: Any) -> str:
@@ -51,10 +51,11 @@ def check_type(name: str, value: Any, types: type | tuple[type, ...], where: str
 
 
 def check_optional(name: str, value: Any, types: type | tuple[type, ...], where: str = "") -> Any:
-    """:func:`check_type` that also accepts None."""
+    """:func:`check_type` that also accepts None (the message then lists None too)."""
     if value is None:
         return None
-    return check_type(name, value, types, where)
+    ts = types if isinstance(types, tuple) else (types,)
+    return check_type(name, value, ts + (type(None),), where)
 
 
 def check_bool(name: str, value: Any, where: str = "") -> bool:
@@ -115,3 +116,19 @@ def check_number(name: str, value: Any, lo: float | None = None, hi: float | Non
     if hi is not None and x > hi:
         raise ValueError(f"{_prefix(where)}{name} must be <= {hi}, got {value!r}")
     return x
+
+
+def check_str_sequence(name: str, value: Any, where: str = "") -> list[str]:
+    """Return ``list(value)`` for a list/tuple (any non-str Sequence) of ``str``.
+
+    Raises:
+        TypeError: ``value`` is a str, not a sequence, or holds a non-str (the index is named).
+    """
+    from collections.abc import Sequence
+
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{_prefix(where)}{name} must be a sequence of str, got {describe(value)}")
+    for i, v in enumerate(value):
+        if not isinstance(v, str):
+            raise TypeError(f"{_prefix(where)}{name}[{i}] must be a str, got {describe(v)}")
+    return list(value)

@@ -12,6 +12,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from ._check import check_str_sequence
+
 __all__ = ["main"]
 
 
@@ -91,11 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         TypeError: ``argv`` is not None or a sequence of str.
     """
     if argv is not None:
-        if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
-            raise TypeError(f"main: argv must be a sequence of str or None, got {type(argv).__name__}")
-        for i, a in enumerate(argv):
-            if not isinstance(a, str):
-                raise TypeError(f"main: argv[{i}] must be a str, got {type(a).__name__}")
+        check_str_sequence("argv", argv, "main")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m ggmlpy COMMAND [ARGS]\n\ncommands:")

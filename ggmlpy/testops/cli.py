@@ -19,6 +19,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 
+from .._check import check_str_sequence
+
 __all__ = ["main"]
 
 
@@ -73,12 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ..errors import BackendUnavailableError
 
     if argv is not None:
-        if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
-            raise TypeError(f"test-backend-ops main: argv must be a sequence of str or None, "
-                            f"got {type(argv).__name__}")
-        for i, a in enumerate(argv):
-            if not isinstance(a, str):
-                raise TypeError(f"test-backend-ops main: argv[{i}] must be a str, got {type(a).__name__}")
+        check_str_sequence("argv", argv, "test-backend-ops main")
     try:
         args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # --help (0) or a usage error (2, already printed as one line)
