@@ -1,0 +1,105 @@
+"""Damaged model files (issue 10, item 13): for every file the loader reads, a truncated or
+garbage file gives one line naming the file (ModelFileError, a ValueError) and ``embed`` exits 2.
+
+The model directory of each case is the installed all-MiniLM-L6-v2 folder mirrored with symbolic
+links, except the one file the case damages (no 90 MB copies).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ggmlpy.models.loader import ModelFileError
+
+
+def _mirror(model_dir: Path, dst: Path) -> Path:
+    for p in model_dir.rglob("*"):
+        q = dst / p.relative_to(model_dir)
+        if p.is_dir():
+            q.mkdir(parents=True, exist_ok=True)
+        else:
+            q.parent.mkdir(parents=True, exist_ok=True)
+            q.symlink_to(p)
+    return dst
+
+
+def _damage(d: Path, rel: str, data: bytes) -> None:
+    (d / rel).unlink()
+    (d / rel).write_bytes(data)
+
+
+def _truncated_safetensors(model_dir: Path) -> bytes:
+    with open(model_dir / "model.safetensors", "rb") as f:
+        return f.read(100_000)  # header and the start of the first tensor only
+
+
+CASES = [
+    ("model.safetensors", "truncated", _truncated_safetensors, "not a readable safetensors file"),
+    ("model.safetensors", "text", lambda m: b"hello", "not a readable safetensors file"),
+    ("model.safetensors", "empty", lambda m: b"", "not a readable safetensors file"),
+    ("tokenizer.json", "garbage", lambda m: b"\x00\x01garbage", "not valid JSON"),
+    ("tokenizer.json", "json-not-tokenizer", lambda m: b'{"garbage": 1}', "not a tokenizers tokenizer"),
+    ("tokenizer.json", "truncated", lambda m: (m / "tokenizer.json").read_bytes()[:5000],
+     "not valid JSON"),
+    ("config.json", "not-json", lambda m: b"hidden_size: 384", "not valid JSON"),
+    ("config.json", "array", lambda m: b"[1, 2]", "must hold a JSON object"),
+    ("config.json", "latin1", lambda m: b'{"x": "\xe9"}', "not UTF-8"),
+    ("config.json", "missing-key", lambda m: b'{"hidden_size": 384}', "missing key"),
+    ("config.json", "wrong-type",
+     lambda m: json.dumps({**json.loads((m / "config.json").read_text()),
+                           "num_hidden_layers": "six"}).encode(), "num_hidden_layers must be an integer"),
+    ("config.json", "zero-heads",
+     lambda m: json.dumps({**json.loads((m / "config.json").read_text()),
+                           "num_attention_heads": 0}).encode(), "num_attention_heads must be >= 1"),
+    ("sentence_bert_config.json", "not-json", lambda m: b"{", "not valid JSON"),
+    ("sentence_bert_config.json", "bad-length", lambda m: b'{"max_seq_length": "long"}',
+     "max_seq_length must be an integer"),
+    ("modules.json", "not-json", lambda m: b"nope", "not valid JSON"),
+    ("modules.json", "object", lambda m: b'{"a": 1}', "must hold a JSON array"),
+    ("1_Pooling/config.json", "not-json", lambda m: b"}", "not valid JSON"),
+    ("1_Pooling/config.json", "no-mode", lambda m: b"{}", "pooling must enable exactly one"),
+]
+
+
+@pytest.mark.parametrize("rel, kind, make, needle", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_damaged_file_named_in_one_line(model_dir: Path, tmp_path: Path, rel, kind, make, needle):
+    from ggmlpy.models.bert import BertModel
+
+    d = _mirror(model_dir, tmp_path / "m")
+    _damage(d, rel, make(model_dir))
+    with pytest.raises(ModelFileError) as ei:
+        with BertModel.load(d):
+            pass
+    msg = str(ei.value)
+    assert msg.startswith(str(d / rel) + ": "), msg
+    assert needle in msg and "\n" not in msg
+    assert ei.value.path == str(d / rel)
+
+
+@pytest.mark.parametrize("rel, make", [
+    ("model.safetensors", _truncated_safetensors),
+    ("tokenizer.json", lambda m: b"garbage"),
+    ("config.json", lambda m: b"not json"),
+])
+def test_embed_cli_exit_2_one_line(model_dir: Path, tmp_path: Path, capsys, rel, make):
+    from ggmlpy.models.cli import embed_main
+
+    d = _mirror(model_dir, tmp_path / "m")
+    _damage(d, rel, make(model_dir))
+    assert embed_main(["--model", str(d), "--no-progress", "hello"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"ggmlpy embed: {d / rel}: "), err
+    assert "Traceback" not in err
+
+
+def test_bom_in_config_is_accepted(model_dir: Path, tmp_path: Path):
+    # a UTF-8 byte-order mark (as Windows editors write) is not an error
+    from ggmlpy.models.loader import BertConfig
+
+    d = _mirror(model_dir, tmp_path / "m")
+    text = (model_dir / "config.json").read_bytes()
+    _damage(d, "config.json", b"\xef\xbb\xbf" + text)
+    assert BertConfig.from_model_dir(d) == BertConfig.from_model_dir(model_dir)
