@@ -16,11 +16,14 @@ __all__ = ["check_type", "check_int", "check_number", "check_str", "check_bool",
 
 
 def describe(value: Any) -> str:
-    """A short description of ``value`` for an error message: its type, and its repr when short."""
-    r = repr(value)
+    """A short one-line description of ``value`` for an error message: its type and its repr
+    (whitespace collapsed, cut at 40 characters)."""
+    if value is None:
+        return "None"
+    r = " ".join(repr(value).split())
     if len(r) > 40:
         r = r[:37] + "..."
-    return f"{type(value).__name__} {r}" if not isinstance(value, (type(None),)) else "None"
+    return f"{type(value).__name__} {r}"
 
 
 def _prefix(where: str) -> str:

@@ -245,3 +245,9 @@ def test_check_str_bool_optional_sequence():
         check_str_sequence("v", "ab")
     with pytest.raises(TypeError, match=r"v\[1\] must be a str"):
         check_str_sequence("v", ["a", 2])
+
+
+def test_message_stays_one_line_for_multiline_reprs():
+    with pytest.raises(TypeError) as ei:
+        check_type("x", np.zeros((5, 5)), int, "f")
+    assert "\n" not in str(ei.value) and str(ei.value).startswith("f: x must be int, got ndarray ")

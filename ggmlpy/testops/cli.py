@@ -188,7 +188,7 @@ def _run_main(args: argparse.Namespace, mode: str) -> int:
 def _graph_main(args: argparse.Namespace) -> int:
     from .. import registry
     from ..backends.cpu import backend_cpu_init
-    from ..tensor import Context, Tensor
+    from ..tensor import Context
     from .graph_compare import compare_graph
     from .runner import resolve_backends
 
