@@ -50,6 +50,21 @@ def test_graph_file_errors_one_line_exit_2(tmp_path, capsys, label, body, needle
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("name, text, needle", [
+    ("g.py", "import nonexistent_module_xyz\n",
+     "importing it raised ModuleNotFoundError: No module named 'nonexistent_module_xyz'"),
+    ("g.py", "def build(ctx) return\n", "expected ':'"),
+    ("g.py", "x = 1\n", "defines no build(ctx)"),
+    ("g.txt", "x = 1\n", "--graph takes a .py file"),
+])
+def test_graph_file_that_cannot_be_loaded(tmp_path, capsys, name, text, needle):
+    f = tmp_path / name
+    f.write_text(text)
+    assert main(["--graph", str(f), "-b", "CPU"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err, err
+
+
 def test_build_not_callable(tmp_path, capsys):
     f = tmp_path / "g.py"
     f.write_text("build = 3\n")

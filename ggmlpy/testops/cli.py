@@ -194,14 +194,23 @@ def _graph_main(args: argparse.Namespace) -> int:
 
     spec = importlib.util.spec_from_file_location("ggmlpy_user_graph", args.graph)
     if spec is None or spec.loader is None:
-        print(f"test-backend-ops: cannot load {args.graph!r}", file=sys.stderr)
+        print(f"test-backend-ops: cannot load {args.graph!r} (--graph takes a .py file)",
+              file=sys.stderr)
         return 2
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
-        build = getattr(mod, "build")
-    except (OSError, AttributeError, SyntaxError) as e:
-        print(f"test-backend-ops: {args.graph}: {e}", file=sys.stderr)
+    except (OSError, SyntaxError) as e:
+        print(f"test-backend-ops: {args.graph}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except Exception as e:  # the user's module failed while importing: one line, no traceback
+        print(f"test-backend-ops: {args.graph}: importing it raised {type(e).__name__}: "
+              f"{' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    build = getattr(mod, "build", None)
+    if build is None:
+        print(f"test-backend-ops: {args.graph}: defines no build(ctx) -> (graph, inputs)",
+              file=sys.stderr)
         return 2
     if args.backend:
         chosen = resolve_backends(args.backend)
