@@ -54,6 +54,18 @@ def _encode(*a, **kw):
     return BertModel.encode(BertModel.__new__(BertModel), *a, **kw)
 
 
+def _encode_ids(*a, **kw):
+    from ggmlpy.models.bert import BertModel
+
+    return BertModel.encode_ids(BertModel.__new__(BertModel), *a, **kw)
+
+
+def _token_ids(*a, **kw):
+    from ggmlpy.models.bert import BertModel
+
+    return BertModel.token_ids(BertModel.__new__(BertModel), *a, **kw)
+
+
 def _loader(fn_name):
     def call(*a, **kw):
         from ggmlpy.models import loader
@@ -160,6 +172,13 @@ TABLE = [
      "batch_size must be int"),
     ("BertModel.encode(progress=None)", lambda: _encode(["a"], progress=None), TypeError,
      "progress must be bool"),
+    ("BertModel.encode_ids(None)", lambda: _encode_ids(None), TypeError, "ids must be"),
+    ("BertModel.encode_ids([None])", lambda: _encode_ids([None]), TypeError, "ids[0] must be"),
+    ("BertModel.encode_ids([[1.5]])", lambda: _encode_ids([[101, 1.5]]), TypeError,
+     "ids[0] must hold only ints"),
+    ("BertModel.encode_ids(batch_size=1.0)", lambda: _encode_ids([[1]], batch_size=1.0),
+     TypeError, "batch_size must be int"),
+    ("BertModel.token_ids(None)", lambda: _token_ids(None), TypeError, "sentences must be"),
     # test-backend-ops from Python
     ("compare_graph(graph=None)", lambda: _compare(graph=None), TypeError, "graph must be Graph"),
     ("compare_graph(inputs=None)", lambda: _compare(inputs=None), TypeError,

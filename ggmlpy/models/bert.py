@@ -424,8 +424,11 @@ class BertModel:
         unpadded (as sentence-transformers tokenises: stripped, lower-cased when configured).
 
         Raises:
-            TypeError: ``sentences`` is a single str or holds a non-str.
+            TypeError: ``sentences`` is a single str, not iterable, or holds a non-str.
         """
+        if isinstance(sentences, (str, bytes)) or not hasattr(sentences, "__iter__"):
+            raise TypeError(f"BertModel.token_ids: sentences must be a sequence of str (a list), "
+                            f"got {type(sentences).__name__}")
         return self.tokenizer.encode_batch(sentences)
 
     @property
@@ -483,9 +486,23 @@ class BertModel:
         :meth:`encode`, which calls it.
 
         Raises:
+            TypeError: ``ids`` is not a sequence of int sequences, ``batch_size`` not an int,
+                ``progress`` not a bool (the argument is named).
             ValueError: ``batch_size < 1``, the model was closed, an empty or too long sequence,
                 or an id outside the embedding table.
         """
+        where = "BertModel.encode_ids"
+        check_int("batch_size", batch_size, 1, None, where)
+        check_bool("progress", progress, where)
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise TypeError(f"{where}: ids must be a sequence of id sequences, got {type(ids).__name__}")
+        ids = list(ids)
+        for i, t in enumerate(ids):
+            if isinstance(t, (str, bytes)) or not hasattr(t, "__iter__"):
+                raise TypeError(f"{where}: ids[{i}] must be a sequence of int, got {type(t).__name__}")
+            ids[i] = t = list(t)
+            if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in t):
+                raise TypeError(f"{where}: ids[{i}] must hold only ints")
         if self._closed:
             raise ValueError("BertModel.encode: the model was closed")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
