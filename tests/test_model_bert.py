@@ -296,7 +296,7 @@ def test_cli_text_input_and_human_output(model_dir: Path, capsys, tmp_path: Path
 @pytest.mark.parametrize("argv, needle", [
     ([], "no sentences"),
     (["--device", "CUDA99", "x"], "CUDA99"),
-    (["--device", "SIM0", "--n-gpu-layers", "7", "x"], "n_gpu_layers"),
+    (["--n-gpu-layers", "-5", "x"], "--n-gpu-layers must be >= 0 or -1"),
     (["--batch-size", "0", "x"], "batch-size"),
     (["--model", "/definitely/not/here", "x"], "python -m ggmlpy download all-MiniLM-L6-v2"),
     (["--input", "/definitely/not/here.txt"], "cannot read"),

@@ -245,6 +245,8 @@ def _embed(args: argparse.Namespace) -> int:
         raise _UsageError("no sentences: pass SENTENCE arguments or --input FILE")
     if args.batch_size < 1:
         raise _UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.n_gpu_layers is not None and args.n_gpu_layers < -1:
+        raise _UsageError(f"--n-gpu-layers must be >= 0 or -1 (all layers), got {args.n_gpu_layers}")
     device = _pick_device(args.device)
     ngl = args.n_gpu_layers
     if device.upper() == "CPU":
