@@ -1,17 +1,64 @@
 """A host stand-in for CuPy (test support, not a test module).
 
 It exercises ``cupy_runtime``'s plumbing (pointer arithmetic, views, staging, download finishers,
-events, OOM) on machines without a GPU. Every "device" operation completes at once, so it proves
-nothing about real stream ordering: the SIM runtime and ``pytest -m gpu`` do that.
+events, OOM, peer access, error mapping) on machines without a GPU. Every "device" operation
+completes at once, so it proves nothing about real stream ordering: the SIM runtime and
+``pytest -m gpu`` do that.
+
+Counting: ``FakeCupy.launch_count()`` counts "kernel launches" the way CuPy would issue them: one per
+ufunc call (element-wise op, reduction), per kernel-issuing array function (``copyto``, ``sum``,
+``where``, ...), per ``astype``/``copy``, and per ``RawKernel`` call. ``pinned_allocs`` counts
+``alloc_pinned_memory`` calls. ``RawKernel`` runs a NumPy emulation of each
+``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source.
+
+Error injection: ``fake.fail_next(path, exc)`` makes the next call of e.g. ``"runtime.memcpyAsync"``,
+``"Event.record"``, ``"Stream.synchronize"``, ``"alloc_pinned_memory"`` or ``"RawKernel"`` raise
+``exc``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
+import math
+import types
+from functools import partial
 
 import numpy as np
 
+from ggmlpy import special
 from ggmlpy.backends import cupy_runtime
+
+_LAUNCHES = [0]
+_FAILS: dict[str, BaseException] = {}
+
+
+def _maybe_fail(path: str) -> None:
+    exc = _FAILS.pop(path, None)
+    if exc is not None:
+        raise exc
+
+
+class FakeDriverError(Exception):
+    """Stands for ``cupy_backends.cuda.api.driver.CUDADriverError``."""
+
+
+FakeDriverError.__module__ = "cupy_backends.cuda.api.driver"
+
+
+class FakeCublasError(Exception):
+    """Stands for ``cupy_backends.cuda.libs.cublas.CUBLASError``."""
+
+
+FakeCublasError.__module__ = "cupy_backends.cuda.libs.cublas"
+
+
+class FakePoolOutOfMemory(MemoryError):
+    """Stands for ``cupy.cuda.memory.OutOfMemoryError`` (CuPy's pool could not allocate)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"Out of memory allocating {size} bytes")
+        self._size = size
 
 
 class _FakeCudaError(Exception):
@@ -29,6 +76,7 @@ class _FakeRuntime:
         self.allocs: dict[int, np.ndarray] = {}
         self.used = [0] * n
         self.cur = 0
+        self.peer_enable_calls = []
 
     def getDeviceCount(self) -> int:
         return self.n
@@ -54,13 +102,27 @@ class _FakeRuntime:
         self.used[dev] -= a.size
 
     def memcpyAsync(self, dst: int, src: int, size: int, kind: int, stream: int) -> None:
+        _maybe_fail("runtime.memcpyAsync")
         ctypes.memmove(dst, src, size)
 
     def memcpyPeerAsync(self, dst: int, ddev: int, src: int, sdev: int, size: int, stream: int) -> None:
+        _maybe_fail("runtime.memcpyPeerAsync")
         ctypes.memmove(dst, src, size)
 
     def memsetAsync(self, ptr: int, value: int, size: int, stream: int) -> None:
+        _maybe_fail("runtime.memsetAsync")
         ctypes.memset(ptr, value, size)
+
+    # peer access: devices with the same parity can reach each other (a made-up topology)
+    peer_enable_calls: list[tuple[int, int]]
+
+    def deviceCanAccessPeer(self, dev: int, peer: int) -> int:
+        return int(dev != peer and dev % 2 == peer % 2)
+
+    def deviceEnablePeerAccess(self, peer: int) -> None:
+        if (self.cur, peer) in self.peer_enable_calls:
+            raise _FakeCudaError(704, "cudaErrorPeerAccessAlreadyEnabled")
+        self.peer_enable_calls.append((self.cur, peer))
 
 
 class _FakeCuda:
@@ -79,14 +141,16 @@ class _FakeCuda:
             def __exit__(self, *exc):
                 rt.cur = self.prev
 
-        class Stream:
-            ptr = 7
+        ptrs = itertools.count(0x1000)
 
+        class Stream:
             def __init__(self, non_blocking: bool = False) -> None:
                 assert non_blocking  # the runtime must ask for a non-blocking stream
+                self.ptr = next(ptrs)
+                self.device = rt.cur
 
             def synchronize(self) -> None:
-                pass
+                _maybe_fail("Stream.synchronize")
 
             def wait_event(self, event) -> None:
                 assert isinstance(event, fake.Event)
@@ -103,10 +167,11 @@ class _FakeCuda:
 
             def record(self, stream) -> None:
                 assert isinstance(stream, Stream)
+                _maybe_fail("Event.record")
                 self.recorded += 1
 
             def synchronize(self) -> None:
-                pass
+                _maybe_fail("Event.synchronize")
 
             @property
             def done(self) -> bool:
@@ -124,8 +189,11 @@ class _FakeCuda:
         self.Device, self.Stream, self.Event = Device, Stream, Event
         self.UnownedMemory, self.MemoryPointer = UnownedMemory, MemoryPointer
 
-    @staticmethod
-    def alloc_pinned_memory(size: int) -> bytearray:
+    pinned_allocs = 0
+
+    def alloc_pinned_memory(self, size: int) -> bytearray:
+        _maybe_fail("alloc_pinned_memory")
+        _FakeCuda.pinned_allocs += 1
         return bytearray(size)
 
 
@@ -135,7 +203,185 @@ class _FakeNdarray(np.ndarray):
     def __new__(cls, shape, dtype, memptr, strides):
         span = memptr.mem.size - (memptr.ptr - memptr.mem.ptr)
         raw = (ctypes.c_char * span).from_address(memptr.ptr)
-        return np.ndarray.__new__(np.ndarray, shape, dtype, raw, 0, strides)
+        return np.ndarray.__new__(_CountingArray, shape, dtype, raw, 0, strides)
+
+
+def _plain(x):
+    if isinstance(x, _CountingArray):
+        return x.view(np.ndarray)
+    if isinstance(x, tuple):
+        return tuple(_plain(v) for v in x)
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _wrap(r):
+    if type(r) is np.ndarray:
+        return r.view(_CountingArray)
+    if isinstance(r, tuple):
+        return tuple(_wrap(v) for v in r)
+    return r
+
+
+#: array functions that only build views or answer questions: no kernel in CuPy
+_NO_LAUNCH = frozenset({
+    "reshape", "transpose", "broadcast_to", "expand_dims", "squeeze", "moveaxis", "swapaxes",
+    "shape", "ndim", "size", "may_share_memory", "shares_memory", "result_type", "can_cast",
+    "as_strided", "broadcast_arrays", "atleast_1d", "atleast_2d", "atleast_3d", "ravel",
+    "diagonal", "real", "imag", "iscomplexobj", "isrealobj", "empty_like", "split", "array_split",
+})
+
+
+class _CountingArray(np.ndarray):
+    """A NumPy array that counts the kernel launches CuPy would issue for it (see the module doc)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kw):
+        _LAUNCHES[0] += 1
+        if out is not None:
+            kw["out"] = _plain(out)
+        r = getattr(ufunc, method)(*_plain(inputs), **kw)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return _wrap(r)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        if func.__name__ not in _NO_LAUNCH:
+            _LAUNCHES[0] += 1
+        r = func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        if func.__name__ == "copyto":
+            return None
+        return _wrap(r)
+
+    def astype(self, *a, **k):
+        _LAUNCHES[0] += 1
+        return _wrap(self.view(np.ndarray).astype(*a, **k))
+
+    def copy(self, *a, **k):
+        _LAUNCHES[0] += 1
+        return _wrap(self.view(np.ndarray).copy(*a, **k))
+
+
+# ---------------------------------------------------------------------------------------------
+# RawKernel emulation (NumPy, float32 maths of ggmlpy.backends.cuda_kernels' sources)
+
+
+def _at(addr: int, ne, nb, dtype=np.float32) -> np.ndarray:
+    """A NumPy view (shape ne[::-1]) of device memory at ``addr`` with byte strides ``nb``."""
+    span = sum((n - 1) * s for n, s in zip(ne, nb)) + np.dtype(dtype).itemsize
+    raw = (ctypes.c_char * span).from_address(addr)
+    return np.ndarray(tuple(ne[::-1]), dtype, raw, 0, tuple(nb[::-1]))
+
+
+def _addr(a) -> int:
+    return int(a.ctypes.data)
+
+
+_F = np.float32
+
+
+def _gelu(x):
+    return _F(0.5) * x * (_F(1) + np.tanh(_F(0.7978845608028654) * x * (_F(1) + _F(0.044715) * x * x)))
+
+
+def _gelu_erf(x):
+    return (_F(0.5) * x * (_F(1) + special.erf(x * _F(0.7071067811865476)).astype(_F))).astype(_F)
+
+
+def _silu(x):
+    return x / (_F(1) + np.exp(-x))
+
+
+_EW = {
+    "add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y,
+    "div": lambda x, y: x / y, "gelu": lambda x, y: _gelu(x), "gelu_erf": lambda x, y: _gelu_erf(x),
+    "silu": lambda x, y: _silu(x), "swiglu": lambda x, y: _silu(x) * y,
+    "geglu": lambda x, y: _gelu(x) * y, "geglu_erf": lambda x, y: _gelu_erf(x) * y,
+    "reglu": lambda x, y: np.maximum(x, _F(0)) * y,
+}
+
+
+def _emu_ew(op, args):
+    a, b, d, n, ne0, ne1, ne2 = args[:7]
+    a_nb, b_ne, b_nb, d_nb = args[7:11], args[11:15], args[15:19], args[19:23]
+    ne = (int(ne0), int(ne1), int(ne2), int(n) // (int(ne0) * int(ne1) * int(ne2)))
+    x = _at(_addr(a), ne, [int(v) for v in a_nb])
+    bne = [int(v) for v in b_ne]
+    y = _at(_addr(b), bne, [int(v) for v in b_nb])
+    y = np.tile(y, tuple(ne[::-1][i] // bne[::-1][i] for i in range(4)))
+    out = _at(_addr(d), ne, [int(v) for v in d_nb])
+    with np.errstate(all="ignore"):
+        out[...] = _EW[op](x.copy(), y.copy()).astype(_F)
+
+
+def _run_row_norm(grid, args):
+    a, d, ne0, ne1, ne2, a1, a2, a3, d1, d2, d3, eps, mode = args
+    ne0, ne1, ne2, eps, mode = int(ne0), int(ne1), int(ne2), _F(eps), int(mode)
+    anb, dnb = (a1, a2, a3), (d1, d2, d3)
+    ne = (ne0, ne1, ne2, grid // (ne1 * ne2))  # one block per row: ne3 from the grid
+    x = _at(_addr(a), ne, [4] + [int(v) for v in anb]).copy()
+    out = _at(_addr(d), ne, [4] + [int(v) for v in dnb])
+    with np.errstate(all="ignore"):
+        q = (x * x).sum(axis=-1, keepdims=True, dtype=_F)
+        shift = _F(0)
+        if mode == 0:
+            s = x.sum(axis=-1, keepdims=True, dtype=_F)
+            shift = s / _F(ne0)
+            inv = _F(1) / np.sqrt(q / _F(ne0) - shift * shift + eps)
+        elif mode == 1:
+            inv = _F(1) / np.sqrt(q / _F(ne0) + eps)
+        else:
+            inv = _F(1) / np.sqrt(np.maximum(q, eps * eps))
+        out[...] = ((x - shift) * inv).astype(_F)
+
+
+def _run_soft_max(grid, args):
+    (a, m, d, ne0, ne1, ne2, a1, a2, a3, d1, d2, d3, mn2, mn3, mb0, mb1, mb2, mb3,
+     mtype, scale, max_bias, m0, m1, n_log2) = args
+    ne0, ne1, ne2 = int(ne0), int(ne1), int(ne2)
+    ne = (ne0, ne1, ne2, grid // (ne1 * ne2))
+    x = _at(_addr(a), ne, [4, int(a1), int(a2), int(a3)]).copy() * _F(scale)
+    out = _at(_addr(d), ne, [4, int(d1), int(d2), int(d3)])
+    with np.errstate(all="ignore"):
+        if int(mtype):
+            mt = _F if int(mtype) == 1 else np.float16
+            mne = (ne0, ne1, int(mn2), int(mn3))
+            mk = _at(_addr(m), mne, [int(mb0), int(mb1), int(mb2), int(mb3)], mt).astype(_F)
+            mk = mk[np.arange(ne[3]) % int(mn3)][:, np.arange(ne2) % int(mn2)]
+            h = np.arange(ne2)
+            if float(max_bias) > 0:
+                slope = np.where(h < int(n_log2), np.power(_F(m0), (h + 1).astype(_F)),
+                                 np.power(_F(m1), (2 * (h - int(n_log2)) + 1).astype(_F))).astype(_F)
+            else:
+                slope = np.ones(ne2, _F)
+            x = x + slope.reshape(1, ne2, 1, 1) * mk
+        x = x - x.max(axis=-1, keepdims=True)
+        e = np.exp(x).astype(_F)
+        out[...] = e * (_F(1) / e.sum(axis=-1, keepdims=True, dtype=_F))
+
+
+class _FakeRawKernel:
+    """``cupy.RawKernel(code, name)``: checks the name is defined in ``code``; calling it runs the
+    NumPy emulation and counts one launch."""
+
+    def __init__(self, code: str, name: str, options=(), **kw) -> None:
+        if f"void {name}(" not in code:
+            raise ValueError(f"kernel {name} not in its source")
+        self.name = name
+
+    def __call__(self, grid, block, args) -> None:
+        _maybe_fail("RawKernel")
+        _LAUNCHES[0] += 1
+        assert len(grid) == 1 and len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
+        args = tuple(_plain(a) for a in args)
+        if self.name.startswith("ggmlpy_ew_"):
+            _emu_ew(self.name[len("ggmlpy_ew_"):], args)
+        elif self.name == "ggmlpy_row_norm":
+            _run_row_norm(int(grid[0]), args)
+        elif self.name == "ggmlpy_soft_max":
+            _run_soft_max(int(grid[0]), args)
+        else:
+            raise NotImplementedError(self.name)
 
 
 class FakeCupy:
@@ -147,7 +393,24 @@ class FakeCupy:
         self.cuda = _FakeCuda(_FakeRuntime(n_devices, capacity))
         self.ndarray = _FakeNdarray
         self.uint8 = np.uint8
+        self.RawKernel = _FakeRawKernel
         self._pool = type("Pool", (), {"free_all_blocks": lambda self: None})()
+        self.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
+            as_strided=partial(np.lib.stride_tricks.as_strided, subok=True)))
+
+    @staticmethod
+    def launch_count() -> int:
+        """Kernel launches issued through fake arrays and RawKernels so far (all fakes)."""
+        return _LAUNCHES[0]
+
+    @staticmethod
+    def fail_next(path: str, exc: BaseException) -> None:
+        """Make the next call of ``path`` (see the module doc) raise ``exc``."""
+        _FAILS[path] = exc
+
+    @staticmethod
+    def pinned_allocs() -> int:
+        return _FakeCuda.pinned_allocs
 
     def get_default_memory_pool(self):
         return self._pool
