@@ -134,6 +134,11 @@ class _FakeCuda:
             def __init__(self, dev: int) -> None:
                 self.dev = dev
 
+            @property
+            def cublas_handle(self) -> int:
+                _maybe_fail("cublas_handle")
+                return 1
+
             def __enter__(self):
                 self.prev, rt.cur = rt.cur, self.dev
                 return self
@@ -374,7 +379,10 @@ class _FakeRawKernel:
         _LAUNCHES[0] += 1
         assert len(grid) == 1 and len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
         args = tuple(_plain(a) for a in args)
-        if self.name.startswith("ggmlpy_ew_"):
+        if self.name == "ggmlpy_probe":
+            a, v = args
+            _at(_addr(a), (1, 1, 1, 1), (4, 4, 4, 4))[...] = _F(v) + _F(1)
+        elif self.name.startswith("ggmlpy_ew_"):
             _emu_ew(self.name[len("ggmlpy_ew_"):], args)
         elif self.name == "ggmlpy_row_norm":
             _run_row_norm(int(grid[0]), args)

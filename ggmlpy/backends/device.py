@@ -30,7 +30,9 @@ Ordering spec (what is ordered against what; ggml leaves this implicit, see the 
   copy cannot overwrite ``dst`` while queued work on ``b_dst`` still reads it: the stricter rule of
   the digest's pitfall 8), the copy runs on the source stream, then the destination stream waits
   for the copy. From a host buffer to a device buffer: ``b_src`` is synchronized if it is
-  asynchronous, the bytes are snapshotted to pinned staging and uploaded on the destination stream.
+  asynchronous, the bytes are snapshotted to pinned staging and uploaded on the destination stream
+  (on CUDA a ``CUDA_Host`` source is uploaded directly, without a snapshot, as in ggml: do not
+  write it until the destination backend is synchronized).
 * Events: ``event_record`` marks the current end of a stream, ``event_wait`` makes another stream
   (of any device of the same runtime) wait for the last record made before the wait call, the
   host never blocks except in ``event_synchronize``.
@@ -204,6 +206,24 @@ class Runtime:
             OutOfMemoryError: the allocation failed.
         """
         raise NotImplementedError(f"{type(self).__name__} needs alloc_pinned")
+
+    #: True when :meth:`memcpy_htod_async` may read a pinned host buffer of this runtime in
+    #: stream order (no snapshot): uploads from ``<RUNTIME>_Host`` tensors then skip staging.
+    pinned_direct_upload: bool = False
+
+    def staging(self, stream: Any, size: int) -> np.ndarray:
+        """A 1-D ``uint8`` pinned array of ``size`` bytes for one async upload on ``stream``; pass
+        it to :meth:`memcpy_htod_async` on that stream, which owns it from then on. Default: a new
+        :meth:`alloc_pinned` block (CUDA reuses blocks from a per-stream ring).
+
+        Raises:
+            OutOfMemoryError: pinned memory could not be allocated.
+        """
+        return self.alloc_pinned(size)
+
+    def launch_count(self) -> int | None:
+        """Kernel launches issued so far by this runtime (None when it cannot count)."""
+        return None
 
     # streams ------------------------------------------------------------------------------------
     def stream_new(self, dev: int, name: str) -> Any:
@@ -456,7 +476,7 @@ class AsyncBackend(Backend):
         if buf is None:
             return False
         rt = self.runtime
-        staging = rt.alloc_pinned(data.size)
+        staging = rt.staging(self.stream, data.size)
         staging[:] = data  # snapshot now: the caller may reuse its array when we return
         with rt.activate(self.device.index):
             rt.memcpy_htod_async(self.stream, buf.mem, tensor.offset + offset, staging)
@@ -504,7 +524,13 @@ class AsyncBackend(Backend):
                 return True
             if backend_src is not self and not isinstance(backend_src, CPUBackend):
                 backend_src.synchronize()  # queued work of an async source may still write src
-            staging = rt.alloc_pinned(n)
+            if (rt.pinned_direct_upload and isinstance(sbuf, AsyncHostBuffer)
+                    and sbuf.buft.device.runtime is rt):  # type: ignore[union-attr]
+                with rt.activate(self.device.index):  # pinned: DMA straight from the tensor
+                    rt.memcpy_htod_async(self.stream, dbuf.mem, dst.offset,
+                                         sbuf.data[src.offset:src.offset + n])
+                return True
+            staging = rt.staging(self.stream, n)
             if isinstance(sbuf, HostBuffer):  # one copy, straight from host memory
                 staging[:] = sbuf.data[src.offset:src.offset + n]
             else:
