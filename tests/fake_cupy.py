@@ -90,6 +90,7 @@ class _FakeRuntime:
         return self.capacity - self.used[self.cur], self.capacity
 
     def malloc(self, size: int) -> int:
+        _maybe_fail("runtime.malloc")
         if self.used[self.cur] + size > self.capacity:
             raise _FakeCudaError(2, "cudaErrorMemoryAllocation")
         a = np.zeros(size, np.uint8)
