@@ -174,6 +174,96 @@ def bench(device_name: str | None, copy_mb: int, mm: tuple[int, int, int], repea
     return out
 
 
+def _fake_cuda_device():
+    """CUDA0 of the test suite's NumPy-backed fake CuPy (``tests/fake_cupy.py``): counts launches
+    and runs the fused kernels' NumPy emulations; proves nothing about speed."""
+    from pathlib import Path  # noqa: PLC0415
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from fake_cupy import fake_cuda_reg  # noqa: PLC0415
+
+    from ggmlpy import special  # noqa: PLC0415
+    from ggmlpy.backends import kernels  # noqa: PLC0415
+
+    if hasattr(kernels, "_erfc_fn"):  # the fake has no cupyx.scipy.special: NumPy's erfc
+        kernels._erfc_fn = lambda xp: special.erfc
+    return fake_cuda_reg(1, capacity=4 << 30).devices[0]
+
+
+def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8) -> dict[str, Any]:
+    """Kernel launches per MiniLM evaluation on ``dev`` (full offload, batch ``n_seq``): launches
+    and compute nodes per device graph evaluation, per op, and the embeddings (for comparing the
+    generic and the fused kernels). ``fused`` registers :mod:`ggmlpy.backends.cuda_kernels` for
+    the nodes it supports (what a later round does in the kernels registry)."""
+    from ggmlpy.backends import cuda_kernels as ck  # noqa: PLC0415
+    from ggmlpy.backends import plan as plan_mod  # noqa: PLC0415
+    from ggmlpy.models.bert import BertModel  # noqa: PLC0415
+
+    rt = dev.runtime
+    if rt.launch_count() is None:
+        return {"launches": f"{dev.name}'s runtime does not count launches"}
+    generic = plan_mod.kernels.compile_node
+    per_op: dict[str, list[int]] = {}
+    evals = {"n": 0, "launches": 0, "nodes": 0}
+
+    def compile_node(xp, node, dst, srcs):
+        if fused and ck.is_cuda(xp) and ck.supports(node):
+            step = ck.make(xp, node, dst, srcs)
+        else:
+            step = generic(xp, node, dst, srcs)
+        if step is None or not ck.is_cuda(xp):
+            return step  # host plans (the scheduler's CPU splits) are not counted
+        key = node.op.name if node.op.name not in ("UNARY", "GLU") else f"{node.op.name}:{node.op_params[0]}"
+
+        def counted() -> None:
+            n0 = rt.launch_count()
+            step()
+            d = rt.launch_count() - n0
+            rec = per_op.setdefault(key, [0, 0])
+            rec[0] += 1
+            rec[1] += d
+            evals["launches"] += d
+            evals["nodes"] += 1
+        return counted
+
+    orig_launch = rt.launch
+
+    def launch(stream, fn):
+        evals["n"] += 1
+        return orig_launch(stream, fn)
+
+    plan_mod.kernels.compile_node = compile_node
+    rt.launch = launch
+    try:
+        with BertModel.load(model_dir, device=dev, n_gpu_layers=-1) as m:
+            ids = [[101] + [1000 + 37 * i + j for j in range(5 + i)] + [102] for i in range(n_seq)]
+            emb = m.encode_ids(ids, batch_size=n_seq)
+    finally:
+        plan_mod.kernels.compile_node = generic
+        del rt.launch
+    n = max(evals["n"], 1)
+    return {"fused": fused, "device_evaluations": evals["n"],
+            "launches_per_evaluation": round(evals["launches"] / n, 1),
+            "nodes_per_evaluation": round(evals["nodes"] / n, 1),
+            "launches_per_node": round(evals["launches"] / max(evals["nodes"], 1), 3),
+            "by_op_nodes_launches": {k: [v[0] // n, v[1] // n] for k, v in sorted(per_op.items())},
+            "_embeddings": emb}
+
+
+def launches_report(device_name: str | None, model_dir: str | None) -> dict[str, Any]:
+    """Launches per MiniLM evaluation with the generic kernels and with the fused kernels, and
+    the largest difference between the two runs' embeddings."""
+    dev = _fake_cuda_device() if (device_name or "").upper() == "FAKE" else _pick_device(device_name)
+    out: dict[str, Any] = {"device": dev.name}
+    runs = [minilm_launches(dev, model_dir, fused) for fused in (False, True)]
+    if "_embeddings" in runs[0]:
+        diff = float(np.abs(runs[0].pop("_embeddings").astype(np.float64)
+                            - runs[1].pop("_embeddings").astype(np.float64)).max())
+        out["fused_vs_generic_max_abs_diff"] = diff
+    out["generic"], out["fused"] = runs
+    return out
+
+
 def _table(res: dict[str, Any]) -> str:
     rows = [(k, v) for k, v in res.items()]
     w = max(len(k) for k, _ in rows)
@@ -187,7 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mm", default="4096,4096,512", help="mul_mat K,M,N (default 4096,4096,512)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--table", action="store_true", help="also print a table to stderr")
+    ap.add_argument("--launches", action="store_true",
+                    help="only count kernel launches per MiniLM evaluation (generic vs fused kernels); "
+                         "--device FAKE uses the tests' fake CuPy (no GPU needed)")
+    ap.add_argument("--model-dir", default=None, help="MiniLM directory (default: the model package)")
     args = ap.parse_args(argv)
+    if args.launches:
+        print(json.dumps(launches_report(args.device, args.model_dir)))
+        return 0
     mm = tuple(int(v) for v in args.mm.split(","))
     if len(mm) != 3:
         ap.error("--mm needs K,M,N")
