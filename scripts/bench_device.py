@@ -4,6 +4,7 @@ Usage::
 
     PYTHONPATH=. python scripts/bench_device.py [--device CUDA0|SIM0] [--copy-mb 256]
         [--mm 4096,4096,512] [--repeat 5] [--table]
+    PYTHONPATH=. python scripts/bench_device.py --launches [--device CUDA0|FAKE] [--model-dir DIR]
 
 Without ``--device`` it uses CUDA0 when CuPy sees a GPU, else a SIM device (latency 0). Every
 figure is the median of ``--repeat`` runs, timed with ``time.perf_counter`` after a warm-up, with
@@ -20,6 +21,11 @@ the backend synchronized inside the timed region. Bandwidths are GB/s (10**9 byt
 * ``mul_mat_gflops``: F32 ``mul_mat`` of ``[K, M] x [K, N]`` (2*M*N*K flops) via ``graph_compute``.
 * ``graph_latency_us``: a one-node graph (add of 1024 floats) ``graph_compute`` round trip;
   ``graph_async_return_us``: time for ``graph_compute_async`` to return on that graph.
+
+``--launches`` prints instead the kernel launches per MiniLM evaluation (full offload, batch 8)
+with the generic kernels and with ``ggmlpy.backends.cuda_kernels`` registered, per op, and the
+largest embedding difference between the two; ``--device FAKE`` runs it on the tests' fake CuPy
+(no GPU; it counts every launch CuPy would issue). On a real GPU only fused launches are counted.
 """
 
 from __future__ import annotations
@@ -254,7 +260,9 @@ def launches_report(device_name: str | None, model_dir: str | None) -> dict[str,
     """Launches per MiniLM evaluation with the generic kernels and with the fused kernels, and
     the largest difference between the two runs' embeddings."""
     dev = _fake_cuda_device() if (device_name or "").upper() == "FAKE" else _pick_device(device_name)
-    out: dict[str, Any] = {"device": dev.name}
+    out: dict[str, Any] = {"device": dev.name, "count_scope": (
+        "every launch (fake CuPy)" if callable(getattr(dev.runtime.xp, "launch_count", None))
+        else "fused kernels only (CuPy has no launch hook)")}
     runs = [minilm_launches(dev, model_dir, fused) for fused in (False, True)]
     if "_embeddings" in runs[0]:
         diff = float(np.abs(runs[0].pop("_embeddings").astype(np.float64)

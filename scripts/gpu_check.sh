@@ -69,6 +69,10 @@ if [ -f .carry/minilm/fixture.json ]; then
         >"$OUT/minilm.json" 2>"$OUT/minilm.err"
     rc=$?
     [ "$rc" -eq 0 ] || { status=1; echo "gpu_minilm failed (exit $rc):"; tail -5 "$OUT/minilm.err"; }
+    echo "== launches per MiniLM evaluation on CUDA0 (generic vs fused kernels; fused launches counted)"
+    timeout 120 "$PY" scripts/bench_device.py --launches --device CUDA0 --model-dir .carry/minilm \
+        >"$OUT/launches.json" 2>"$OUT/launches.err" || { status=1; tail -5 "$OUT/launches.err"; }
+    cat "$OUT/launches.json"
 else
     echo "SKIPPED: no .carry/minilm (run scripts/trim_minilm.py .carry/minilm here and carry .carry)"
 fi

@@ -8,7 +8,7 @@ completes at once, so it proves nothing about real stream ordering: the SIM runt
 Counting: ``FakeCupy.launch_count()`` counts "kernel launches" the way CuPy would issue them: one per
 ufunc call (element-wise op, reduction), per kernel-issuing array function (``copyto``, ``sum``,
 ``where``, ...), per ``astype``/``copy``, and per ``RawKernel`` call. ``pinned_allocs`` counts
-``alloc_pinned_memory`` calls. ``RawKernel`` runs a NumPy emulation of each
+``alloc_pinned_memory`` calls; ``hold_events(True)`` keeps events "running" (``done`` False). ``RawKernel`` runs a NumPy emulation of each
 ``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source.
 
 Error injection: ``fake.fail_next(path, exc)`` makes the next call of e.g. ``"runtime.memcpyAsync"``,
@@ -31,6 +31,7 @@ from ggmlpy.backends import cupy_runtime
 
 _LAUNCHES = [0]
 _FAILS: dict[str, BaseException] = {}
+_HOLD = [False]
 
 
 def _maybe_fail(path: str) -> None:
@@ -181,7 +182,7 @@ class _FakeCuda:
 
             @property
             def done(self) -> bool:
-                return True
+                return not _HOLD[0]  # held: "still running" until a synchronize reaps it
 
         class UnownedMemory:
             def __init__(self, ptr: int, size: int, owner, device_id: int) -> None:
@@ -416,6 +417,11 @@ class FakeCupy:
     def fail_next(path: str, exc: BaseException) -> None:
         """Make the next call of ``path`` (see the module doc) raise ``exc``."""
         _FAILS[path] = exc
+
+    @staticmethod
+    def hold_events(on: bool) -> None:
+        """While on, ``Event.done`` is False: queued copies look in flight until a synchronize."""
+        _HOLD[0] = bool(on)
 
     @staticmethod
     def pinned_allocs() -> int:

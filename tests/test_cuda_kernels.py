@@ -259,3 +259,77 @@ def test_supports_refuses_what_has_no_fused_kernel():
         ck.make(FakeCupy(1), ops.mul_mat(ctx, a, a), None, [None, None])
     assert {Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.SOFT_MAX, Op.UNARY, Op.GLU, Op.ADD, Op.SUB,
             Op.MUL, Op.DIV} == set(ck.FUSED_OPS)
+
+
+@pytest.mark.model
+def test_minilm_on_the_fake_gpu_fused_matches_generic_in_one_launch_per_node(model_dir, monkeypatch):
+    import importlib.util  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from ggmlpy.backends import kernels  # noqa: PLC0415
+
+    monkeypatch.setattr(kernels, "_erfc_fn", kernels._erfc_fn)  # the bench swaps it for the fake
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_device.py"
+    spec = importlib.util.spec_from_file_location("bench_device", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rep = bench.launches_report("FAKE", str(model_dir))
+    assert rep["fused_vs_generic_max_abs_diff"] < 1e-5
+    g, f = rep["generic"], rep["fused"]
+    assert g["nodes_per_evaluation"] == f["nodes_per_evaluation"] > 100
+    assert f["launches_per_node"] <= 1.3 < g["launches_per_node"]
+    for op in ("NORM", "SOFT_MAX", "L2_NORM", "UNARY:14"):
+        nodes, launches = f["by_op_nodes_launches"][op]
+        assert launches == nodes > 0, op
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU machine only: the real kernels give what their emulation gives
+
+
+def _gpu_cases():
+    ctx = Context()
+    a = ctx.new_tensor(Type.F32, (384, 7, 3, 2))
+    b = ctx.new_tensor(Type.F32, (384, 1, 3, 1))
+    m16 = ctx.new_tensor(Type.F16, (384, 8, 1, 1))
+    g = ctx.new_tensor(Type.F32, (2 * 384, 7, 3, 2))
+    return [ops.norm(ctx, a, 1e-12), ops.rms_norm(ctx, a, 1e-6), ops.l2_norm(ctx, a, 1e-12),
+            ops.soft_max_ext(ctx, a, m16, 0.125, 0.0), ops.soft_max_ext(ctx, a, m16, 1.0, 8.0),
+            ops.soft_max_ext(ctx, a, None, 1.0, 0.0), ops.gelu(ctx, a), ops.gelu_erf(ctx, a),
+            ops.silu(ctx, a), ops.glu(ctx, g, GluOp.SWIGLU, False), ops.glu(ctx, g, GluOp.GEGLU, True),
+            ops.add(ctx, a, b), ops.mul(ctx, a, b), ops.div(ctx, a, b), ops.sub(ctx, a, b)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(15))
+def test_real_kernels_match_their_emulation(i):
+    from ggmlpy.backends import cupy_runtime  # noqa: PLC0415
+
+    cp, reason = cupy_runtime.import_cupy()
+    if cp is None:
+        pytest.skip(f"no CUDA device: {reason}")
+    node = _gpu_cases()[i]
+    want, _ = _run(node, seed=i)  # the fake's emulation, same inputs (seeded)
+    rng = np.random.default_rng(i)
+    srcs = [s for s in node.src if s is not None]
+    host = _views(srcs + [node], rng)
+    dev_bufs: dict[int, object] = {}
+
+    def dview(t):
+        root, offs = t, 0
+        while root.view_src is not None:
+            offs += root.view_offs
+            root = root.view_src
+        if id(root) not in dev_bufs:
+            dev_bufs[id(root)] = cp.zeros(root.nbytes + 64, cp.uint8)
+        buf = dev_bufs[id(root)]
+        return cp.ndarray(t.ne[::-1], t.type.dtype, buf.data + offs, t.nb[::-1])
+
+    for s in srcs:
+        dview(s)[...] = cp.asarray(host[id(s)])
+    args = [None if s is None else dview(s) for s in node.src]
+    dst = dview(node)
+    ck.make(cp, node, dst, args)()
+    got = cp.asnumpy(dst).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)

@@ -383,3 +383,25 @@ def test_two_backends_on_one_gpu_have_separate_streams_and_order_by_events():
     b1.free()
     b2.free()
     buf.free()
+
+
+def test_staging_in_flight_is_not_reused_until_its_event_passes():
+    _reg, _dev, be, (t, _), buf = _fake_backend_and_tensors()
+    x = np.arange(1000, dtype=np.float32)
+    FakeCupy.hold_events(True)
+    try:
+        for _ in range(3):  # three uploads in flight: three blocks of one class
+            backend_tensor_set_async(be, t, x, 0, x.nbytes)
+        ring = be.stream.ring
+        assert ring.allocs == 3 and ring.cached_bytes == 0
+        be.synchronize()  # all passed: all back in the ring
+        assert ring.cached_bytes == 3 * 4096
+        for _ in range(3):
+            backend_tensor_set_async(be, t, x, 0, x.nbytes)
+        assert ring.allocs == 3  # reused, nothing new
+        be.synchronize()
+    finally:
+        FakeCupy.hold_events(False)
+    np.testing.assert_array_equal(backend_tensor_get(t).reshape(-1)[:1000], x)
+    be.free()
+    buf.free()
