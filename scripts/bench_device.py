@@ -189,10 +189,9 @@ def _fake_cuda_device():
     from fake_cupy import fake_cuda_reg  # noqa: PLC0415
 
     from ggmlpy import special  # noqa: PLC0415
-    from ggmlpy.backends import kernels  # noqa: PLC0415
+    from ggmlpy.backends.kernels import unary  # noqa: PLC0415
 
-    if hasattr(kernels, "_erfc_fn"):  # the fake has no cupyx.scipy.special: NumPy's erfc
-        kernels._erfc_fn = lambda xp: special.erfc
+    unary._erfc_fn = lambda xp: special.erfc  # the fake has no cupyx.scipy.special: NumPy's erfc
     return fake_cuda_reg(1, capacity=4 << 30).devices[0]
 
 

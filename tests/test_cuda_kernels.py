@@ -266,9 +266,9 @@ def test_minilm_on_the_fake_gpu_fused_matches_generic_in_one_launch_per_node(mod
     import importlib.util  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
-    from ggmlpy.backends import kernels  # noqa: PLC0415
+    from ggmlpy.backends.kernels import unary  # noqa: PLC0415
 
-    monkeypatch.setattr(kernels, "_erfc_fn", kernels._erfc_fn)  # the bench swaps it for the fake
+    monkeypatch.setattr(unary, "_erfc_fn", unary._erfc_fn)  # the bench swaps it for the fake
 
     path = Path(__file__).resolve().parent.parent / "scripts" / "bench_device.py"
     spec = importlib.util.spec_from_file_location("bench_device", path)

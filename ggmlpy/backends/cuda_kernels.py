@@ -14,12 +14,14 @@ and ``srcs[i]`` are 4-D ``xp`` views (NumPy shape ``ne[::-1]``, byte strides ``n
 the fused kernel applies (F32 tensors; row kernels also need ``nb[0] == 4`` on their rows); when
 it does not, the generic kernel must be used.
 
-Registering (later round, once ``backends/kernels`` is a package)::
+Registering (later round): the registry (``backends/kernels/registry.py``) keeps one entry per op,
+so the fused kernel goes in front of the generic one of the same op, e.g. with a small
+``KernelRegistry.override(op, make, supports)`` that stacks entries (first matching predicate
+wins)::
 
     from . import cuda_kernels as ck
     for op in ck.FUSED_OPS:
-        @kernel(op, supports=lambda node, xp: ck.is_cuda(xp) and ck.supports(node))
-        def _fused(xp, node, dst, srcs): return ck.make(xp, node, dst, srcs)
+        REGISTRY.override(op, ck.make, supports=lambda node, xp: ck.is_cuda(xp) and ck.supports(node))
 
 Every source is in :data:`SOURCES` (CUDA C, ``extern "C"`` names) so CI compiles them without a
 GPU (``tests/test_cuda_kernels.py``: nvcc, or NVRTC from the ctk wheels). ``tests/fake_cupy.py``
