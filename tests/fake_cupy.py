@@ -7,7 +7,7 @@ completes at once, so it proves nothing about real stream ordering: the SIM runt
 
 Counting: ``FakeCupy.launch_count()`` counts "kernel launches" the way CuPy would issue them: one per
 ufunc call (element-wise op, reduction), per kernel-issuing array function (``copyto``, ``sum``,
-``where``, ...), per ``astype``/``copy``, and per ``RawKernel`` call. ``pinned_allocs`` counts
+``where``, ...), per ``astype``/``copy``, and per ``RawKernel``/``RawModule`` function call. ``pinned_allocs`` counts
 ``alloc_pinned_memory`` calls; ``hold_events(True)`` keeps events "running" (``done`` False). ``RawKernel`` runs a NumPy emulation of each
 ``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source.
 
@@ -367,6 +367,16 @@ def _run_soft_max(grid, args):
         out[...] = e * (_F(1) / e.sum(axis=-1, keepdims=True, dtype=_F))
 
 
+class _FakeRawModule:
+    """``cupy.RawModule(code=...)``: ``get_function(name)`` gives a :class:`_FakeRawKernel`."""
+
+    def __init__(self, code: str, **kw) -> None:
+        self.code = code
+
+    def get_function(self, name: str) -> "_FakeRawKernel":
+        return _FakeRawKernel(self.code, name)
+
+
 class _FakeRawKernel:
     """``cupy.RawKernel(code, name)``: checks the name is defined in ``code``; calling it runs the
     NumPy emulation and counts one launch."""
@@ -404,6 +414,7 @@ class FakeCupy:
         self.ndarray = _FakeNdarray
         self.uint8 = np.uint8
         self.RawKernel = _FakeRawKernel
+        self.RawModule = _FakeRawModule
         self._pool = type("Pool", (), {"free_all_blocks": lambda self: None})()
         self.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
             as_strided=partial(np.lib.stride_tricks.as_strided, subok=True)))

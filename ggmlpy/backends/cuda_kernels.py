@@ -4,13 +4,14 @@ SILU, the GLUs SWIGLU/GEGLU/GEGLU_ERF/REGLU, and ADD/SUB/MUL/DIV with ggml's bro
 
 The generic kernels (:mod:`ggmlpy.backends.kernels`) express each op as several CuPy calls (NORM
 was 13 launches, SOFT_MAX with a mask 7); here every supported node is exactly **one**
-``cupy.RawKernel`` launch. Sums are accumulated in float32, as ggml-cuda does (``norm_f32``,
+launch of a kernel of one ``cupy.RawModule``. Sums are accumulated in float32, as ggml-cuda does (``norm_f32``,
 ``rms_norm_f32``, ``l2_norm_f32``, ``soft_max_f32`` use float accumulators and warp shuffles), so
 nothing runs in float64 on the device.
 
 Contract, the same as the kernels registry's: ``make(xp, node, dst, srcs) -> step`` where ``dst``
 and ``srcs[i]`` are 4-D ``xp`` views (NumPy shape ``ne[::-1]``, byte strides ``nb[::-1]``) and
-``step()`` enqueues the kernel on the current stream. :func:`supports` says, per node, whether
+``step()`` enqueues the kernel on the current stream.
+All kernels are compiled together (one ``cupy.RawModule``, one NVRTC run) on first use. :func:`supports` says, per node, whether
 the fused kernel applies (F32 tensors; row kernels also need ``nb[0] == 4`` on their rows); when
 it does not, the generic kernel must be used.
 
@@ -288,12 +289,18 @@ def launch_count() -> int:
 
 
 def _kernel(xp: Any, name: str) -> Any:
-    """The compiled ``xp.RawKernel`` for ``name`` (compiled lazily by CuPy on first launch and
-    cached per device by CuPy; this cache only avoids re-creating the Python object)."""
+    """The compiled kernel ``name``: every kernel lives in one ``xp.RawModule`` over
+    :data:`ALL_SOURCE` (one NVRTC compile per process and device, done by CuPy on first use and
+    kept in its kernel cache on disk); this cache only avoids re-creating the Python objects."""
     key = (id(xp), name)
     k = _kernel_cache.get(key)
     if k is None:
-        k = xp.RawKernel(SOURCES[name], name)
+        mkey = (id(xp), "")
+        mod = _kernel_cache.get(mkey)
+        if mod is None:
+            mod = xp.RawModule(code=ALL_SOURCE)
+            _kernel_cache[mkey] = mod
+        k = mod.get_function(name)
         _kernel_cache[key] = k
     return k
 
@@ -406,4 +413,4 @@ def _make_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any], name: str) 
 
 def is_cuda(xp: Any) -> bool:
     """True when ``xp`` can launch :data:`SOURCES` (CuPy, or the test suite's fake CuPy)."""
-    return hasattr(xp, "RawKernel")
+    return hasattr(xp, "RawModule")
