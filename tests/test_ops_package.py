@@ -17,7 +17,7 @@ import pytest
 
 import ggmlpy
 from ggmlpy import ops
-from ggmlpy.ops._inplace import inplace_variant
+from ggmlpy.ops._variants import inplace_variant
 from ggmlpy.opcodes import Op, UnaryOp
 from ggmlpy.tensor import Context, Tensor
 from ggmlpy.types import Type

@@ -35,7 +35,7 @@ Layout of the package (one module per test-backend-ops family, ``ggmlpy.testops.
 :mod:`.activations` (UNARY and GLU), :mod:`.layout` (acc/set, reductions, copies, views, indexing,
 pad, arange), :mod:`.nn` (norms, matrix products, masks, softmax, rope, attention) and
 :mod:`._base` (constants, argument checks, tensor flag helpers). Every ``<op>_inplace`` twin is
-generated from its base op by :func:`._inplace.inplace_variant`.
+generated from its base op by :func:`._variants.inplace_variant`.
 
 Note that ``sum``, ``abs`` and ``set`` shadow Python builtins inside this package's namespace (they
 keep ggml's names); use ``ggmlpy.ops.sum`` qualified.

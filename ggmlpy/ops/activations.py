@@ -4,10 +4,12 @@ with its named functions (abs ... exp) and the GLU op with its reglu/geglu/swigl
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..opcodes import GluOp, Op, UnaryOp
 from ..tensor import Context, Tensor
 from ._base import _args, _desc, _dup_or_view, _int, _op, _require, _require_type
-from ._inplace import inplace_variant
+from ._variants import inplace_variant, named_variant
 
 __all__ = [
     "unary", "unary_inplace", "abs", "abs_inplace", "sgn", "sgn_inplace", "neg",
@@ -41,180 +43,52 @@ def unary(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
     a's rows are not contiguous or op is unknown.
     """
     return _unary_impl(ctx, a, op, False, "unary")
+
+
 unary_inplace = inplace_variant(unary, _unary_impl)
 
 
-def abs(ctx: Context, a: Tensor) -> Tensor:
-    """``|x|`` element-wise: :func:`unary` with ``UnaryOp.ABS`` (mirrors ``ggml_abs``).
+def _named_unary(name: str, op: UnaryOp, formula: str) -> Callable[[Context, Tensor], Tensor]:
+    """Build ``ggml_<name>(ctx, a)``: :func:`unary` with ``op`` fixed, documented by ``formula``."""
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.ABS]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.ABS, False, "abs")
-abs_inplace = inplace_variant(abs, _unary_impl, op=UnaryOp.ABS)
+    def named(ctx: Context, a: Tensor) -> Tensor:
+        return _unary_impl(ctx, a, op, False, name)
 
-
-def sgn(ctx: Context, a: Tensor) -> Tensor:
-    """sign: ``1``, ``-1`` or ``0`` element-wise: :func:`unary` with ``UnaryOp.SGN`` (mirrors
-    ``ggml_sgn``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.SGN]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.SGN, False, "sgn")
-sgn_inplace = inplace_variant(sgn, _unary_impl, op=UnaryOp.SGN)
+    return named_variant(named, name, (
+        f"{formula} element-wise: :func:`unary` with ``UnaryOp.{op.name}`` (mirrors "
+        f"``ggml_{name}``).\n\n"
+        f"a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows. "
+        f"Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.{op.name}]``. "
+        f"Raises ValueError if a's rows are not contiguous.\n"))
 
 
-def neg(ctx: Context, a: Tensor) -> Tensor:
-    """``-x`` element-wise: :func:`unary` with ``UnaryOp.NEG`` (mirrors ``ggml_neg``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.NEG]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.NEG, False, "neg")
-neg_inplace = inplace_variant(neg, _unary_impl, op=UnaryOp.NEG)
+def _unary_pair(name: str, op: UnaryOp, formula: str) -> tuple[Callable[[Context, Tensor], Tensor],
+                                                               Callable[[Context, Tensor], Tensor]]:
+    """``ggml_<name>`` and its generated ``ggml_<name>_inplace`` twin."""
+    base = _named_unary(name, op, formula)
+    return base, inplace_variant(base, _unary_impl, op=op)
 
 
-def step(ctx: Context, a: Tensor) -> Tensor:
-    """``1 if x > 0 else 0`` element-wise: :func:`unary` with ``UnaryOp.STEP`` (mirrors
-    ``ggml_step``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.STEP]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.STEP, False, "step")
-step_inplace = inplace_variant(step, _unary_impl, op=UnaryOp.STEP)
-
-
-def tanh(ctx: Context, a: Tensor) -> Tensor:
-    """``tanh(x)`` element-wise: :func:`unary` with ``UnaryOp.TANH`` (mirrors ``ggml_tanh``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.TANH]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.TANH, False, "tanh")
-tanh_inplace = inplace_variant(tanh, _unary_impl, op=UnaryOp.TANH)
-
-
-def elu(ctx: Context, a: Tensor) -> Tensor:
-    """``x if x > 0 else expm1(x)`` element-wise: :func:`unary` with ``UnaryOp.ELU`` (mirrors
-    ``ggml_elu``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.ELU]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.ELU, False, "elu")
-elu_inplace = inplace_variant(elu, _unary_impl, op=UnaryOp.ELU)
-
-
-def relu(ctx: Context, a: Tensor) -> Tensor:
-    """``max(x, 0)`` element-wise: :func:`unary` with ``UnaryOp.RELU`` (mirrors ``ggml_relu``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.RELU]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.RELU, False, "relu")
-relu_inplace = inplace_variant(relu, _unary_impl, op=UnaryOp.RELU)
-
-
-def sigmoid(ctx: Context, a: Tensor) -> Tensor:
-    """``1 / (1 + exp(-x))`` element-wise: :func:`unary` with ``UnaryOp.SIGMOID`` (mirrors
-    ``ggml_sigmoid``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.SIGMOID]``. Raises
-    ValueError if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.SIGMOID, False, "sigmoid")
-sigmoid_inplace = inplace_variant(sigmoid, _unary_impl, op=UnaryOp.SIGMOID)
-
-
-def gelu(ctx: Context, a: Tensor) -> Tensor:
-    """Tanh-approximated GELU ``0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))`` element-wise (ggml's
-    CPU uses an f16 table): :func:`unary` with ``UnaryOp.GELU`` (mirrors ``ggml_gelu``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.GELU]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.GELU, False, "gelu")
-gelu_inplace = inplace_variant(gelu, _unary_impl, op=UnaryOp.GELU)
-
-
-def gelu_quick(ctx: Context, a: Tensor) -> Tensor:
-    """``x / (1 + exp(-1.702x))`` (ggml's CPU uses an f16 table) element-wise: :func:`unary` with
-    ``UnaryOp.GELU_QUICK`` (mirrors ``ggml_gelu_quick``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.GELU_QUICK]``. Raises
-    ValueError if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.GELU_QUICK, False, "gelu_quick")
-gelu_quick_inplace = inplace_variant(gelu_quick, _unary_impl, op=UnaryOp.GELU_QUICK)
-
-
-def gelu_erf(ctx: Context, a: Tensor) -> Tensor:
-    """Exact GELU ``0.5x(1 + erf(x/sqrt(2)))`` element-wise: :func:`unary` with ``UnaryOp.GELU_ERF``
-    (mirrors ``ggml_gelu_erf``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.GELU_ERF]``. Raises
-    ValueError if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.GELU_ERF, False, "gelu_erf")
-gelu_erf_inplace = inplace_variant(gelu_erf, _unary_impl, op=UnaryOp.GELU_ERF)
-
-
-def silu(ctx: Context, a: Tensor) -> Tensor:
-    """``x / (1 + exp(-x))`` element-wise: :func:`unary` with ``UnaryOp.SILU`` (mirrors
-    ``ggml_silu``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.SILU]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.SILU, False, "silu")
-silu_inplace = inplace_variant(silu, _unary_impl, op=UnaryOp.SILU)
-
-
-def hardswish(ctx: Context, a: Tensor) -> Tensor:
-    """``x * min(1, max(0, (x + 3)/6))`` element-wise: :func:`unary` with ``UnaryOp.HARDSWISH``
-    (mirrors ``ggml_hardswish``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.HARDSWISH]``. Raises
-    ValueError if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.HARDSWISH, False, "hardswish")
-
-
-def hardsigmoid(ctx: Context, a: Tensor) -> Tensor:
-    """``min(1, max(0, (x + 3)/6))`` element-wise: :func:`unary` with ``UnaryOp.HARDSIGMOID``
-    (mirrors ``ggml_hardsigmoid``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.HARDSIGMOID]``. Raises
-    ValueError if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.HARDSIGMOID, False, "hardsigmoid")
-
-
-def exp(ctx: Context, a: Tensor) -> Tensor:
-    """``exp(x)`` element-wise: :func:`unary` with ``UnaryOp.EXP`` (mirrors ``ggml_exp``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows.
-    Result: a's type and ne, op UNARY, src ``[a]``, op_params ``[UnaryOp.EXP]``. Raises ValueError
-    if a's rows are not contiguous.
-    """
-    return _unary_impl(ctx, a, UnaryOp.EXP, False, "exp")
-exp_inplace = inplace_variant(exp, _unary_impl, op=UnaryOp.EXP)
+# ggml's named unary functions, in enum ggml_unary_op order
+abs, abs_inplace = _unary_pair("abs", UnaryOp.ABS, "``|x|``")
+sgn, sgn_inplace = _unary_pair("sgn", UnaryOp.SGN, "sign (``1``, ``-1`` or ``0``)")
+neg, neg_inplace = _unary_pair("neg", UnaryOp.NEG, "``-x``")
+step, step_inplace = _unary_pair("step", UnaryOp.STEP, "``1 if x > 0 else 0``")
+tanh, tanh_inplace = _unary_pair("tanh", UnaryOp.TANH, "``tanh(x)``")
+elu, elu_inplace = _unary_pair("elu", UnaryOp.ELU, "``x if x > 0 else expm1(x)``")
+relu, relu_inplace = _unary_pair("relu", UnaryOp.RELU, "``max(x, 0)``")
+sigmoid, sigmoid_inplace = _unary_pair("sigmoid", UnaryOp.SIGMOID, "``1 / (1 + exp(-x))``")
+gelu, gelu_inplace = _unary_pair(
+    "gelu", UnaryOp.GELU, "Tanh-approximated GELU ``0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))`` "
+    "(ggml's CPU uses an f16 table)")
+gelu_quick, gelu_quick_inplace = _unary_pair(
+    "gelu_quick", UnaryOp.GELU_QUICK, "``x / (1 + exp(-1.702x))`` (ggml's CPU uses an f16 table)")
+silu, silu_inplace = _unary_pair("silu", UnaryOp.SILU, "``x / (1 + exp(-x))``")
+hardswish = _named_unary("hardswish", UnaryOp.HARDSWISH, "``x * min(1, max(0, (x + 3)/6))``")
+hardsigmoid = _named_unary("hardsigmoid", UnaryOp.HARDSIGMOID, "``min(1, max(0, (x + 3)/6))``")
+exp, exp_inplace = _unary_pair("exp", UnaryOp.EXP, "``exp(x)``")
+gelu_erf, gelu_erf_inplace = _unary_pair("gelu_erf", UnaryOp.GELU_ERF,
+                                         "Exact GELU ``0.5x(1 + erf(x/sqrt(2)))``")
 
 
 def _glu_impl(ctx: Context, a: Tensor, b: Tensor | None, op: GluOp | int, swapped: bool,
@@ -261,168 +135,45 @@ def glu_split(ctx: Context, a: Tensor, b: Tensor, op: GluOp) -> Tensor:
     return _glu_impl(ctx, a, b, op, False, "glu_split")
 
 
-def reglu(ctx: Context, a: Tensor) -> Tensor:
-    """``relu(x) * g`` with x, g the first/second half of each row: :func:`glu` with ``GluOp.REGLU``
-    (mirrors ``ggml_reglu``).
+def _glu_family(name: str, op: GluOp, act: str) -> tuple[Callable[..., Tensor], ...]:
+    """Build ``ggml_<name>``, ``ggml_<name>_swapped`` and ``ggml_<name>_split`` for GLU ``op``."""
 
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.REGLU, 0]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.REGLU, False, "reglu")
+    def fused(ctx: Context, a: Tensor) -> Tensor:
+        return _glu_impl(ctx, a, None, op, False, name)
 
+    def swapped(ctx: Context, a: Tensor) -> Tensor:
+        return _glu_impl(ctx, a, None, op, True, f"{name}_swapped")
 
-def reglu_swapped(ctx: Context, a: Tensor) -> Tensor:
-    """``relu(x) * g`` with x the **second** and g the first half of each row: :func:`glu` with
-    ``GluOp.REGLU``, swapped (mirrors ``ggml_reglu_swapped``).
+    def split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+        return _glu_impl(ctx, a, b, op, False, f"{name}_split")
 
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.REGLU, 1]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.REGLU, True, "reglu_swapped")
-
-
-def reglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``relu(a) * b``: :func:`glu_split` with ``GluOp.REGLU`` (mirrors ``ggml_reglu_split``).
-
-    a, b same type and shape ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``),
-    contiguous_1; result a's type and ne, op GLU, src ``[a, b]``, op_params ``[GluOp.REGLU, 0]``.
-    Raises ValueError for different shapes or non-contiguous_1 inputs, TypeError for different
-    types.
-    """
-    return _glu_impl(ctx, a, b, GluOp.REGLU, False, "reglu_split")
-
-
-def geglu(ctx: Context, a: Tensor) -> Tensor:
-    """``gelu(x) * g`` with x, g the first/second half of each row: :func:`glu` with ``GluOp.GEGLU``
-    (mirrors ``ggml_geglu``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.GEGLU, 0]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.GEGLU, False, "geglu")
+    fused_rules = (
+        "a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]`` (NumPy "
+        "``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.{op}, {sw}]``. "
+        "Raises ValueError if a is not contiguous_1.\n")
+    docs = {
+        fused: f"``{act}(x) * g`` with x, g the first/second half of each row: :func:`glu` with "
+               f"``GluOp.{op.name}`` (mirrors ``ggml_{name}``).\n\n"
+               + fused_rules.format(op=op.name, sw=0),
+        swapped: f"``{act}(x) * g`` with x the **second** and g the first half of each row: "
+                 f":func:`glu` with ``GluOp.{op.name}``, swapped (mirrors "
+                 f"``ggml_{name}_swapped``).\n\n" + fused_rules.format(op=op.name, sw=1),
+        split: f"``{act}(a) * b``: :func:`glu_split` with ``GluOp.{op.name}`` (mirrors "
+               f"``ggml_{name}_split``).\n\n"
+               f"a, b same type and shape ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, "
+               f"ne0)``), contiguous_1; result a's type and ne, op GLU, src ``[a, b]``, op_params "
+               f"``[GluOp.{op.name}, 0]``. Raises ValueError for different shapes or "
+               f"non-contiguous_1 inputs, TypeError for different types.\n",
+    }
+    return tuple(named_variant(f, name + suffix, docs[f])
+                 for f, suffix in ((fused, ""), (swapped, "_swapped"), (split, "_split")))
 
 
-def geglu_swapped(ctx: Context, a: Tensor) -> Tensor:
-    """``gelu(x) * g`` with x the **second** and g the first half of each row: :func:`glu` with
-    ``GluOp.GEGLU``, swapped (mirrors ``ggml_geglu_swapped``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.GEGLU, 1]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.GEGLU, True, "geglu_swapped")
-
-
-def geglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``gelu(a) * b``: :func:`glu_split` with ``GluOp.GEGLU`` (mirrors ``ggml_geglu_split``).
-
-    a, b same type and shape ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``),
-    contiguous_1; result a's type and ne, op GLU, src ``[a, b]``, op_params ``[GluOp.GEGLU, 0]``.
-    Raises ValueError for different shapes or non-contiguous_1 inputs, TypeError for different
-    types.
-    """
-    return _glu_impl(ctx, a, b, GluOp.GEGLU, False, "geglu_split")
-
-
-def swiglu(ctx: Context, a: Tensor) -> Tensor:
-    """``silu(x) * g`` with x, g the first/second half of each row: :func:`glu` with
-    ``GluOp.SWIGLU`` (mirrors ``ggml_swiglu``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.SWIGLU, 0]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.SWIGLU, False, "swiglu")
-
-
-def swiglu_swapped(ctx: Context, a: Tensor) -> Tensor:
-    """``silu(x) * g`` with x the **second** and g the first half of each row: :func:`glu` with
-    ``GluOp.SWIGLU``, swapped (mirrors ``ggml_swiglu_swapped``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.SWIGLU, 1]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.SWIGLU, True, "swiglu_swapped")
-
-
-def swiglu_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``silu(a) * b``: :func:`glu_split` with ``GluOp.SWIGLU`` (mirrors ``ggml_swiglu_split``).
-
-    a, b same type and shape ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``),
-    contiguous_1; result a's type and ne, op GLU, src ``[a, b]``, op_params ``[GluOp.SWIGLU, 0]``.
-    Raises ValueError for different shapes or non-contiguous_1 inputs, TypeError for different
-    types.
-    """
-    return _glu_impl(ctx, a, b, GluOp.SWIGLU, False, "swiglu_split")
-
-
-def geglu_erf(ctx: Context, a: Tensor) -> Tensor:
-    """``gelu_erf(x) * g`` with x, g the first/second half of each row: :func:`glu` with
-    ``GluOp.GEGLU_ERF`` (mirrors ``ggml_geglu_erf``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.GEGLU_ERF, 0]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.GEGLU_ERF, False, "geglu_erf")
-
-
-def geglu_erf_swapped(ctx: Context, a: Tensor) -> Tensor:
-    """``gelu_erf(x) * g`` with x the **second** and g the first half of each row: :func:`glu` with
-    ``GluOp.GEGLU_ERF``, swapped (mirrors ``ggml_geglu_erf_swapped``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.GEGLU_ERF, 1]``.
-    Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.GEGLU_ERF, True, "geglu_erf_swapped")
-
-
-def geglu_erf_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``gelu_erf(a) * b``: :func:`glu_split` with ``GluOp.GEGLU_ERF`` (mirrors
-    ``ggml_geglu_erf_split``).
-
-    a, b same type and shape ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``),
-    contiguous_1; result a's type and ne, op GLU, src ``[a, b]``, op_params ``[GluOp.GEGLU_ERF,
-    0]``. Raises ValueError for different shapes or non-contiguous_1 inputs, TypeError for different
-    types.
-    """
-    return _glu_impl(ctx, a, b, GluOp.GEGLU_ERF, False, "geglu_erf_split")
-
-
-def geglu_quick(ctx: Context, a: Tensor) -> Tensor:
-    """``gelu_quick(x) * g`` with x, g the first/second half of each row: :func:`glu` with
-    ``GluOp.GEGLU_QUICK`` (mirrors ``ggml_geglu_quick``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.GEGLU_QUICK,
-    0]``. Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.GEGLU_QUICK, False, "geglu_quick")
-
-
-def geglu_quick_swapped(ctx: Context, a: Tensor) -> Tensor:
-    """``gelu_quick(x) * g`` with x the **second** and g the first half of each row: :func:`glu`
-    with ``GluOp.GEGLU_QUICK``, swapped (mirrors ``ggml_geglu_quick_swapped``).
-
-    a ``[ne0, ne1, ne2, ne3]`` contiguous_1 -> a's type ``[ne0 // 2, ne1, ne2, ne3]``
-    (NumPy ``(ne3, ne2, ne1, ne0 // 2)``); op GLU, src ``[a]``, op_params ``[GluOp.GEGLU_QUICK,
-    1]``. Raises ValueError if a is not contiguous_1.
-    """
-    return _glu_impl(ctx, a, None, GluOp.GEGLU_QUICK, True, "geglu_quick_swapped")
-
-
-def geglu_quick_split(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``gelu_quick(a) * b``: :func:`glu_split` with ``GluOp.GEGLU_QUICK`` (mirrors
-    ``ggml_geglu_quick_split``).
-
-    a, b same type and shape ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``),
-    contiguous_1; result a's type and ne, op GLU, src ``[a, b]``, op_params ``[GluOp.GEGLU_QUICK,
-    0]``. Raises ValueError for different shapes or non-contiguous_1 inputs, TypeError for different
-    types.
-    """
-    return _glu_impl(ctx, a, b, GluOp.GEGLU_QUICK, False, "geglu_quick_split")
+# ggml's named GLU variants, in enum ggml_glu_op order
+reglu, reglu_swapped, reglu_split = _glu_family("reglu", GluOp.REGLU, "relu")
+geglu, geglu_swapped, geglu_split = _glu_family("geglu", GluOp.GEGLU, "gelu")
+swiglu, swiglu_swapped, swiglu_split = _glu_family("swiglu", GluOp.SWIGLU, "silu")
+geglu_erf, geglu_erf_swapped, geglu_erf_split = _glu_family("geglu_erf", GluOp.GEGLU_ERF,
+                                                            "gelu_erf")
+geglu_quick, geglu_quick_swapped, geglu_quick_split = _glu_family("geglu_quick",
+                                                                  GluOp.GEGLU_QUICK, "gelu_quick")

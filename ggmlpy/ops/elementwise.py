@@ -1,14 +1,16 @@
-"""Element-wise arithmetic ops (test-backend-ops family ``cases_elementwise``: binary and simple ops):
-dup, add/sub/mul/div (b tiled over a), add1, sqr/sqrt/log/sin/cos, scale, clamp, leaky_relu.
+"""Element-wise arithmetic ops (test-backend-ops family ``cases_elementwise``: binary and simple
+ops): dup, add/sub/mul/div (b tiled over a), add1, sqr/sqrt/log/sin/cos, scale, clamp, leaky_relu.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from ..opcodes import Op
 from ..tensor import Context, Tensor
 from ._base import (_args, _dup_or_view, _f32, _is_padded_1d, _is_scalar, _op, _require,
                     _view_tensor)
-from ._inplace import inplace_variant
+from ._variants import inplace_variant, named_variant
 
 __all__ = [
     "dup", "dup_inplace", "add", "add_inplace", "add1", "add1_inplace", "sub",
@@ -32,6 +34,8 @@ def dup(ctx: Context, a: Tensor) -> Tensor:
     (row-major) order; op DUP, src ``[a]``, no params.
     """
     return _dup_impl(ctx, a, False, "dup")
+
+
 dup_inplace = inplace_variant(dup, _dup_impl)
 
 
@@ -41,48 +45,26 @@ def _binary_impl(ctx: Context, a: Tensor, b: Tensor, op: Op, inplace: bool, fn: 
     return _op(_dup_or_view(ctx, a, inplace), op, [], [a, b])
 
 
-def add(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``a + tile(b)``, op ADD (mirrors ``ggml_add``).
+def _binary_pair(name: str, op: Op, symbol: str) -> tuple[Callable[..., Tensor],
+                                                        Callable[..., Tensor]]:
+    """``ggml_<name>(ctx, a, b)`` (``a <symbol> tile(b)``) and its generated in-place twin."""
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
-    ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
-    Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Raises ValueError if b does not tile a.
-    """
-    return _binary_impl(ctx, a, b, Op.ADD, False, "add")
-add_inplace = inplace_variant(add, _binary_impl, op=Op.ADD)
+    def binary(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
+        return _binary_impl(ctx, a, b, op, False, name)
 
-
-def sub(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``a - tile(b)``, op SUB (mirrors ``ggml_sub``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
-    ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
-    Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Raises ValueError if b does not tile a.
-    """
-    return _binary_impl(ctx, a, b, Op.SUB, False, "sub")
-sub_inplace = inplace_variant(sub, _binary_impl, op=Op.SUB)
+    base = named_variant(binary, name, (
+        f"``a {symbol} tile(b)``, op {op.name} (mirrors ``ggml_{name}``).\n\n"
+        "a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with "
+        "every ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not "
+        "NumPy-broadcast. Result: a's type and ne, src ``[a, b]``, no params. Raises ValueError if "
+        "b does not tile a.\n"))
+    return base, inplace_variant(base, _binary_impl, op=op)
 
 
-def mul(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``a * tile(b)``, op MUL (mirrors ``ggml_mul``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
-    ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
-    Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Raises ValueError if b does not tile a.
-    """
-    return _binary_impl(ctx, a, b, Op.MUL, False, "mul")
-mul_inplace = inplace_variant(mul, _binary_impl, op=Op.MUL)
-
-
-def div(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
-    """``a / tile(b)``, op DIV (mirrors ``ggml_div``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); b ``[m0, m1, m2, m3]`` with every
-    ``m_i`` dividing ``ne_i``: b is **tiled** (index modulo, ``np.tile``), not NumPy-broadcast.
-    Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``, no params. Raises ValueError if b does not tile a.
-    """
-    return _binary_impl(ctx, a, b, Op.DIV, False, "div")
-div_inplace = inplace_variant(div, _binary_impl, op=Op.DIV)
+add, add_inplace = _binary_pair("add", Op.ADD, "+")
+sub, sub_inplace = _binary_pair("sub", Op.SUB, "-")
+mul, mul_inplace = _binary_pair("mul", Op.MUL, "*")
+div, div_inplace = _binary_pair("div", Op.DIV, "/")
 
 
 def _add1_impl(ctx: Context, a: Tensor, b: Tensor, inplace: bool, fn: str) -> Tensor:
@@ -101,6 +83,8 @@ def add1(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     no params. Raises ValueError if b is not a scalar or a not padded-1d.
     """
     return _add1_impl(ctx, a, b, False, "add1")
+
+
 add1_inplace = inplace_variant(add1, _add1_impl)
 
 
@@ -109,54 +93,25 @@ def _simple_unary(ctx: Context, a: Tensor, op: Op, inplace: bool, fn: str) -> Te
     return _op(_dup_or_view(ctx, a, inplace), op, [], [a])
 
 
-def sqr(ctx: Context, a: Tensor) -> Tensor:
-    """``x*x`` element-wise, op SQR (mirrors ``ggml_sqr``).
+def _simple_pair(name: str, op: Op, formula: str) -> tuple[Callable[..., Tensor],
+                                                          Callable[..., Tensor]]:
+    """``ggml_<name>(ctx, a)`` (element-wise ``formula``, no params) and its in-place twin."""
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``). Result:
-    a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
-    """
-    return _simple_unary(ctx, a, Op.SQR, False, "sqr")
-sqr_inplace = inplace_variant(sqr, _simple_unary, op=Op.SQR)
+    def simple(ctx: Context, a: Tensor) -> Tensor:
+        return _simple_unary(ctx, a, op, False, name)
 
-
-def sqrt(ctx: Context, a: Tensor) -> Tensor:
-    """``sqrt(x)`` element-wise, op SQRT (mirrors ``ggml_sqrt``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``). Result:
-    a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
-    """
-    return _simple_unary(ctx, a, Op.SQRT, False, "sqrt")
-sqrt_inplace = inplace_variant(sqrt, _simple_unary, op=Op.SQRT)
+    base = named_variant(simple, name, (
+        f"{formula} element-wise, op {op.name} (mirrors ``ggml_{name}``).\n\n"
+        "a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``). Result: a's type and ne, src "
+        "``[a]``, no params. No shape rules.\n"))
+    return base, inplace_variant(base, _simple_unary, op=op)
 
 
-def log(ctx: Context, a: Tensor) -> Tensor:
-    """Natural ``log(x)`` element-wise, op LOG (mirrors ``ggml_log``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``). Result:
-    a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
-    """
-    return _simple_unary(ctx, a, Op.LOG, False, "log")
-log_inplace = inplace_variant(log, _simple_unary, op=Op.LOG)
-
-
-def sin(ctx: Context, a: Tensor) -> Tensor:
-    """``sin(x)`` element-wise, op SIN (mirrors ``ggml_sin``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``). Result:
-    a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
-    """
-    return _simple_unary(ctx, a, Op.SIN, False, "sin")
-sin_inplace = inplace_variant(sin, _simple_unary, op=Op.SIN)
-
-
-def cos(ctx: Context, a: Tensor) -> Tensor:
-    """``cos(x)`` element-wise, op COS (mirrors ``ggml_cos``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``). Result:
-    a's type and ne (a view of a for ``_inplace``), src ``[a]``, no params. No shape rules.
-    """
-    return _simple_unary(ctx, a, Op.COS, False, "cos")
-cos_inplace = inplace_variant(cos, _simple_unary, op=Op.COS)
+sqr, sqr_inplace = _simple_pair("sqr", Op.SQR, "``x*x``")
+sqrt, sqrt_inplace = _simple_pair("sqrt", Op.SQRT, "``sqrt(x)``")
+log, log_inplace = _simple_pair("log", Op.LOG, "Natural ``log(x)``")
+sin, sin_inplace = _simple_pair("sin", Op.SIN, "``sin(x)``")
+cos, cos_inplace = _simple_pair("cos", Op.COS, "``cos(x)``")
 
 
 def _scale_impl(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: str) -> Tensor:
@@ -175,6 +130,8 @@ def scale(ctx: Context, a: Tensor, s: float) -> Tensor:
     is not padded-1d (packed elements, dims 2/3 packed above dim 1).
     """
     return _scale_impl(ctx, a, s, 0.0, False, "scale")
+
+
 scale_inplace = inplace_variant(scale, _scale_impl, b=0.0)
 
 
@@ -186,6 +143,8 @@ def scale_bias(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
     not padded-1d.
     """
     return _scale_impl(ctx, a, s, b, False, "scale_bias")
+
+
 scale_bias_inplace = inplace_variant(scale_bias, _scale_impl)
 
 

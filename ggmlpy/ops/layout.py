@@ -16,7 +16,7 @@ from ..types import Type
 from ._base import (_INT32_MAX, SortOrder, _args, _check_ctx, _desc, _dup_or_view, _f32, _int,
                     _is_matrix, _is_vector, _nelements, _op, _require,
                     _require_type, _view_tensor)
-from ._inplace import inplace_variant
+from ._variants import inplace_variant, shared_doc
 
 __all__ = [
     "acc", "acc_inplace", "set", "set_inplace", "set_1d", "set_1d_inplace", "set_2d",
@@ -61,32 +61,35 @@ def _set_acc_impl(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: i
     return _op(result, op, [*nbs, offset, 1 if inplace else 0], [a, b])
 
 
+#: shape, param and error rules shared by the docstrings below
+_SET_ACC_RULES = """
+a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) contiguous; b any shape with
+``nelements(b) <= nelements(a)``. The destination region is the view of the result with b's ne,
+element stride ``a.type.type_size`` and byte strides ``nb1, nb2, nb3`` at byte ``offset``; it
+must lie inside a. Result: a's type and ne, src ``[a, b]``,
+op_params ``[nb1, nb2, nb3, offset, inplace]`` (ints; bytes). Raises ValueError for the shape,
+bounds and ``0 <= offset < 2**30`` rules, TypeError for the type rule.
+"""
+
+
+@shared_doc(_SET_ACC_RULES)
 def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
     """Copy of a with b **added** into a strided region, op ACC; a and b F32 (mirrors ``ggml_acc``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) contiguous; b any shape with
-    ``nelements(b) <= nelements(a)``. The destination region is the view of the result with b's ne,
-    element stride ``a.type.type_size`` and byte strides ``nb1, nb2, nb3`` at byte ``offset``; it
-    must lie inside a. Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``,
-    op_params ``[nb1, nb2, nb3, offset, inplace]`` (ints; bytes). Raises ValueError for the shape,
-    bounds and ``0 <= offset < 2**30`` rules, TypeError for the type rule.
     """
     return _set_acc_impl(ctx, a, b, nb1, nb2, nb3, offset, False, Op.ACC, "acc")
+
+
 acc_inplace = inplace_variant(acc, _set_acc_impl, op=Op.ACC, note=_SET_NOTE)
 
 
+@shared_doc(_SET_ACC_RULES)
 def set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
-    """Copy of a with b **assigned** into a strided region, op SET; a and b of the same type (mirrors
-    ``ggml_set``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) contiguous; b any shape with
-    ``nelements(b) <= nelements(a)``. The destination region is the view of the result with b's ne,
-    element stride ``a.type.type_size`` and byte strides ``nb1, nb2, nb3`` at byte ``offset``; it
-    must lie inside a. Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``,
-    op_params ``[nb1, nb2, nb3, offset, inplace]`` (ints; bytes). Raises ValueError for the shape,
-    bounds and ``0 <= offset < 2**30`` rules, TypeError for the type rule.
+    """Copy of a with b **assigned** into a strided region, op SET; a and b of the same type
+    (mirrors ``ggml_set``).
     """
     return _set_acc_impl(ctx, a, b, nb1, nb2, nb3, offset, False, Op.SET, "set")
+
+
 set_inplace = inplace_variant(set, _set_acc_impl, op=Op.SET, note=_SET_NOTE)
 
 
@@ -96,18 +99,14 @@ def _set_1d_impl(ctx: Context, a: Tensor, b: Tensor, offset: int, inplace: bool,
     return _set_acc_impl(ctx, a, b, a.nb[1], a.nb[2], a.nb[3], offset, inplace, Op.SET, fn)
 
 
+@shared_doc(_SET_ACC_RULES)
 def set_1d(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
     """:func:`set` with a's own strides: ``set(a, b, a.nb1, a.nb2, a.nb3, offset)`` (mirrors
     ``ggml_set_1d``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) contiguous; b any shape with
-    ``nelements(b) <= nelements(a)``. The destination region is the view of the result with b's ne,
-    element stride ``a.type.type_size`` and byte strides ``nb1, nb2, nb3`` at byte ``offset``; it
-    must lie inside a. Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``,
-    op_params ``[nb1, nb2, nb3, offset, inplace]`` (ints; bytes). Raises ValueError for the shape,
-    bounds and ``0 <= offset < 2**30`` rules, TypeError for the type rule.
     """
     return _set_1d_impl(ctx, a, b, offset, False, "set_1d")
+
+
 set_1d_inplace = inplace_variant(set_1d, _set_1d_impl, note=_SET_NOTE)
 
 
@@ -117,18 +116,14 @@ def _set_2d_impl(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int, inpl
     return _set_acc_impl(ctx, a, b, nb1, a.nb[2], a.nb[3], offset, inplace, Op.SET, fn)
 
 
+@shared_doc(_SET_ACC_RULES)
 def set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
     """:func:`set` with row stride ``nb1`` and a's nb2/nb3: ``set(a, b, nb1, a.nb2, a.nb3, offset)``
     (mirrors ``ggml_set_2d``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) contiguous; b any shape with
-    ``nelements(b) <= nelements(a)``. The destination region is the view of the result with b's ne,
-    element stride ``a.type.type_size`` and byte strides ``nb1, nb2, nb3`` at byte ``offset``; it
-    must lie inside a. Result: a's type and ne (a view of a for ``_inplace``), src ``[a, b]``,
-    op_params ``[nb1, nb2, nb3, offset, inplace]`` (ints; bytes). Raises ValueError for the shape,
-    bounds and ``0 <= offset < 2**30`` rules, TypeError for the type rule.
     """
     return _set_2d_impl(ctx, a, b, nb1, offset, False, "set_2d")
+
+
 set_2d_inplace = inplace_variant(set_2d, _set_2d_impl, note=_SET_NOTE)
 
 
@@ -287,14 +282,20 @@ def cast(ctx: Context, a: Tensor, type: Type) -> Tensor:
     return _op(result, Op.CPY, [], [a, result])
 
 
+def _new_shape(a: Tensor, ne: tuple[object, ...], fn: str) -> tuple[int, ...]:
+    """``ne`` as ints, checked to hold nelements(a) elements with ne0 a multiple of a's block."""
+    shape = tuple(_int(v, fn, f"ne{i}") for i, v in enumerate(ne))
+    _require(_nelements(shape) == a.nelements and min(shape) >= 0, fn,
+             f"the new shape {list(shape)} to have nelements(a) elements", a)
+    if shape[0] % a.type.blck_size:
+        raise ValueError(f"{fn}: ne0={shape[0]} is not a multiple of {a.type.type_name}'s block "
+                         f"size; got {_desc(a)}")
+    return shape
+
+
 def _cont_impl(ctx: Context, a: Tensor, ne: tuple[int, ...], fn: str) -> Tensor:
     _args(ctx, fn, a=a)
-    ne = tuple(_int(v, fn, f"ne{i}") for i, v in enumerate(ne))
-    _require(_nelements(ne) == a.nelements and min(ne) >= 0, fn,
-             f"the new shape {list(ne)} to have nelements(a) elements", a)
-    if ne[0] % a.type.blck_size:
-        raise ValueError(f"{fn}: ne0={ne[0]} is not a multiple of {a.type.type_name}'s block size; "
-                         f"got {_desc(a)}")
+    ne = _new_shape(a, ne, fn)
     result = ctx.new_tensor(a.type, ne)
     result.set_name(f"{a.name} (cont)")
     return _op(result, Op.CONT, [], [a])
@@ -306,9 +307,8 @@ def cont(ctx: Context, a: Tensor) -> Tensor:
     a ``[ne0, ne1, ne2, ne3]`` any layout (NumPy ``np.ascontiguousarray``). Result: new packed
     tensor of a's type and ne named ``"<a> (cont)"``, src ``[a]``, no params.
     """
-    fn = "cont"
-    _args(ctx, fn, a=a)
-    return _cont_impl(ctx, a, a.ne, fn)
+    _args(ctx, "cont", a=a)  # before reading a.ne
+    return _cont_impl(ctx, a, a.ne, "cont")
 
 
 def cont_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
@@ -352,12 +352,7 @@ def cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> 
 
 def _reshape_impl(ctx: Context, a: Tensor, ne: tuple[int, ...], fn: str) -> Tensor:
     _require(a.is_contiguous(), fn, "a to be contiguous (use cont() first)", a)
-    ne = tuple(_int(v, fn, f"ne{i}") for i, v in enumerate(ne))
-    _require(_nelements(ne) == a.nelements and min(ne) >= 0, fn,
-             f"the new shape {list(ne)} to have nelements(a) elements", a)
-    if ne[0] % a.type.blck_size:
-        raise ValueError(f"{fn}: ne0={ne[0]} is not a multiple of {a.type.type_name}'s block size; "
-                         f"got {_desc(a)}")
+    ne = _new_shape(a, ne, fn)
     result = ctx.new_view(a, a.type, ne, None, 0)
     result.set_name(f"{a.name} (reshaped)")
     return _op(result, Op.RESHAPE, [], [a])
@@ -434,31 +429,30 @@ def _view_impl(ctx: Context, a: Tensor, ne: tuple[int, ...], nb: tuple[int, ...]
     return _op(result, Op.VIEW, [offset], [a])
 
 
+#: shape, param and error rules shared by the docstrings below
+_VIEW_RULES = """
+``offset`` and strides are in **bytes**; ``nb0`` is a's type size; offset is relative to a
+(a view of a view points at the root with the offsets added). Result: a view of a with a's type,
+op VIEW, src ``[a]``, op_params ``[offset]`` (int), named ``"<a> (view)"``. Raises ValueError
+when ne0 is not a multiple of the block size, the offset is negative, or the **packed** size of
+the new shape plus the offset exceeds the root's nbytes (ggml's check; a strided view's real
+extent is not checked).
+"""
+
+
+@shared_doc(_VIEW_RULES)
 def view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
     """View ``[ne0]`` (NumPy ``(ne0,)``) of a's memory at byte ``offset`` (mirrors
     ``ggml_view_1d``).
-
-    ``offset`` and strides are in **bytes**; ``nb0`` is a's type size; offset is relative to a
-    (a view of a view points at the root with the offsets added). Result: a view of a with a's type,
-    op VIEW, src ``[a]``, op_params ``[offset]`` (int), named ``"<a> (view)"``. Raises ValueError
-    when ne0 is not a multiple of the block size, the offset is negative, or the **packed** size of
-    the new shape plus the offset exceeds the root's nbytes (ggml's check; a strided view's real
-    extent is not checked).
     """
     _args(ctx, "view_1d", a=a)
     return _view_impl(ctx, a, (ne0,), None, offset, "view_1d")
 
 
+@shared_doc(_VIEW_RULES)
 def view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) -> Tensor:
     """View ``[ne0, ne1]`` (NumPy ``(ne1, ne0)``) with row stride ``nb1``; nb2 = nb3 = nb1*ne1
     (mirrors ``ggml_view_2d``).
-
-    ``offset`` and strides are in **bytes**; ``nb0`` is a's type size; offset is relative to a
-    (a view of a view points at the root with the offsets added). Result: a view of a with a's type,
-    op VIEW, src ``[a]``, op_params ``[offset]`` (int), named ``"<a> (view)"``. Raises ValueError
-    when ne0 is not a multiple of the block size, the offset is negative, or the **packed** size of
-    the new shape plus the offset exceeds the root's nbytes (ggml's check; a strided view's real
-    extent is not checked).
     """
     fn = "view_2d"
     _args(ctx, fn, a=a)
@@ -467,17 +461,11 @@ def view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) 
     return _view_impl(ctx, a, (ne0, ne1), nb, offset, fn)
 
 
+@shared_doc(_VIEW_RULES)
 def view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
             offset: int) -> Tensor:
     """View ``[ne0, ne1, ne2]`` (NumPy ``(ne2, ne1, ne0)``) with strides nb1, nb2; nb3 = nb2*ne2
     (mirrors ``ggml_view_3d``).
-
-    ``offset`` and strides are in **bytes**; ``nb0`` is a's type size; offset is relative to a
-    (a view of a view points at the root with the offsets added). Result: a view of a with a's type,
-    op VIEW, src ``[a]``, op_params ``[offset]`` (int), named ``"<a> (view)"``. Raises ValueError
-    when ne0 is not a multiple of the block size, the offset is negative, or the **packed** size of
-    the new shape plus the offset exceeds the root's nbytes (ggml's check; a strided view's real
-    extent is not checked).
     """
     fn = "view_3d"
     _args(ctx, fn, a=a)
@@ -486,17 +474,11 @@ def view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2
     return _view_impl(ctx, a, (ne0, ne1, ne2), nb, offset, fn)
 
 
+@shared_doc(_VIEW_RULES)
 def view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb2: int,
             nb3: int, offset: int) -> Tensor:
     """View ``[ne0..ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with strides nb1, nb2, nb3 (mirrors
     ``ggml_view_4d``).
-
-    ``offset`` and strides are in **bytes**; ``nb0`` is a's type size; offset is relative to a
-    (a view of a view points at the root with the offsets added). Result: a view of a with a's type,
-    op VIEW, src ``[a]``, op_params ``[offset]`` (int), named ``"<a> (view)"``. Raises ValueError
-    when ne0 is not a multiple of the block size, the offset is negative, or the **packed** size of
-    the new shape plus the offset exceeds the root's nbytes (ggml's check; a strided view's real
-    extent is not checked).
     """
     fn = "view_4d"
     _args(ctx, fn, a=a)

@@ -4,13 +4,15 @@ mul_mat/out_prod, diag_mask, soft_max, rope and flash_attn_ext.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..opcodes import Op
 from ..tensor import Context, Tensor
 from ..types import Type
 from ._base import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Prec, _args, _check_tensor, _desc, _divides,
                     _dup_or_view, _f32, _int, _is_vector, _op, _require,
                     _require_type)
-from ._inplace import inplace_variant
+from ._variants import inplace_variant, named_variant, shared_doc
 
 __all__ = [
     "norm", "norm_inplace", "rms_norm", "rms_norm_inplace", "group_norm",
@@ -30,38 +32,26 @@ def _norm_impl(ctx: Context, a: Tensor, eps: float, op: Op, inplace: bool, fn: s
     return _op(_dup_or_view(ctx, a, inplace), op, [e], [a])
 
 
-def norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
-    """Per-row standardisation ``(x - mean) / sqrt(var + eps)`` (population variance), op NORM
-    (mirrors ``ggml_norm``).
+def _norm_pair(name: str, op: Op, formula: str) -> tuple[Callable[..., Tensor],
+                                                        Callable[..., Tensor]]:
+    """``ggml_<name>(ctx, a, eps)`` (per-row ``formula``) and its generated in-place twin."""
 
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``, rows along axis -1).
-    Result: a's type and ne, src ``[a]``, op_params ``[eps]`` (float). Raises ValueError if
-    ``eps < 0``.
-    """
-    return _norm_impl(ctx, a, eps, Op.NORM, False, "norm")
-norm_inplace = inplace_variant(norm, _norm_impl, op=Op.NORM)
+    def norm_fn(ctx: Context, a: Tensor, eps: float) -> Tensor:
+        return _norm_impl(ctx, a, eps, op, False, name)
 
-
-def rms_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
-    """Per-row ``x / sqrt(mean(x**2) + eps)``, op RMS_NORM (mirrors ``ggml_rms_norm``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``, rows along axis -1).
-    Result: a's type and ne, src ``[a]``, op_params ``[eps]`` (float). Raises ValueError if
-    ``eps < 0``.
-    """
-    return _norm_impl(ctx, a, eps, Op.RMS_NORM, False, "rms_norm")
-rms_norm_inplace = inplace_variant(rms_norm, _norm_impl, op=Op.RMS_NORM)
+    base = named_variant(norm_fn, name, (
+        f"{formula}, op {op.name} (mirrors ``ggml_{name}``).\n\n"
+        "a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``, rows along axis -1). Result: "
+        "a's type and ne, src ``[a]``, op_params ``[eps]`` (float). Raises ValueError if "
+        "``eps < 0``.\n"))
+    return base, inplace_variant(base, _norm_impl, op=op)
 
 
-def l2_norm(ctx: Context, a: Tensor, eps: float) -> Tensor:
-    """Per-row ``x / max(||x||_2, eps)``, op L2_NORM (mirrors ``ggml_l2_norm``).
-
-    a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``, rows along axis -1).
-    Result: a's type and ne, src ``[a]``, op_params ``[eps]`` (float). Raises ValueError if
-    ``eps < 0``.
-    """
-    return _norm_impl(ctx, a, eps, Op.L2_NORM, False, "l2_norm")
-l2_norm_inplace = inplace_variant(l2_norm, _norm_impl, op=Op.L2_NORM)
+norm, norm_inplace = _norm_pair("norm", Op.NORM, "Per-row standardisation ``(x - mean) / "
+                                "sqrt(var + eps)`` (population variance)")
+rms_norm, rms_norm_inplace = _norm_pair("rms_norm", Op.RMS_NORM,
+                                        "Per-row ``x / sqrt(mean(x**2) + eps)``")
+l2_norm, l2_norm_inplace = _norm_pair("l2_norm", Op.L2_NORM, "Per-row ``x / max(||x||_2, eps)``")
 
 
 def _group_norm_impl(ctx: Context, a: Tensor, n_groups: int, eps: float, inplace: bool,
@@ -84,6 +74,8 @@ def group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
     ``eps < 0``.
     """
     return _group_norm_impl(ctx, a, n_groups, eps, False, "group_norm")
+
+
 group_norm_inplace = inplace_variant(group_norm, _group_norm_impl)
 
 
@@ -112,7 +104,8 @@ def mul_mat_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     """Set a MUL_MAT node's accumulation-precision hint ``op_params[0]`` (mirrors
     ``ggml_mul_mat_set_prec``).
 
-    ``prec`` is :class:`Prec` (DEFAULT 0, F32 10); a hint to the backend (the result is F32 either way).
+    ``prec`` is :class:`Prec` (DEFAULT 0, F32 10); a hint to the backend (the result is F32
+    either way).
     Returns ``a``. Raises ValueError if a's op is not MUL_MAT or prec is unknown, TypeError if a is
     not a Tensor.
     """
@@ -160,6 +153,8 @@ def diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     and ne, src ``[a]``, op_params ``[n_past]`` (int). No shape rules.
     """
     return _diag_mask_impl(ctx, a, n_past, Op.DIAG_MASK_INF, False, "diag_mask_inf")
+
+
 diag_mask_inf_inplace = inplace_variant(diag_mask_inf, _diag_mask_impl, op=Op.DIAG_MASK_INF)
 
 
@@ -171,6 +166,8 @@ def diag_mask_zero(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     src ``[a]``, op_params ``[n_past]`` (int). No shape rules.
     """
     return _diag_mask_impl(ctx, a, n_past, Op.DIAG_MASK_ZERO, False, "diag_mask_zero")
+
+
 diag_mask_zero_inplace = inplace_variant(diag_mask_zero, _diag_mask_impl, op=Op.DIAG_MASK_ZERO)
 
 
@@ -191,34 +188,34 @@ def _soft_max_impl(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, m
     return _op(_dup_or_view(ctx, a, inplace), Op.SOFT_MAX, [s, mb], [a, mask])
 
 
-def soft_max(ctx: Context, a: Tensor) -> Tensor:
-    """Row softmax, op SOFT_MAX, params ``[1.0, 0.0]`` (mirrors ``ggml_soft_max``).
+#: shape, param and error rules shared by the docstrings below
+_SOFT_MAX_RULES = """
+a contiguous ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); softmax
+runs along rows (NumPy axis -1) of ``scale*x + slope(h)*mask_row``. Optional mask F16/F32,
+contiguous, ``mask.ne0 == a.ne0``, ``mask.ne1 >= a.ne1`` (row i of a uses mask row i), tiled
+over dims 2/3 (``a.ne2 % mask.ne2 == 0``, ``a.ne3 % mask.ne3 == 0``). ``max_bias > 0`` (ALiBi
+slopes per dim-2 head) requires a mask. Result: a's type and ne,
+src ``[a, mask]`` (mask slot None when absent), op_params ``[scale, max_bias]`` (floats). Raises
+ValueError for the shape/layout rules, TypeError for a mask of another type.
+"""
 
-    a contiguous ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); softmax
-    runs along rows (NumPy axis -1) of ``scale*x + slope(h)*mask_row``. Optional mask F16/F32,
-    contiguous, ``mask.ne0 == a.ne0``, ``mask.ne1 >= a.ne1`` (row i of a uses mask row i), tiled
-    over dims 2/3 (``a.ne2 % mask.ne2 == 0``, ``a.ne3 % mask.ne3 == 0``). ``max_bias > 0`` (ALiBi
-    slopes per dim-2 head) requires a mask. Result: a's type and ne (a view of a for ``_inplace``),
-    src ``[a, mask]`` (mask slot None when absent), op_params ``[scale, max_bias]`` (floats). Raises
-    ValueError for the shape/layout rules, TypeError for a mask of another type.
-    """
+
+@shared_doc(_SOFT_MAX_RULES)
+def soft_max(ctx: Context, a: Tensor) -> Tensor:
+    """Row softmax, op SOFT_MAX, params ``[1.0, 0.0]`` (mirrors ``ggml_soft_max``)."""
     return _soft_max_impl(ctx, a, None, 1.0, 0.0, False, "soft_max")
+
+
 soft_max_inplace = inplace_variant(soft_max, _soft_max_impl, mask=None, scale=1.0, max_bias=0.0)
 
 
+@shared_doc(_SOFT_MAX_RULES)
 def soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float,
                  max_bias: float) -> Tensor:
-    """Row softmax of ``scale*a + slope*mask``, op SOFT_MAX (mirrors ``ggml_soft_max_ext``).
-
-    a contiguous ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``); softmax
-    runs along rows (NumPy axis -1) of ``scale*x + slope(h)*mask_row``. Optional mask F16/F32,
-    contiguous, ``mask.ne0 == a.ne0``, ``mask.ne1 >= a.ne1`` (row i of a uses mask row i), tiled
-    over dims 2/3 (``a.ne2 % mask.ne2 == 0``, ``a.ne3 % mask.ne3 == 0``). ``max_bias > 0`` (ALiBi
-    slopes per dim-2 head) requires a mask. Result: a's type and ne (a view of a for ``_inplace``),
-    src ``[a, mask]`` (mask slot None when absent), op_params ``[scale, max_bias]`` (floats). Raises
-    ValueError for the shape/layout rules, TypeError for a mask of another type.
-    """
+    """Row softmax of ``scale*a + slope*mask``, op SOFT_MAX (mirrors ``ggml_soft_max_ext``)."""
     return _soft_max_impl(ctx, a, mask, scale, max_bias, False, "soft_max_ext")
+
+
 soft_max_ext_inplace = inplace_variant(soft_max_ext, _soft_max_impl)
 
 
@@ -258,46 +255,44 @@ def _rope_impl(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None
     return _op(_dup_or_view(ctx, a, inplace), Op.ROPE, params, [a, pos, freq_factors])
 
 
+#: shape, param and error rules shared by the docstrings below
+_ROPE_RULES = """
+a ``[head_dim, n_head, n_tok, B]`` (NumPy ``(B, n_tok, n_head, head_dim)``); pos
+**I32** vector ``[n_tok]`` (``pos.ne0 == a.ne2``); optional freq_factors **F32** with ``ne0 >=
+n_dims/2``. ``n_dims`` (even, ``<= a.ne0``) leading elements of each row rotate: mode
+``ROPE_TYPE_NORMAL`` (0) pairs ``(2m, 2m+1)``, ``ROPE_TYPE_NEOX`` (2) pairs ``(m, m+n_dims/2)``.
+Result: a's type and ne, src ``[a, pos, freq_factors]`` (None
+when absent), op_params (16 slots) ``[0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale,
+ext_factor, attn_factor, beta_fast, beta_slow, 0, 0, 0, 0, 0]`` (slots 5-10 floats, 11-14 M-RoPE
+sections, 15 n_offs). Raises ValueError for ``mode & 1``, modes other than NORMAL/NEOX
+(M-RoPE/vision are not implemented), a bad n_dims or shapes; TypeError for pos not I32 or
+freq_factors not F32.
+"""
+
+
+@shared_doc(_ROPE_RULES)
 def rope(ctx: Context, a: Tensor, pos: Tensor, n_dims: int, mode: int) -> Tensor:
     """Rotary position embedding with ggml's default settings, op ROPE (mirrors ``ggml_rope``).
 
     Defaults: n_ctx_orig 0, freq_base 10000, freq_scale 1, ext_factor 0, attn_factor 1,
     beta_fast 0, beta_slow 0 (no YaRN), no freq_factors.
-
-    a ``[head_dim, n_head, n_tok, B]`` (NumPy ``(B, n_tok, n_head, head_dim)``); pos
-    **I32** vector ``[n_tok]`` (``pos.ne0 == a.ne2``); optional freq_factors **F32** with ``ne0 >=
-    n_dims/2``. ``n_dims`` (even, ``<= a.ne0``) leading elements of each row rotate: mode
-    ``ROPE_TYPE_NORMAL`` (0) pairs ``(2m, 2m+1)``, ``ROPE_TYPE_NEOX`` (2) pairs ``(m, m+n_dims/2)``.
-    Result: a's type and ne (a view of a for ``_inplace``), src ``[a, pos, freq_factors]`` (None
-    when absent), op_params (16 slots) ``[0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale,
-    ext_factor, attn_factor, beta_fast, beta_slow, 0, 0, 0, 0, 0]`` (slots 5-10 floats, 11-14 M-RoPE
-    sections, 15 n_offs). Raises ValueError for ``mode & 1``, modes other than NORMAL/NEOX
-    (M-RoPE/vision are not implemented), a bad n_dims or shapes; TypeError for pos not I32 or
-    freq_factors not F32.
     """
     return _rope_impl(ctx, a, pos, n_dims=n_dims, mode=mode, **_ROPE_DEFAULTS, inplace=False,
                       fn="rope")
+
+
 rope_inplace = inplace_variant(rope, _rope_impl, **_ROPE_DEFAULTS)
 
 
+@shared_doc(_ROPE_RULES)
 def rope_ext(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int,
              mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
              attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
-    """Rotary position embedding with YaRN parameters, op ROPE (mirrors ``ggml_rope_ext``).
-
-    a ``[head_dim, n_head, n_tok, B]`` (NumPy ``(B, n_tok, n_head, head_dim)``); pos
-    **I32** vector ``[n_tok]`` (``pos.ne0 == a.ne2``); optional freq_factors **F32** with ``ne0 >=
-    n_dims/2``. ``n_dims`` (even, ``<= a.ne0``) leading elements of each row rotate: mode
-    ``ROPE_TYPE_NORMAL`` (0) pairs ``(2m, 2m+1)``, ``ROPE_TYPE_NEOX`` (2) pairs ``(m, m+n_dims/2)``.
-    Result: a's type and ne (a view of a for ``_inplace``), src ``[a, pos, freq_factors]`` (None
-    when absent), op_params (16 slots) ``[0, n_dims, mode, 0, n_ctx_orig, freq_base, freq_scale,
-    ext_factor, attn_factor, beta_fast, beta_slow, 0, 0, 0, 0, 0]`` (slots 5-10 floats, 11-14 M-RoPE
-    sections, 15 n_offs). Raises ValueError for ``mode & 1``, modes other than NORMAL/NEOX
-    (M-RoPE/vision are not implemented), a bad n_dims or shapes; TypeError for pos not I32 or
-    freq_factors not F32.
-    """
+    """Rotary position embedding with YaRN parameters, op ROPE (mirrors ``ggml_rope_ext``)."""
     return _rope_impl(ctx, a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale,
                       ext_factor, attn_factor, beta_fast, beta_slow, False, "rope_ext")
+
+
 rope_ext_inplace = inplace_variant(rope_ext, _rope_impl)
 
 

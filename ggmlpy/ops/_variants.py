@@ -1,20 +1,26 @@
-"""The one generator of ggml's ``<op>_inplace`` twins (``add_inplace``, ``scale_inplace``, ...).
+"""The generators of ggml's op variants: ``<op>_inplace`` twins and table-built op families.
 
 ggml pairs most constructors ``ggml_<op>(ctx, a, ...)`` with ``ggml_<op>_inplace(ctx, a, ...)``
 that takes the same arguments and differs only in the result: a view of ``a`` (``view_src`` is
 a's root, same type, ``ne`` and ``nb``) instead of a new packed tensor. In ggmlpy both call one
 private implementation ``impl(ctx, ..., inplace, fn)``; :func:`inplace_variant` builds the twin from
 the base op so that its signature and documentation cannot drift from the base's.
+
+:func:`named_variant` gives a closure built by a family factory (``add``/``sub``/``mul``/``div``,
+the named unary and GLU functions, ...) its public name and docstring.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from typing import TypeVar
 
 from ..tensor import Tensor
 
-__all__ = ["inplace_variant"]
+__all__ = ["inplace_variant", "named_variant"]
+
+F = TypeVar("F", bound=Callable[..., Tensor])
 
 
 def inplace_variant(base: Callable[..., Tensor], impl: Callable[..., Tensor], *, note: str = "",
@@ -54,3 +60,35 @@ def inplace_variant(base: Callable[..., Tensor], impl: Callable[..., Tensor], *,
         f"``src[0] = a``, so the op overwrites a's memory when the graph is computed."
         + (f" {note}" if note else "") + "\n")
     return variant
+
+
+def named_variant(fn: F, name: str, doc: str) -> F:
+    """Give ``fn`` (a closure made by a family factory) its public ``name`` and docstring ``doc``.
+
+    Sets ``__name__``, ``__qualname__`` and ``__doc__`` and returns ``fn`` itself, so that
+    ``help()``, error messages and :func:`inplace_variant` see ggml's name (e.g. ``"add"``).
+    Raises ValueError for an empty name.
+    """
+    if not name:
+        raise ValueError("named_variant: name must be a non-empty string")
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+def shared_doc(paragraph: str) -> Callable[[F], F]:
+    """Decorator: append the rules ``paragraph`` several ops share to each one's own docstring.
+
+    The op keeps its first lines (what it computes, the ggml function it mirrors) in its source;
+    the shared shape/param/error rules are written once, in a module constant. Returns the function
+    itself with ``__doc__`` extended; raises ValueError for an empty paragraph.
+    """
+    text = inspect.cleandoc(paragraph)
+    if not text:
+        raise ValueError("shared_doc: paragraph must not be empty")
+
+    def extend(fn: F) -> F:
+        fn.__doc__ = inspect.cleandoc(fn.__doc__ or "") + "\n\n" + text + "\n"
+        return fn
+
+    return extend
