@@ -183,3 +183,29 @@ def test_docstrings_make_no_per_backend_type_support_claims() -> None:
         doc = getattr(ops, name).__doc__ or ""
         for phrase in ("on the CPU", "CPU kernels", "CPU supports", "the CPU backend supports"):
             assert phrase not in doc, f"{name}: {phrase!r}"
+
+
+def test_twin_accepts_keywords_and_applies_base_defaults() -> None:
+    ctx = Context()
+    a, b = ctx.new_tensor(Type.F32, (4, 3)), ctx.new_tensor(Type.F32, (4, 1))
+    r = ops.add_inplace(ctx, b=b, a=a)  # the bind-by-signature path
+    assert r.view_src is a and r.src == [a, b] and r.op == Op.ADD
+    r = ops.rope_ext_inplace(ctx, ctx.new_tensor(Type.F32, (4, 2, 3)),
+                             ctx.new_tensor(Type.I32, (3,)), None, 4, 2, 0, 10000.0, 1.0, 0.0,
+                             1.0, 32.0, 1.0)
+    assert r.op_params[:3] == [0, 4, 2] and r.op == Op.ROPE
+
+    calls = []
+
+    def base(ctx: Context, a: Tensor, k: int = 7) -> Tensor:
+        """toy"""
+        raise AssertionError("the twin must not call its base")
+
+    def impl(ctx: Context, a: Tensor, k: int, inplace: bool, fn: str) -> Tensor:
+        calls.append((k, inplace, fn))
+        return a
+
+    twin = inplace_variant(base, impl)
+    assert twin(ctx, a) is a and twin(ctx, a, 3) is a and twin(ctx, a=a, k=5) is a
+    assert calls == [(7, True, "base_inplace"), (3, True, "base_inplace"),
+                     (5, True, "base_inplace")]

@@ -41,12 +41,19 @@ def inplace_variant(base: Callable[..., Tensor], impl: Callable[..., Tensor], *,
     name = f"{base.__name__}_inplace"
     sig = inspect.signature(base)
 
+    names = tuple(sig.parameters)
+
     def variant(*args: object, **kwargs: object) -> Tensor:
-        try:
-            bound = sig.bind(*args, **kwargs)
-        except TypeError as e:
-            raise TypeError(f"{name}: {e}") from None
-        return impl(**bound.arguments, **fixed, inplace=True, fn=name)
+        if kwargs or len(args) != len(names):  # the general (slower) path: bind by signature
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError(f"{name}: {e}") from None
+            bound.apply_defaults()
+            arguments = bound.arguments
+        else:  # every argument positional, none missing: graph building's hot path
+            arguments = dict(zip(names, args))
+        return impl(**arguments, **fixed, inplace=True, fn=name)
 
     variant.__name__ = variant.__qualname__ = name
     variant.__module__ = base.__module__
