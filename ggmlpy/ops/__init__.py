@@ -26,16 +26,20 @@ Conventions used by every docstring:
   ``.name``, type and ``ne``). Non-Tensor arguments raise ``TypeError``. Nothing is added to the
   context when an error is raised before the result is created.
 
-* Which backend computes which op for which element types is stated in one place only: each
-  backend's ``supports_op`` (the kernel tables in ``ggmlpy.backends``) and the README table
-  generated from them. The docstrings here state only the rules the constructors enforce.
+* Which backend computes which op for which element types is stated in one place only: the
+  kernel registry behind each backend's ``supports_op`` (``ggmlpy.backends.kernels``), from
+  which the README's support table is generated (``scripts/gen_support_table.py``).
+  The docstrings here state only the rules the constructors enforce.
 
 Layout of the package (one module per test-backend-ops family, ``ggmlpy.testops.cases_*``):
 :mod:`.elementwise` (dup, binary arithmetic, simple math, scale, clamp, leaky_relu),
 :mod:`.activations` (UNARY and GLU), :mod:`.layout` (acc/set, reductions, copies, views, indexing,
 pad, arange), :mod:`.nn` (norms, matrix products, masks, softmax, rope, attention) and
 :mod:`._base` (constants, argument checks, tensor flag helpers). Every ``<op>_inplace`` twin is
-generated from its base op by :func:`._variants.inplace_variant`.
+generated from its base op by :func:`._variants.inplace_variant`; op families that differ only in
+their op code (add/sub/mul/div, sqr..cos, the norms, the named UNARY and GLU functions) are built
+from one table row each, and rules several ops share are written once
+(:func:`._variants.shared_doc`).
 
 Note that ``sum``, ``abs`` and ``set`` shadow Python builtins inside this package's namespace (they
 keep ggml's names); use ``ggmlpy.ops.sum`` qualified.

@@ -100,6 +100,17 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _op(result, Op.MUL_MAT, [int(Prec.DEFAULT), 0], [a, b])
 
 
+def _set_prec(a: Tensor, prec: Prec | int, op: Op, slot: int, fn: str) -> Tensor:
+    """Store precision hint ``prec`` in op_params[slot] of ``a``, an ``op`` node; returns a."""
+    _check_tensor(a, fn, "a")
+    p = _int(prec, fn, "prec")
+    _require(a.op == op, fn, f"a to be a {op.name} node", a)
+    if p not in (Prec.DEFAULT, Prec.F32):
+        raise ValueError(f"{fn}: prec must be Prec.DEFAULT (0) or Prec.F32 (10), got {p}")
+    a.op_params[slot] = int(p)
+    return a
+
+
 def mul_mat_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     """Set a MUL_MAT node's accumulation-precision hint ``op_params[0]`` (mirrors
     ``ggml_mul_mat_set_prec``).
@@ -109,14 +120,7 @@ def mul_mat_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     Returns ``a``. Raises ValueError if a's op is not MUL_MAT or prec is unknown, TypeError if a is
     not a Tensor.
     """
-    fn = "mul_mat_set_prec"
-    _check_tensor(a, fn, "a")
-    p = _int(prec, fn, "prec")
-    _require(a.op == Op.MUL_MAT, fn, "a to be a MUL_MAT node", a)
-    if p not in (Prec.DEFAULT, Prec.F32):
-        raise ValueError(f"{fn}: prec must be Prec.DEFAULT (0) or Prec.F32 (10), got {p}")
-    a.op_params[0] = int(p)
-    return a
+    return _set_prec(a, prec, Op.MUL_MAT, 0, "mul_mat_set_prec")
 
 
 def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
@@ -342,11 +346,4 @@ def flash_attn_ext_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     ``prec`` is :class:`Prec` (DEFAULT 0, F32 10). Returns ``a``. Raises ValueError if a's op is not
     FLASH_ATTN_EXT or prec is unknown, TypeError if a is not a Tensor.
     """
-    fn = "flash_attn_ext_set_prec"
-    _check_tensor(a, fn, "a")
-    p = _int(prec, fn, "prec")
-    _require(a.op == Op.FLASH_ATTN_EXT, fn, "a to be a FLASH_ATTN_EXT node", a)
-    if p not in (Prec.DEFAULT, Prec.F32):
-        raise ValueError(f"{fn}: prec must be Prec.DEFAULT (0) or Prec.F32 (10), got {p}")
-    a.op_params[3] = int(p)
-    return a
+    return _set_prec(a, prec, Op.FLASH_ATTN_EXT, 3, "flash_attn_ext_set_prec")
