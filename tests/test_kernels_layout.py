@@ -205,7 +205,7 @@ def test_pad_zero_and_circular():
     a = ctx.new_tensor(Type.F32, (5, 4, 3, 2))
     p = ops.pad_ext(ctx, ops.transpose(ctx, a), 1, 2, 0, 3, 2, 0, 1, 1)
     p2 = ops.pad(ctx, a, 3, 0, 1, 0)
-    # circular padding: ggml's pad_ext_circular (op_params slot 8 = 1); ops.py builds only the
+    # circular padding: ggml's pad_ext_circular (op_params slot 8 = 1); ggmlpy.ops builds only the
     # zero form, so this node is the zero-pad node with the flag set
     pc = ops.pad_ext(ctx, a, 2, 1, 1, 2, 0, 1, 0, 0)
     pc.op_params[8] = 1
