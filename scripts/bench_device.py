@@ -45,6 +45,7 @@ from ggmlpy.backend import (BufferType, backend_tensor_copy_async, backend_tenso
 from ggmlpy.backends.cupy_runtime import cuda_reg
 from ggmlpy.backends.sim_runtime import sim_reg
 from ggmlpy.graph import Graph
+from ggmlpy.opcodes import GluOp, Op, UnaryOp
 from ggmlpy.tensor import Context, Tensor
 from ggmlpy.types import Type
 
@@ -218,7 +219,10 @@ def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8
             step = generic(xp, node, dst, srcs)
         if step is None or not ck.is_cuda(xp):
             return step  # host plans (the scheduler's CPU splits) are not counted
-        key = node.op.name if node.op.name not in ("UNARY", "GLU") else f"{node.op.name}:{node.op_params[0]}"
+        key = node.op.name
+        if node.op in (Op.UNARY, Op.GLU):  # name the sub-op: "UNARY:GELU_ERF"
+            sub = (UnaryOp if node.op == Op.UNARY else GluOp)(int(node.op_params[0]))
+            key = f"{key}:{sub.name}"
 
         def counted() -> None:
             n0 = rt.launch_count()
