@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from . import snapshot as _snapshot
 from .errors import NotAllocatedError
 from .graph import Graph
 from .opcodes import VIEW_OPS, Op
@@ -239,7 +240,7 @@ class Buffer:
         if not self.freed:
             self._free()
             self.freed = True
-            Tensor.alloc_epoch += 1
+            _snapshot.buffer_freed(self)
 
     def get_size(self) -> int:
         """Size in bytes (mirrors ``ggml_backend_buffer_get_size``)."""

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from .errors import GraphFullError
+from . import snapshot as _snapshot
 from .opcodes import Op
+from .snapshot import TrackedList
 from .tensor import Context, Flag, Tensor
 
 __all__ = ["DEFAULT_GRAPH_SIZE", "Graph", "new_graph", "graph_view"]
@@ -38,17 +40,60 @@ class Graph:
         if size < 0:
             raise ValueError(f"Graph: size must be >= 0, got {size}")
         self.size = int(size)
-        self.nodes: list[Tensor] = []
-        self.leafs: list[Tensor] = []
+        self._nodes: list[Tensor] = TrackedList()
+        self._leafs: list[Tensor] = TrackedList()
         self._visited: set[int] = set()
-        self.src_map: dict[int, list[Tensor | None]] | None = None
-        self.extra_flags: dict[int, Flag] | None = None
+        self._src_map: dict[int, list[Tensor | None]] | None = None
+        self._extra_flags: dict[int, Flag] | None = None
+
+    # Every edit of what a cache reads bumps the snapshot generation (ggmlpy.snapshot): the node
+    # and leaf lists are tracked lists; assigning them, or src_map/extra_flags, bumps too.
+    @property
+    def nodes(self) -> list[Tensor]:
+        """Tensors computed by ops, in execution order (a tracked list: edits invalidate caches)."""
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, value: list[Tensor]) -> None:
+        self._nodes = TrackedList(value)
+        _snapshot.bump()
+
+    @property
+    def leafs(self) -> list[Tensor]:
+        """Op NONE tensors in first-visit order (a tracked list: edits invalidate caches)."""
+        return self._leafs
+
+    @leafs.setter
+    def leafs(self, value: list[Tensor]) -> None:
+        self._leafs = TrackedList(value)
+        _snapshot.bump()
+
+    @property
+    def src_map(self) -> dict[int, list[Tensor | None]] | None:
+        """The scheduler's source substitutions keyed by ``id(node)``, or None. Assigning bumps
+        the snapshot generation; after editing the dict in place call ``snapshot.bump()``."""
+        return self._src_map
+
+    @src_map.setter
+    def src_map(self, value: dict[int, list[Tensor | None]] | None) -> None:
+        self._src_map = value
+        _snapshot.bump()
+
+    @property
+    def extra_flags(self) -> dict[int, Flag] | None:
+        """Flags the scheduler adds per ``id(tensor)``, or None. Assigning bumps the generation."""
+        return self._extra_flags
+
+    @extra_flags.setter
+    def extra_flags(self, value: dict[int, Flag] | None) -> None:
+        self._extra_flags = value
+        _snapshot.bump()
 
     def node_srcs(self, node: Tensor) -> list[Tensor | None]:
         """The sources ``node`` reads in this graph: ``node.src``, unless the graph's owner (the
         scheduler) substituted some of them with copies in ``src_map`` (keyed by ``id(node)``).
         Allocators and backends read sources through this, so user tensors are never rewritten."""
-        m = self.src_map
+        m = self._src_map
         if m is None:
             return node.src
         return m.get(id(node), node.src)
@@ -57,7 +102,7 @@ class Graph:
         """``t.flags`` plus any flags the graph's owner (the scheduler) added for this graph in
         ``extra_flags`` (keyed by ``id(t)``), e.g. OUTPUT on copy slots that must never be reused.
         Allocators read flags through this, so user tensors are never modified."""
-        m = self.extra_flags
+        m = self._extra_flags
         if m is None:
             return t.flags
         return t.flags | m.get(id(t), Flag(0))

@@ -13,7 +13,9 @@ from collections.abc import Iterator, Sequence
 from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
+from . import snapshot as _snapshot
 from .opcodes import Op
+from .snapshot import TrackedList
 from .types import Type
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +36,11 @@ class Flag(IntFlag):
     PARAM = 4
     LOSS = 8
     COMPUTE = 16
+
+
+_UNTRACKED = frozenset(("name", "extra"))  # fields no cache reads
+_VALUE_FIELDS = frozenset(("type", "ne", "nb", "op", "view_offs", "flags", "_offset"))  # compared by ==
+_MISSING = object()
 
 
 def nbytes_of(type: Type, ne: Sequence[int], nb: Sequence[int]) -> int:
@@ -90,26 +97,42 @@ class Tensor:
     __slots__ = ("type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs", "flags",
                  "name", "_buffer", "_offset", "extra", "__weakref__")
 
-    #: Incremented whenever any tensor's ``buffer`` or ``offset`` changes, or a buffer is freed.
-    #: Backends use it to know that a cached compute plan (which holds array views of tensor
-    #: memory) may be stale.
-    alloc_epoch: int = 0
-
     def __init__(self, type: Type, ne: tuple[int, int, int, int], nb: tuple[int, int, int, int],
                  view_src: Tensor | None = None, view_offs: int = 0) -> None:
-        self.type = type
-        self.ne = ne
-        self.nb = nb
-        self.op = Op.NONE
-        self.op_params: list[Any] = []
-        self.src: list[Tensor | None] = []
-        self.view_src = view_src
-        self.view_offs = view_offs
-        self.flags = Flag(0)
-        self.name = ""
-        self._buffer: Buffer | None = None
-        self._offset: int | None = None
-        self.extra: Any = None
+        # a new tensor is in no snapshot yet: set the slots directly, without bumping
+        osa = object.__setattr__
+        osa(self, "type", type)
+        osa(self, "ne", ne)
+        osa(self, "nb", nb)
+        osa(self, "op", Op.NONE)
+        osa(self, "op_params", TrackedList())
+        osa(self, "src", TrackedList())
+        osa(self, "view_src", view_src)
+        osa(self, "view_offs", view_offs)
+        osa(self, "flags", Flag(0))
+        osa(self, "name", "")
+        osa(self, "_buffer", None)
+        osa(self, "_offset", None)
+        osa(self, "extra", None)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        """Set a field; a real change of a field a plan reads bumps the snapshot generation
+        (:mod:`ggmlpy.snapshot`). ``op_params`` and ``src`` are stored as tracked lists, so
+        ``t.op_params[i] = v`` and ``t.src[i] = s`` bump it as well."""
+        if key in _UNTRACKED:
+            object.__setattr__(self, key, value)
+            return
+        if key == "op_params" or key == "src":
+            value = TrackedList(value)
+        else:
+            try:
+                old = object.__getattribute__(self, key)
+            except AttributeError:
+                old = _MISSING
+            if old is value or (key in _VALUE_FIELDS and type(old) is type(value) and old == value):
+                return
+        object.__setattr__(self, key, value)
+        _snapshot.bump()
 
     @property
     def buffer(self) -> Buffer | None:
@@ -119,7 +142,6 @@ class Tensor:
     @buffer.setter
     def buffer(self, value: Buffer | None) -> None:
         self._buffer = value
-        Tensor.alloc_epoch += 1
 
     @property
     def offset(self) -> int | None:
@@ -129,7 +151,6 @@ class Tensor:
     @offset.setter
     def offset(self, value: int | None) -> None:
         self._offset = value
-        Tensor.alloc_epoch += 1
 
     # -- size and shape -------------------------------------------------------------------------
     @property

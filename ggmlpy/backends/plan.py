@@ -2,13 +2,14 @@
 
 Building a plan resolves, for every node, the kernel, the array views of the destination and
 sources over their buffers' memory and the op's parameters. Running it is then a loop of
-zero-argument calls. Plans are cached per graph and reused while the graph and the placement of
-its tensors are unchanged (checked through :attr:`Tensor.alloc_epoch` and, when that moved, a
-signature of every node's and source's ``(buffer, offset)``).
+zero-argument calls. Plans are cached per graph and reused while everything they read is unchanged
+(:mod:`ggmlpy.snapshot`: O(1) when no mutation happened in the process, else one compare of a
+compact per-tensor state).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -18,7 +19,9 @@ import numpy as np
 
 from ..backend import Buffer, tensor_buffer
 from ..errors import NotAllocatedError, UnsupportedOpError
+from .. import snapshot as _snapshot
 from ..graph import Graph
+from ..snapshot import Snapshot
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Tensor
 from . import kernels
@@ -57,20 +60,6 @@ class Plan:
         with np.errstate(all="ignore"):
             for step in self.steps:
                 step()
-
-
-def _signature(graph: Graph) -> tuple:
-    sig: list[Any] = []
-    node_srcs = graph.node_srcs
-    for n in graph.nodes:
-        sig.append(id(n))
-        sig.append(n._buffer)
-        sig.append(n._offset)
-        for s in node_srcs(n):
-            if s is not None:
-                sig.append(s._buffer)
-                sig.append(s._offset)
-    return tuple(sig)
 
 
 def build_plan(graph: Graph, xp: Any, backend_name: str,
@@ -121,49 +110,124 @@ def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str) -> 
     return buf._array(t)
 
 
-class PlanCache:
-    """A small LRU cache of plans keyed by graph identity and allocation signature.
+class _Entry:
+    __slots__ = ("snapshot", "plan", "buffer_ids")
 
-    ``get`` returns a cached plan when the graph has the same nodes and every node and source
-    has the same ``(buffer, offset)`` as when the plan was built; otherwise it builds (and caches)
-    a new one. Several placements per graph are remembered, so a scheduler rotating its
-    ``n_copies`` input slots reuses one plan per slot.
+    def __init__(self, snap: Snapshot, plan: Plan) -> None:
+        self.snapshot = snap
+        self.plan = plan
+        self.buffer_ids = frozenset(id(b) for b in plan.buffers)
+
+
+class PlanCache:
+    """Plans per graph, valid for a :class:`~ggmlpy.snapshot.Snapshot` of what they read.
+
+    ``get`` returns a cached plan when the graph still matches the snapshot taken when the plan
+    was built (op, type, op_params, ne, nb, sources and their identities, view_src/view_offs,
+    flags, buffer and offset of every node, leaf and source): O(1) when nothing in the process
+    changed since, else one O(n) compare. Otherwise it builds and caches a new plan. Several
+    placements per graph are remembered (up to ``maxsize`` plans in all, least recently used
+    dropped first), so a scheduler rotating its ``n_copies`` input slots reuses one plan per slot.
+
+    Nothing here keeps memory alive that its owner released: graphs are held weakly (a dead
+    graph's plans are dropped at once) and a freed buffer drops every plan using it
+    (:func:`ggmlpy.snapshot.on_buffer_free`). Thread-safe for concurrent ``get`` calls.
 
     Args:
         build: ``build(graph) -> Plan``.
         maxsize: plans remembered.
+
+    Attributes:
+        builds: number of plans built (for tests and benchmarks).
     """
 
     def __init__(self, build: Callable[[Graph], Plan], maxsize: int = 32) -> None:
         self._build = build
         self._maxsize = maxsize
-        self._entries: OrderedDict[tuple, tuple[Any, Plan]] = OrderedDict()
-        self._last: dict[int, tuple[Any, int, int, Plan]] = {}
+        # id(graph) -> (weakref to graph, entries most recent last)
+        self._graphs: OrderedDict[int, tuple[weakref.ref, list[_Entry]]] = OrderedDict()
+        self._n = 0
+        self._lock = threading.RLock()
+        self.builds = 0
+
+    def __len__(self) -> int:
+        return self._n
 
     def get(self, graph: Graph) -> Plan:
-        """The plan for ``graph``, rebuilt only if the graph or its allocation changed."""
+        """The plan for ``graph``, rebuilt only if something it read changed.
+
+        Raises:
+            whatever ``build`` raises (NotAllocatedError, UnsupportedOpError); nothing is cached then.
+        """
         gid = id(graph)
-        epoch = Tensor.alloc_epoch
-        last = self._last.get(gid)
-        if (last is not None and last[0]() is graph and last[1] == epoch
-                and last[2] == len(graph.nodes)):
-            return last[3]
-        key = (gid, _signature(graph))
-        entry = self._entries.get(key)
-        if entry is not None and entry[0]() is graph:
-            self._entries.move_to_end(key)
-            plan = entry[1]
-        else:
-            plan = self._build(graph)
-            self._entries[key] = (weakref.ref(graph), plan)
-            while len(self._entries) > self._maxsize:
-                self._entries.popitem(last=False)
-        if len(self._last) > self._maxsize:
-            self._last.clear()
-        self._last[gid] = (weakref.ref(graph), Tensor.alloc_epoch, len(graph.nodes), plan)
+        with self._lock:
+            slot = self._graphs.get(gid)
+            if slot is not None and slot[0]() is graph:
+                entries = slot[1]
+                last = entries[-1]
+                if last.snapshot.generation == _snapshot.generation():
+                    return last.plan
+                state = _snapshot.graph_state(graph)
+                for k in range(len(entries) - 1, -1, -1):
+                    e = entries[k]
+                    if e.snapshot.matches(graph, state):
+                        if k != len(entries) - 1:
+                            entries.append(entries.pop(k))
+                        self._graphs.move_to_end(gid)
+                        return e.plan
+        snap = Snapshot.take(graph)
+        plan = self._build(graph)
+        entry = _Entry(snap, plan)
+        with self._lock:
+            self.builds += 1
+            slot = self._graphs.get(gid)
+            if slot is None or slot[0]() is not graph:
+                if slot is not None:
+                    self._n -= len(slot[1])
+                ref = weakref.ref(graph, self._graph_died_cb(gid))
+                slot = (ref, [])
+                self._graphs[gid] = slot
+            slot[1].append(entry)
+            self._graphs.move_to_end(gid)
+            self._n += 1
+            for b in plan.buffers:
+                _snapshot.on_buffer_free(b, self._buffer_freed)
+            while self._n > self._maxsize:
+                ogid, (oref, oentries) = next(iter(self._graphs.items()))
+                oentries.pop(0)
+                self._n -= 1
+                if not oentries:
+                    del self._graphs[ogid]
         return plan
 
+    def _graph_died_cb(self, gid: int) -> Callable[[weakref.ref], None]:
+        me = weakref.ref(self)
+
+        def died(ref: weakref.ref) -> None:
+            cache = me()
+            if cache is None:
+                return
+            with cache._lock:
+                slot = cache._graphs.get(gid)
+                if slot is not None and slot[0] is ref:
+                    del cache._graphs[gid]
+                    cache._n -= len(slot[1])
+        return died
+
+    def _buffer_freed(self, buffer: Buffer) -> None:
+        bid = id(buffer)
+        with self._lock:
+            for gid in list(self._graphs):
+                ref, entries = self._graphs[gid]
+                keep = [e for e in entries if bid not in e.buffer_ids]
+                self._n -= len(entries) - len(keep)
+                if keep:
+                    entries[:] = keep
+                else:
+                    del self._graphs[gid]
+
     def clear(self) -> None:
-        """Forget every plan (e.g. when buffers are freed)."""
-        self._entries.clear()
-        self._last.clear()
+        """Forget every plan."""
+        with self._lock:
+            self._graphs.clear()
+            self._n = 0

@@ -1,0 +1,192 @@
+"""Compiled-plan reuse is valid only for an unchanged graph (issue 10 items 1, 7, 10).
+
+Each backend caches plans per graph (ggmlpy.backends.plan.PlanCache) behind a
+ggmlpy.snapshot.Snapshot; these tests mutate what a plan reads and check the next compute uses
+the new state, on the CPU and on a SIM device with latency on.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ggmlpy import ops, snapshot
+from ggmlpy.alloc import alloc_ctx_tensors_from_buft
+from ggmlpy.backend import backend_tensor_get, backend_tensor_set, view_init
+from ggmlpy.backends.cpu import backend_cpu_init
+from ggmlpy.backends.sim_runtime import sim_reg
+from ggmlpy.graph import Graph
+from ggmlpy.opcodes import Op
+from ggmlpy.tensor import Context
+from ggmlpy.types import Type
+
+BACKENDS = ["cpu", "sim"]
+
+
+def _backend(kind: str):
+    if kind == "cpu":
+        return backend_cpu_init()
+    return sim_reg(1, latency_us=500).devices[0].init_backend()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    b = _backend(request.param)
+    yield b
+    b.free()
+
+
+def _compute(backend, g: Graph, out) -> np.ndarray:
+    backend.graph_compute(g)
+    backend.synchronize()
+    return backend_tensor_get(out)
+
+
+def test_op_params_write_rebuilds_plan(backend):
+    """Issue example: y = scale(x, 2); y.op_params[0] = 3 then recompute gives 3, not 2."""
+    ctx = Context()
+    x = ctx.new_tensor_1d(Type.F32, 4)
+    y = ops.scale(ctx, x, 2.0)
+    g = Graph()
+    g.build_forward_expand(y)
+    buf = alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
+    try:
+        backend_tensor_set(x, np.ones(4, np.float32))
+        np.testing.assert_array_equal(_compute(backend, g, y), [[[[2, 2, 2, 2]]]])
+        y.op_params[0] = 3.0
+        np.testing.assert_array_equal(_compute(backend, g, y), [[[[3, 3, 3, 3]]]])
+    finally:
+        buf.free()
+
+
+def test_src_rewired_to_view_with_other_ne(backend):
+    """Issue example: y = sum(view_1d(base, 4, 0)) = 6; y.src[0] = view_1d(base, 8, 0) -> 28."""
+    ctx = Context()
+    base = ctx.new_tensor_1d(Type.F32, 16)
+    v4 = ops.view_1d(ctx, base, 4, 0)
+    v8 = ops.view_1d(ctx, base, 8, 0)
+    y = ops.sum(ctx, v4)
+    g = Graph()
+    g.build_forward_expand(y)
+    buf = alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
+    try:
+        for v in (v4, v8):
+            if v.buffer is None:
+                view_init(v)
+        backend_tensor_set(base, np.arange(16, dtype=np.float32))
+        assert _compute(backend, g, y).item() == 6.0
+        y.src[0] = v8
+        assert _compute(backend, g, y).item() == 28.0
+    finally:
+        buf.free()
+
+
+def test_unchanged_graph_reuses_plan():
+    be = backend_cpu_init()
+    ctx = Context()
+    x = ctx.new_tensor_1d(Type.F32, 4)
+    y = ops.scale(ctx, x, 2.0)
+    g = Graph()
+    g.build_forward_expand(y)
+    buf = alloc_ctx_tensors_from_buft(ctx, be.get_default_buffer_type())
+    try:
+        be.graph_compute(g)
+        be.graph_compute(g)
+        y.name = "renamed"  # names are not read by plans
+        be.graph_compute(g)
+        assert be._plans.builds == 1
+        y.op_params[0] = 2.0  # same value: no change
+        be.graph_compute(g)
+        assert be._plans.builds == 1
+        y.op_params[0] = 5.0
+        be.graph_compute(g)
+        assert be._plans.builds == 2
+    finally:
+        buf.free()
+
+
+# -- randomized: mutate a computed graph, the cached result must equal a fresh graph's ----------
+
+_view = st.tuples(st.integers(1, 8), st.integers(1, 4), st.integers(0, 3), st.integers(0, 16))
+_mut = st.one_of(
+    st.tuples(st.just("params"), st.sampled_from([0.5, 2.0, -1.0, 3.0])),
+    st.tuples(st.just("view"), _view),   # rewire to a new same-buffer view: other ne, nb, offset
+    st.tuples(st.just("move"), st.booleans()),  # move the view's (buffer, offset) to base/base2
+    st.tuples(st.just("op"), st.sampled_from(["scale", "sqr"])),  # res.op rewritten in place
+)
+
+
+def _strided(data: np.ndarray, v) -> np.ndarray:
+    ne0, ne1, gap, off = v
+    nb1 = ne0 + gap
+    d = data[off:]
+    return np.lib.stride_tricks.as_strided(d, shape=(ne1, ne0), strides=(nb1 * d.itemsize, d.itemsize))
+
+
+@settings(max_examples=25, deadline=None)
+@given(v0=_view, muts=st.lists(_mut, min_size=1, max_size=5), kind=st.sampled_from(BACKENDS))
+def test_random_mutations_match_fresh_graph(v0, muts, kind):
+    """res = scale(sum(view_2d(base, ...)), s) computed once, then a random sequence of
+    mutations (op_params writes, src rewired to same-buffer views with other ne/nb/offset,
+    (buffer, offset) moves, op changes), each followed by a compute on the same Graph: the result
+    must equal the float64 NumPy value and a fresh graph's result on a fresh backend."""
+    be = _backend(kind)
+    buft = be.get_default_buffer_type()
+    rng = np.random.default_rng(0)
+    data = {"base": rng.standard_normal(64).astype(np.float32),
+            "base2": rng.standard_normal(64).astype(np.float32)}
+    ctx = Context()
+    base = ctx.new_tensor_1d(Type.F32, 64)
+    base2 = ctx.new_tensor_1d(Type.F32, 64)
+
+    def mkview(v):
+        ne0, ne1, gap, off = v
+        return ops.view_2d(ctx, base, ne0, ne1, (ne0 + gap) * 4, off * 4)
+
+    view = mkview(v0)
+    red = ops.sum(ctx, view)
+    res = ops.scale(ctx, red, 2.0)
+    g = Graph()
+    g.build_forward_expand(res)
+    buf = alloc_ctx_tensors_from_buft(ctx, buft)
+    state = {"v": v0, "where": "base", "s": 2.0, "op": "scale"}
+    fresh_be = _backend(kind) if kind == "cpu" else be.device.init_backend()
+    try:
+        backend_tensor_set(base, data["base"])
+        backend_tensor_set(base2, data["base2"])
+        for i, mut in enumerate([None, *muts]):
+            if mut is not None:
+                what, arg = mut
+                if what == "params":
+                    res.op_params[0] = arg
+                    state["s"] = arg
+                elif what == "view":
+                    nv = mkview(arg)
+                    view_init(nv)
+                    red.src[0] = nv
+                    view = nv
+                    state["v"], state["where"] = arg, "base"
+                elif what == "move":
+                    target = base2 if arg else base
+                    view.offset = target.offset + state["v"][3] * 4
+                    state["where"] = "base2" if arg else "base"
+                else:
+                    res.op = {"scale": Op.SCALE, "sqr": Op.SQR}[arg]
+                    state["op"] = arg
+            x = _strided(data[state["where"]].astype(np.float64), state["v"])
+            want = x.sum() * state["s"] if state["op"] == "scale" else x.sum() ** 2
+            got = _compute(be, g, res).item()
+            fresh = Graph()
+            fresh.build_forward_expand(res)
+            fresh_got = _compute(fresh_be, fresh, res).item()
+            assert got == fresh_got, (i, mut, got, fresh_got)
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-5), (i, mut, state)
+    finally:
+        buf.free()
+        fresh_be.free()
+        be.free()
