@@ -38,7 +38,7 @@ class Flag(IntFlag):
     COMPUTE = 16
 
 
-_UNTRACKED = frozenset(("name", "extra"))  # fields no cache reads
+_UNTRACKED = frozenset(("name", "extra", "buffer", "offset"))  # unread, or properties over _buffer/_offset
 _VALUE_FIELDS = frozenset(("type", "ne", "nb", "op", "view_offs", "flags", "_offset"))  # compared by ==
 _MISSING = object()
 
