@@ -212,33 +212,35 @@ class Tensor:
         return nb[0] > nb[1] or nb[1] > nb[2] or nb[2] > nb[3]
 
     def _is_contiguous_n(self, n: int) -> bool:
-        # dims >= n packed relative to the previous dim, dims < n free (only dim 0 must be packed)
-        ne, nb = self.ne, self.nb
-        next_nb = self.type.type_size
-        if ne[0] != self.type.blck_size and nb[0] != next_nb:
+        # ggml_is_contiguous_n: dim 0 packed; dims 1..n have free strides (the next expected
+        # stride becomes ne[i]*nb[i], even when ne[i] == 1); dims above n must sit at the expected
+        # stride unless ne[i] == 1, and always advance it by ne[i].
+        ne, nb, ts = self.ne, self.nb, self.type.type_size
+        if ne[0] != self.type.blck_size and nb[0] != ts:
             return False
-        next_nb *= ne[0] // self.type.blck_size
-        for i in range(1, MAX_DIMS):
-            if ne[i] != 1:
-                if i > n:
-                    if nb[i] != next_nb:
-                        return False
-                    next_nb *= ne[i]
-                else:
-                    # this dimension does not need to be contiguous
-                    next_nb = ne[i] * nb[i]
+        expect = ts * (ne[0] // self.type.blck_size)
+        for i in (1, 2, 3):
+            if i <= n:
+                expect = ne[i] * nb[i]
+            else:
+                if ne[i] != 1 and nb[i] != expect:
+                    return False
+                expect *= ne[i]
         return True
 
     def is_contiguous(self) -> bool:
-        """Dense in ggml's order, ignoring dims with ``ne == 1`` (mirrors ``ggml_is_contiguous``)."""
+        """Dense in ggml's order; a dim with ``ne == 1`` may have any stride (mirrors ``ggml_is_contiguous``)."""
         return self._is_contiguous_n(0)
 
     def is_contiguous_1(self) -> bool:
-        """Rows packed; dim-1 stride free; dims 2-3 packed above it (mirrors ``ggml_is_contiguous_1``)."""
+        """Rows packed; dim-1 stride free; dims 2-3 packed relative to ``ne1*nb1`` (also when
+        ``ne1 == 1``: then dim 2's expected stride is ``nb1``); size-1 dims 2-3 may have any stride
+        (mirrors ``ggml_is_contiguous_1``)."""
         return self._is_contiguous_n(1)
 
     def is_contiguous_2(self) -> bool:
-        """Rows packed; dims 1-2 free; dim 3 packed above them (mirrors ``ggml_is_contiguous_2``)."""
+        """Rows packed; dims 1-2 free; dim 3 packed relative to ``ne2*nb2`` unless ``ne3 == 1``
+        (mirrors ``ggml_is_contiguous_2``)."""
         return self._is_contiguous_n(2)
 
     def is_contiguous_rows(self) -> bool:
