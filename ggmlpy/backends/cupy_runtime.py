@@ -20,6 +20,10 @@
 * :meth:`CupyRuntime.launch_count` counts fused kernel launches (:mod:`.cuda_kernels`); with the
   test suite's fake CuPy it counts every launch.
 * ``cupy.cuda.Event`` (timing disabled) for events; ``cudaMemGetInfo`` for memory.
+* A failed stream synchronize discards that stream's pending downloads (their staging is never
+  copied into the caller's arrays; staging blocks go back to the ring). A sticky error (illegal
+  address, launch failure, device assert, ...: the CUDA context is lost) also marks the runtime
+  failed: every later launch or checked synchronize raises BackendUnavailableError.
 * The pinned host buffer type is "CUDA_Host" (``cupy.cuda.alloc_pinned_memory``), a host buffer the
   CPU backend computes on.
 
@@ -45,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..backend import DeviceType, Reg
-from ..errors import ComputeError, OutOfMemoryError
+from ..errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ..tensor import Tensor
 from .device import DeviceInfo, DeviceMemory, Runtime, make_reg
 
@@ -196,6 +200,11 @@ class PinnedRing:
             self.cached_bytes = 0
 
 
+#: cudaError_t values after which the context is unusable (700 illegal address, 710 device-side
+#: assert, 714-719 hardware stack error .. launch failure); CUDA driver errors use the same numbers
+_STICKY_STATUS = frozenset((700, 710, 714, 715, 716, 717, 718, 719))
+
+
 class _CudaStream:
     """A non-blocking CuPy stream plus the host-side work waiting on it: ``pending`` holds
     ``(event, keep_alive, finish)`` in stream order; ``finish`` (if any) runs once the event is
@@ -230,6 +239,7 @@ class CupyRuntime(Runtime):
         self.rt = cupy.cuda.runtime
         self._n = self.rt.getDeviceCount()
         self._streams: weakref.WeakSet[_CudaStream] = weakref.WeakSet()
+        self._sticky: str | None = None  # set once a sticky CUDA error lost the context
         self.staging_cap = staging_cap
         self._peer: dict[tuple[int, int], bool] = {}
         self._peer_lock = threading.Lock()
@@ -440,15 +450,37 @@ class CupyRuntime(Runtime):
             self._streams.discard(stream)
 
     def stream_synchronize(self, stream: Any, check: bool = True) -> None:
+        if check:
+            self._check_sticky()
         try:
             with self._mapped(stream.dev, "queued work"):
                 stream.cs.synchronize()
-        except (ComputeError, OutOfMemoryError):
+        except (ComputeError, OutOfMemoryError) as e:
+            self._discard_pending(stream)
+            if int(getattr(e.__cause__, "status", 0) or 0) in _STICKY_STATUS:
+                self._sticky = str(e)
             if check:
                 raise
+            return
         self._reap(stream, everything=True)
 
+    def _discard_pending(self, stream: Any) -> None:
+        """After a failed synchronize: drop every pending finisher; a download's ``on_failure``
+        (give the staging back) runs instead of its copy into the caller's array."""
+        with stream.lock:
+            items = list(stream.pending)
+            stream.pending.clear()
+        for _ev, _keep, finish in items:
+            if finish is not None:
+                getattr(finish, "on_failure", finish)()
+
+    def _check_sticky(self) -> None:
+        if self._sticky is not None:
+            raise BackendUnavailableError(f"CUDA: the device context was lost by an earlier "
+                                          f"error ({self._sticky}); restart the process")
+
     def launch(self, stream: Any, fn: Callable[[], Any]) -> None:
+        self._check_sticky()
         self._reap(stream)
         with self.on_stream(stream), self._mapped(stream.dev, "kernel launch"):
             fn()
@@ -499,6 +531,7 @@ class CupyRuntime(Runtime):
             out[:] = staging
             ring.put(block)
 
+        finish.on_failure = lambda: ring.put(block)  # type: ignore[attr-defined]
         self._track(stream, staging, finish)
 
     def memcpy_dtod_async(self, stream: Any, dst: DeviceMemory, dst_offset: int, src: DeviceMemory,

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..backend import (Backend, Buffer, BufferType, Device, DeviceCaps, DeviceProps, DeviceType,
                        Event, Reg, Status, tensor_buffer)
-from ..errors import OutOfMemoryError
+from ..errors import BackendUnavailableError, OutOfMemoryError
 from ..graph import Graph
 from ..opcodes import Op
 from ..tensor import Tensor
@@ -328,6 +328,32 @@ class AsyncBuffer(Buffer):
     def __init__(self, buft: AsyncBufferType, mem: DeviceMemory) -> None:
         super().__init__(buft, mem.size)
         self.mem = mem
+        # (runtime event, stream) recorded after each queued async read of this memory
+        # (``backend_tensor_get_async``, a peer copy out of it): blocking writes wait for them
+        self._reads: list[Any] = []
+        self._reads_lock = threading.Lock()
+
+    def note_async_read(self, stream: Any) -> None:
+        """Record that ``stream`` has a queued read of this buffer's memory: the next blocking
+        write (``_set_tensor``, ``_memset_tensor``, ``_clear``, ``_cpy_tensor`` into it) waits
+        until the stream has passed that read, so a new evaluation's inputs (written after
+        ``reset``/``alloc_graph`` reuse the memory) never overtake it. Call with the runtime
+        active on the buffer's device."""
+        rt = self.runtime
+        ev = rt.event_new(self.buft.device.index)
+        rt.event_record(ev, stream)
+        with self._reads_lock:
+            self._reads = [e for e in self._reads if not rt.event_query(e)]
+            self._reads.append(ev)
+
+    def _wait_reads(self) -> None:
+        with self._reads_lock:
+            reads, self._reads = self._reads, []
+        if reads:
+            rt = self.runtime
+            with rt.activate(self.buft.device.index):
+                for ev in reads:
+                    rt.event_synchronize(ev)
 
     @property
     def runtime(self) -> Runtime:
@@ -340,12 +366,14 @@ class AsyncBuffer(Buffer):
         dev.runtime.free(self.mem)
 
     def _set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
+        self._wait_reads()
         self.runtime.memcpy_htod(self.mem, tensor.offset + offset, data)
 
     def _get_tensor(self, tensor: Tensor, offset: int, size: int) -> np.ndarray:
         return self.runtime.memcpy_dtoh(self.mem, tensor.offset + offset, size)
 
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        self._wait_reads()
         self.runtime.memset(self.mem, tensor.offset + offset, size, value)
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
@@ -354,10 +382,12 @@ class AsyncBuffer(Buffer):
             return False
         n = src.nbytes
         if n:
+            self._wait_reads()
             self.runtime.memcpy_dtod(self.mem, dst.offset, sbuf.mem, src.offset, n)
         return True
 
     def _clear(self, value: int) -> None:
+        self._wait_reads()
         self.runtime.memset(self.mem, 0, self.size, value)
 
     def _array(self, tensor: Tensor) -> Any:
@@ -459,6 +489,18 @@ class AsyncBackend(Backend):
     def _synchronize(self) -> None:
         self.runtime.stream_synchronize(self.stream)
 
+    def free(self) -> None:
+        """Synchronize and release the backend (mirrors ``ggml_backend_free``). Idempotent. After a
+        sticky runtime failure (BackendUnavailableError) there is nothing left to wait for: the
+        backend is released without raising."""
+        if not self.freed:
+            try:
+                self.synchronize()
+            except BackendUnavailableError:
+                pass
+            self._free()
+            self.freed = True
+
     def _free(self) -> None:
         self.device._backends.discard(self)
         self._plans.clear()
@@ -488,6 +530,7 @@ class AsyncBackend(Backend):
             return False
         with self.runtime.activate(self.device.index):
             self.runtime.memcpy_dtoh_async(self.stream, out, buf.mem, tensor.offset + offset)
+            buf.note_async_read(self.stream)
         return True
 
     def _cpy_tensor_async(self, backend_src: Backend, src: Tensor, dst: Tensor) -> bool:
@@ -506,6 +549,7 @@ class AsyncBackend(Backend):
             if backend_src is self:
                 with rt.activate(self.device.index):
                     rt.memcpy_dtod_async(self.stream, dbuf.mem, dst.offset, sbuf.mem, src.offset, n)
+                    sbuf.note_async_read(self.stream)
                 return True
             # the copy runs on the source stream: first let it wait until this stream has passed
             # the work queued so far (which may still read dst), then make this stream wait for it
@@ -515,6 +559,7 @@ class AsyncBackend(Backend):
                 rt.stream_wait_event(backend_src.stream, self._ready_event)
                 rt.memcpy_dtod_async(backend_src.stream, dbuf.mem, dst.offset, sbuf.mem,
                                      src.offset, n)
+                sbuf.note_async_read(backend_src.stream)
                 rt.event_record(backend_src._copy_event, backend_src.stream)
             with rt.activate(self.device.index):
                 rt.stream_wait_event(self.stream, backend_src._copy_event)
@@ -542,6 +587,9 @@ class AsyncBackend(Backend):
 
     # events -------------------------------------------------------------------------------------
     def _event_record(self, event: Event) -> None:
+        if self.freed:
+            raise BackendUnavailableError(f"event_record: backend {self.name} was freed; the event "
+                                          "keeps its previous state")
         with self.runtime.activate(self.device.index):
             self.runtime.event_record(event.handle, self.stream)
 

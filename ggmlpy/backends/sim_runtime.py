@@ -14,9 +14,14 @@ visibly) on machines without a GPU:
   on the caller) first sleeps ``latency_us`` microseconds, so a missing synchronisation becomes a
   wrong result in tests instead of a lucky race.
 * A failure in queued work is stored and re-raised as :class:`~ggmlpy.errors.ComputeError` (the
-  original exception chained) by the next ``synchronize`` of that stream; later work on the stream
-  still runs. ``event_synchronize`` waits but does not report failures (a stream's do), and a
-  backend garbage-collected without a synchronize drops its stored failure.
+  original exception chained) by the next ``synchronize`` of that stream. Work queued after the
+  failure and before that synchronize is **skipped** (kernels and copies do not run, so no caller
+  array receives data computed from a failed step); event records and waits still run, so no
+  event is left unsignalled and no call hangs. SIM failures are not sticky: after the synchronize
+  that reported it the stream runs new work normally. ``event_synchronize`` waits but does not
+  report failures (a stream's do), and a backend garbage-collected without a synchronize drops its
+  stored failure. Recording an event on a freed backend's stream raises
+  :class:`~ggmlpy.errors.BackendUnavailableError` and leaves the event as it was.
 
 Kernels are the NumPy ones of :mod:`ggmlpy.backends.kernels`, so SIM results are bit-identical to
 the CPU backend's. Devices are ``SIM0..SIM{n-1}``, of type ACCEL (``backend_init_best`` never picks
@@ -70,7 +75,7 @@ class _SimStream:
     def __init__(self, name: str, latency_s: float) -> None:
         self.name = name
         self.latency_s = latency_s
-        self._q: queue.SimpleQueue[tuple[Callable[[], Any], float] | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[Callable[[], Any], float, bool] | None] = queue.SimpleQueue()
         self._cv = threading.Condition()
         self._submitted = 0
         self._done = 0
@@ -85,8 +90,10 @@ class _SimStream:
             item = q.get()
             if item is None:
                 return
-            fn, delay = item
+            fn, delay, always = item
             try:
+                if self._error is not None and not always:
+                    continue  # a failed step poisons the work queued behind it until reported
                 if delay:
                     time.sleep(delay)
                 fn()
@@ -100,13 +107,19 @@ class _SimStream:
                     self._done += 1
                     cv.notify_all()
 
-    def submit(self, fn: Callable[[], Any], delay: float) -> None:
+    def submit(self, fn: Callable[[], Any], delay: float, always: bool = False) -> None:
+        """Queue ``fn`` (after ``delay`` seconds); ``always``: run it even after a failure
+        (event signals and waits).
+
+        Raises:
+            BackendUnavailableError: the stream was closed (its backend freed); nothing is queued.
+        """
         with self._cv:
             if self._closed:
                 raise BackendUnavailableError(f"the stream of {self.name} was freed (its backend "
                                               "was freed); create a new backend")
             self._submitted += 1
-        self._q.put((fn, delay))
+        self._q.put((fn, delay, always))
 
     def synchronize(self, check: bool) -> None:
         with self._cv:
@@ -282,13 +295,13 @@ class SimRuntime(Runtime):
 
     def event_record(self, event: Any, stream: Any) -> None:
         flag = threading.Event()
+        stream.submit(flag.set, 0.0, always=True)  # raises on a closed stream: event unchanged
         event.flag = flag
-        stream.submit(flag.set, 0.0)
 
     def stream_wait_event(self, stream: Any, event: Any) -> None:
         flag = event.flag
         if flag is not None and not flag.is_set():
-            stream.submit(flag.wait, 0.0)
+            stream.submit(flag.wait, 0.0, always=True)
 
     def event_synchronize(self, event: Any) -> None:
         flag = event.flag
