@@ -40,8 +40,9 @@ class Graph:
         if size < 0:
             raise ValueError(f"Graph: size must be >= 0, got {size}")
         self.size = int(size)
-        self._nodes: list[Tensor] = TrackedList()
-        self._leafs: list[Tensor] = TrackedList()
+        self._ver = 0  # generation of the last change (ggmlpy.snapshot)
+        self._nodes: list[Tensor] = TrackedList((), self)
+        self._leafs: list[Tensor] = TrackedList((), self)
         self._visited: set[int] = set()
         self._src_map: dict[int, list[Tensor | None]] | None = None
         self._extra_flags: dict[int, Flag] | None = None
@@ -55,8 +56,8 @@ class Graph:
 
     @nodes.setter
     def nodes(self, value: list[Tensor]) -> None:
-        self._nodes = TrackedList(value)
-        _snapshot.bump()
+        self._nodes = TrackedList(value, self)
+        _snapshot.touch(self)
 
     @property
     def leafs(self) -> list[Tensor]:
@@ -65,19 +66,19 @@ class Graph:
 
     @leafs.setter
     def leafs(self, value: list[Tensor]) -> None:
-        self._leafs = TrackedList(value)
-        _snapshot.bump()
+        self._leafs = TrackedList(value, self)
+        _snapshot.touch(self)
 
     @property
     def src_map(self) -> dict[int, list[Tensor | None]] | None:
         """The scheduler's source substitutions keyed by ``id(node)``, or None. Assigning bumps
-        the snapshot generation; after editing the dict in place call ``snapshot.bump()``."""
+        the snapshot generation; after editing the dict in place call ``snapshot.touch(graph)``."""
         return self._src_map
 
     @src_map.setter
     def src_map(self, value: dict[int, list[Tensor | None]] | None) -> None:
         self._src_map = value
-        _snapshot.bump()
+        _snapshot.touch(self)
 
     @property
     def extra_flags(self) -> dict[int, Flag] | None:
@@ -87,7 +88,7 @@ class Graph:
     @extra_flags.setter
     def extra_flags(self, value: dict[int, Flag] | None) -> None:
         self._extra_flags = value
-        _snapshot.bump()
+        _snapshot.touch(self)
 
     def node_srcs(self, node: Tensor) -> list[Tensor | None]:
         """The sources ``node`` reads in this graph: ``node.src``, unless the graph's owner (the

@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import threading
 import weakref
+from operator import attrgetter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["generation", "bump", "TrackedList", "Snapshot", "graph_state", "on_buffer_free",
+__all__ = ["generation", "bump", "touch", "TrackedList", "Snapshot", "graph_state", "on_buffer_free",
            "buffer_freed"]
 
 _lock = threading.Lock()
@@ -53,35 +54,59 @@ def generation() -> int:
     return _generation
 
 
-def bump() -> None:
-    """Record that something a cache may have read changed. Thread-safe (lock-guarded increment)."""
+def bump() -> int:
+    """Record that something a cache may have read changed; returns the new generation.
+    Thread-safe (lock-guarded increment)."""
     global _generation
     with _lock:
         _generation += 1
+        return _generation
+
+
+def touch(obj: Any) -> None:
+    """Bump the generation and stamp ``obj`` (a Tensor or Graph) as changed now. Call it after
+    editing in place something not tracked automatically (a graph's ``src_map`` dict)."""
+    object.__setattr__(obj, "_ver", bump())
 
 
 class TrackedList(list):
-    """A ``list`` whose every mutation calls :func:`bump` (used for ``Tensor.op_params``,
-    ``Tensor.src``, ``Graph.nodes`` and ``Graph.leafs``). Reads are plain list reads."""
+    """A ``list`` whose every mutation stamps its owner (a Tensor's ``op_params``/``src``, a
+    Graph's ``nodes``/``leafs``) through :func:`touch`. Reads are plain list reads.
 
-    __slots__ = ()
+    Args:
+        items: initial content.
+        owner: the object stamped on mutation (held weakly), or None (only the generation moves).
+    """
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, items: Iterable[Any] = (), owner: Any = None) -> None:
+        super().__init__(items)
+        self._owner = None if owner is None else weakref.ref(owner)
+
+    def _changed(self) -> None:
+        o = self._owner() if self._owner is not None else None
+        if o is None:
+            bump()
+        else:
+            touch(o)
 
     def __setitem__(self, i: Any, v: Any) -> None:
         super().__setitem__(i, v)
-        bump()
+        self._changed()
 
     def __delitem__(self, i: Any) -> None:
         super().__delitem__(i)
-        bump()
+        self._changed()
 
     def __iadd__(self, other: Iterable[Any]) -> TrackedList:
         super().__iadd__(other)
-        bump()
+        self._changed()
         return self
 
     def __imul__(self, n: Any) -> TrackedList:
         super().__imul__(n)
-        bump()
+        self._changed()
         return self
 
 
@@ -90,7 +115,7 @@ def _tracked_mutator(name: str) -> Callable[..., Any]:
 
     def method(self: TrackedList, *args: Any, **kwargs: Any) -> Any:
         r = base(self, *args, **kwargs)
-        bump()
+        self._changed()
         return r
 
     method.__name__ = name
@@ -140,35 +165,78 @@ def graph_state(graph: Any) -> tuple:
     return tuple(out)
 
 
+_ver_of = attrgetter("_ver")
+
+
+def _outside_sources(graph: Any) -> tuple:
+    """Sources (as the graph resolves them) that are neither nodes nor leafs of ``graph``."""
+    inside = {id(t) for t in graph.nodes}
+    inside.update(id(t) for t in graph.leafs)
+    out: dict[int, Any] = {}
+    node_srcs = graph.node_srcs
+    for n in graph.nodes:
+        for s in node_srcs(n):
+            if s is not None and id(s) not in inside:
+                out[id(s)] = s
+    return tuple(out.values())
+
+
 class Snapshot:
     """What a cache read from a graph, and the generation it was read at.
+
+    Every Tensor and Graph carries ``_ver``, the generation of its last change (stamped by
+    ``Tensor.__setattr__``, tracked-list edits, Graph setters and :func:`touch`). A snapshot is
+    valid while no tensor of the graph (nodes, leafs, outside sources) nor the graph itself was
+    stamped after it: that check is one C-speed ``max`` over the node and leaf lists. Only when
+    it fails is the recorded state compared (a change back to the recorded values stays valid).
 
     Attributes:
         generation: the generation read before the state was taken (or last confirmed).
         state: :func:`graph_state` at that time.
     """
 
-    __slots__ = ("generation", "state")
+    __slots__ = ("generation", "state", "_outside")
 
-    def __init__(self, gen: int, state: tuple) -> None:
+    def __init__(self, gen: int, state: tuple, outside: tuple = ()) -> None:
         self.generation = gen
         self.state = state
+        self._outside = tuple(weakref.ref(t) for t in outside)
 
     @classmethod
     def take(cls, graph: Any) -> Snapshot:
         """Snapshot ``graph`` now (reads the generation first, so a concurrent change is seen)."""
         gen = _generation
-        return cls(gen, graph_state(graph))
+        return cls(gen, graph_state(graph), _outside_sources(graph))
+
+    def unchanged_since(self, graph: Any) -> bool:
+        """True when nothing of ``graph`` was stamped after this snapshot's generation (O(n) at
+        C speed, no allocation). False does not mean changed: see :meth:`matches`."""
+        gen = self.generation
+        if graph._ver > gen:
+            return False
+        nodes, leafs = graph._nodes, graph._leafs
+        if nodes and max(map(_ver_of, nodes)) > gen:
+            return False
+        if leafs and max(map(_ver_of, leafs)) > gen:
+            return False
+        for r in self._outside:
+            t = r()
+            if t is None or t._ver > gen:
+                return False
+        return True
 
     def matches(self, graph: Any, state: tuple | None = None) -> bool:
         """True when ``graph`` still has the state this snapshot recorded.
 
-        O(1) if no mutation happened since (same generation); otherwise compares a fresh
-        :func:`graph_state` (pass ``state`` to reuse one already computed) and, on equality,
-        adopts the current generation.
+        O(1) if no mutation happened in the process since (same generation); else the version
+        check of :meth:`unchanged_since`; else compares a fresh :func:`graph_state` (pass
+        ``state`` to reuse one already computed). On success adopts the current generation.
         """
         gen = _generation
         if gen == self.generation:
+            return True
+        if self.unchanged_since(graph):
+            self.generation = gen
             return True
         if state is None:
             state = graph_state(graph)

@@ -95,7 +95,7 @@ class Tensor:
     """
 
     __slots__ = ("type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs", "flags",
-                 "name", "_buffer", "_offset", "extra", "__weakref__")
+                 "name", "_buffer", "_offset", "extra", "_ver", "__weakref__")
 
     def __init__(self, type: Type, ne: tuple[int, int, int, int], nb: tuple[int, int, int, int],
                  view_src: Tensor | None = None, view_offs: int = 0) -> None:
@@ -105,8 +105,8 @@ class Tensor:
         osa(self, "ne", ne)
         osa(self, "nb", nb)
         osa(self, "op", Op.NONE)
-        osa(self, "op_params", TrackedList())
-        osa(self, "src", TrackedList())
+        osa(self, "op_params", TrackedList((), self))
+        osa(self, "src", TrackedList((), self))
         osa(self, "view_src", view_src)
         osa(self, "view_offs", view_offs)
         osa(self, "flags", Flag(0))
@@ -114,6 +114,7 @@ class Tensor:
         osa(self, "_buffer", None)
         osa(self, "_offset", None)
         osa(self, "extra", None)
+        osa(self, "_ver", 0)  # generation of the last change (ggmlpy.snapshot)
 
     def __setattr__(self, key: str, value: Any) -> None:
         """Set a field; a real change of a field a plan reads bumps the snapshot generation
@@ -123,7 +124,7 @@ class Tensor:
             object.__setattr__(self, key, value)
             return
         if key == "op_params" or key == "src":
-            value = TrackedList(value)
+            value = TrackedList(value, self)
         else:
             try:
                 old = object.__getattribute__(self, key)
@@ -132,7 +133,7 @@ class Tensor:
             if old is value or (key in _VALUE_FIELDS and type(old) is type(value) and old == value):
                 return
         object.__setattr__(self, key, value)
-        _snapshot.bump()
+        _snapshot.touch(self)
 
     @property
     def buffer(self) -> Buffer | None:

@@ -306,3 +306,47 @@ def test_generation_increment_is_serialized_by_the_lock():
         assert snapshot.generation() == g0
     th.join(5)
     assert done.is_set() and snapshot.generation() == g0 + 1
+
+
+def test_version_check_sees_every_mutation_kind():
+    """Snapshot.unchanged_since (the fast check) is False after each kind of mutation of the
+    graph and True after a mutation of an unrelated tensor."""
+    def fresh():
+        ctx = Context()
+        x = ctx.new_tensor_1d(Type.F32, 8)
+        v = ops.view_1d(ctx, x, 4, 0)
+        y = ops.scale(ctx, v, 2.0)
+        g = Graph()
+        g.build_forward_expand(y)
+        return ctx, x, v, y, g
+
+    other = Context().new_tensor_1d(Type.F32, 4)
+    mutations = {
+        "op_params item": lambda ctx, x, v, y, g: y.op_params.__setitem__(0, 3.0),
+        "op_params list": lambda ctx, x, v, y, g: setattr(y, "op_params", [5.0]),
+        "src item": lambda ctx, x, v, y, g: y.src.__setitem__(0, x),
+        "src append": lambda ctx, x, v, y, g: y.src.append(None),
+        "op": lambda ctx, x, v, y, g: setattr(y, "op", Op.SQR),
+        "type": lambda ctx, x, v, y, g: setattr(y, "type", Type.F16),
+        "ne": lambda ctx, x, v, y, g: setattr(v, "ne", (2, 1, 1, 1)),
+        "nb": lambda ctx, x, v, y, g: setattr(v, "nb", (8, 32, 32, 32)),
+        "view_offs": lambda ctx, x, v, y, g: setattr(v, "view_offs", 4),
+        "flags": lambda ctx, x, v, y, g: y.set_output(),
+        "buffer": lambda ctx, x, v, y, g: setattr(x, "buffer", object()),
+        "offset": lambda ctx, x, v, y, g: setattr(x, "offset", 64),
+        "nodes append": lambda ctx, x, v, y, g: g.nodes.append(ops.sqr(ctx, y)),
+        "leafs edit": lambda ctx, x, v, y, g: g.leafs.clear(),
+        "src_map": lambda ctx, x, v, y, g: setattr(g, "src_map", {}),
+        "extra_flags": lambda ctx, x, v, y, g: setattr(g, "extra_flags", {}),
+        "touch": lambda ctx, x, v, y, g: snapshot.touch(g),
+    }
+    for name, mutate in mutations.items():
+        ctx, x, v, y, g = fresh()
+        snap = snapshot.Snapshot.take(g)
+        other.offset = (other.offset or 0) + 1
+        assert snap.unchanged_since(g), name
+        assert snap.matches(g), name
+        mutate(ctx, x, v, y, g)
+        assert not snap.unchanged_since(g), name
+        if name not in ("touch", "extra_flags", "src_map"):  # these leave the state equal
+            assert not snap.matches(g), name

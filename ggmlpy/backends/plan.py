@@ -164,10 +164,12 @@ class PlanCache:
             slot = self._graphs.get(gid)
             if slot is not None and slot[0]() is graph:
                 entries = slot[1]
+                gen = _snapshot.generation()
                 last = entries[-1]
-                if last.snapshot.generation == _snapshot.generation():
+                if last.snapshot.generation == gen or last.snapshot.unchanged_since(graph):
+                    last.snapshot.generation = gen
                     return last.plan
-                state = _snapshot.graph_state(graph)
+                state = _snapshot.graph_state(graph)  # something changed: compare by state
                 for k in range(len(entries) - 1, -1, -1):
                     e = entries[k]
                     if e.snapshot.matches(graph, state):
