@@ -41,8 +41,8 @@ class Graph:
             raise ValueError(f"Graph: size must be >= 0, got {size}")
         self.size = int(size)
         self._ver = 0  # generation of the last change (ggmlpy.snapshot)
-        self._nodes: list[Tensor] = TrackedList((), self)
-        self._leafs: list[Tensor] = TrackedList((), self)
+        self._nodes: list[Tensor] = TrackedList.of((), self)
+        self._leafs: list[Tensor] = TrackedList.of((), self)
         self._visited: set[int] = set()
         self._src_map: dict[int, list[Tensor | None]] | None = None
         self._extra_flags: dict[int, Flag] | None = None
@@ -56,7 +56,7 @@ class Graph:
 
     @nodes.setter
     def nodes(self, value: list[Tensor]) -> None:
-        self._nodes = TrackedList(value, self)
+        self._nodes = TrackedList.of(value, self)
         _snapshot.touch(self)
 
     @property
@@ -66,7 +66,7 @@ class Graph:
 
     @leafs.setter
     def leafs(self, value: list[Tensor]) -> None:
-        self._leafs = TrackedList(value, self)
+        self._leafs = TrackedList.of(value, self)
         _snapshot.touch(self)
 
     @property
@@ -165,7 +165,7 @@ class Graph:
         """
         if not isinstance(tensor, Tensor):
             raise TypeError(f"build_forward_expand: expected a Tensor, got {type(tensor).__name__}")
-        n_nodes0, n_leafs0 = len(self.nodes), len(self.leafs)
+        n_nodes0, n_leafs0 = len(self._nodes), len(self._leafs)
         visited = self._visited
         added: list[int] = []
         try:
@@ -194,22 +194,25 @@ class Graph:
             del self.leafs[n_leafs0:]
             visited.difference_update(added)
             raise
+        finally:
+            if len(self._nodes) != n_nodes0 or len(self._leafs) != n_leafs0:
+                _snapshot.touch(self)  # one stamp for everything appended
 
     def _append(self, t: Tensor) -> None:
         if t.op == Op.NONE and not (t.flags & Flag.PARAM):
-            if len(self.leafs) >= self.size:
+            if len(self._leafs) >= self.size:
                 raise GraphFullError(f"graph full: more than {self.size} leafs when adding "
                                      f"'{t.name}'; create the Graph with a larger size")
             if not t.name:
-                t.name = f"leaf_{len(self.leafs)}"
-            self.leafs.append(t)
+                t.name = f"leaf_{len(self._leafs)}"
+            list.append(self._leafs, t)  # untracked: build_forward_expand stamps once
         else:
-            if len(self.nodes) >= self.size:
+            if len(self._nodes) >= self.size:
                 raise GraphFullError(f"graph full: more than {self.size} nodes when adding "
                                      f"'{t.name}'; create the Graph with a larger size")
             if not t.name:
-                t.name = f"node_{len(self.nodes)}"
-            self.nodes.append(t)
+                t.name = f"node_{len(self._nodes)}"
+            list.append(self._nodes, t)  # untracked: build_forward_expand stamps once
 
     def add_node(self, t: Tensor) -> None:
         """Append ``t`` to ``nodes`` without visiting its sources (mirrors ``ggml_graph_add_node``).

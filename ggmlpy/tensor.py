@@ -41,6 +41,8 @@ class Flag(IntFlag):
 _UNTRACKED = frozenset(("name", "extra", "buffer", "offset"))  # unread, or properties over _buffer/_offset
 _VALUE_FIELDS = frozenset(("type", "ne", "nb", "op", "view_offs", "flags", "_offset"))  # compared by ==
 _MISSING = object()
+_tracked = TrackedList.of
+_gen_lock = _snapshot._lock
 
 
 def nbytes_of(type: Type, ne: Sequence[int], nb: Sequence[int]) -> int:
@@ -105,8 +107,8 @@ class Tensor:
         osa(self, "ne", ne)
         osa(self, "nb", nb)
         osa(self, "op", Op.NONE)
-        osa(self, "op_params", TrackedList((), self))
-        osa(self, "src", TrackedList((), self))
+        osa(self, "op_params", [])  # plain lists until a snapshot publishes the tensor
+        osa(self, "src", [])
         osa(self, "view_src", view_src)
         osa(self, "view_offs", view_offs)
         osa(self, "flags", Flag(0))
@@ -114,17 +116,18 @@ class Tensor:
         osa(self, "_buffer", None)
         osa(self, "_offset", None)
         osa(self, "extra", None)
-        osa(self, "_ver", 0)  # generation of the last change (ggmlpy.snapshot)
+        osa(self, "_ver", -1)  # generation of the last change; -1: in no snapshot yet (ggmlpy.snapshot)
 
     def __setattr__(self, key: str, value: Any) -> None:
-        """Set a field; a real change of a field a plan reads bumps the snapshot generation
-        (:mod:`ggmlpy.snapshot`). ``op_params`` and ``src`` are stored as tracked lists, so
-        ``t.op_params[i] = v`` and ``t.src[i] = s`` bump it as well."""
-        if key in _UNTRACKED:
+        """Set a field. Once a snapshot has recorded the tensor (:mod:`ggmlpy.snapshot`), a real
+        change of a field a cache reads stamps it with a new generation, and ``op_params`` and
+        ``src`` are tracked lists, so ``t.op_params[i] = v`` and ``t.src[i] = s`` stamp it too.
+        Before that, assignments are plain (graph building stays cheap)."""
+        if self._ver < 0 or key in _UNTRACKED:  # in no snapshot yet: nothing can depend on it
             object.__setattr__(self, key, value)
             return
         if key == "op_params" or key == "src":
-            value = TrackedList(value, self)
+            value = _tracked(value, self)
         else:
             try:
                 old = object.__getattribute__(self, key)
@@ -133,7 +136,9 @@ class Tensor:
             if old is value or (key in _VALUE_FIELDS and type(old) is type(value) and old == value):
                 return
         object.__setattr__(self, key, value)
-        _snapshot.touch(self)
+        with _gen_lock:  # inline snapshot.touch(self): this is on every graph-building path
+            _snapshot._generation += 1
+            object.__setattr__(self, "_ver", _snapshot._generation)
 
     @property
     def buffer(self) -> Buffer | None:

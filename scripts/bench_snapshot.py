@@ -48,6 +48,9 @@ def per_node_us(fn, n_nodes: int, reps: int) -> float:
 def main() -> None:
     out = {}
     other = Context().new_tensor_1d(Type.F32, 4)
+    og = Graph()
+    og.build_forward_expand(other)
+    snapshot.Snapshot.take(og)  # publish it: its changes now move the generation
     be = backend_cpu_init()
     for n in (1000, 10000):
         ctx, g = chain(n)

@@ -240,10 +240,33 @@ def test_freed_buffers_are_not_kept_alive_by_plans(kind):
 
 # -- thread safety of the generation (item 10) ----------------------------------------------------
 
+def _published(*tensors):
+    """Put the tensors in a snapshot (changes of tensors no snapshot recorded are not stamped)."""
+    g = Graph()
+    for t in tensors:
+        g.build_forward_expand(t)
+    snapshot.Snapshot.take(g)
+    return tensors[0] if len(tensors) == 1 else tensors
+
+
+def test_unpublished_tensor_changes_are_free_and_published_ones_stamped():
+    ctx = Context()
+    t = ctx.new_tensor_1d(Type.F32, 4)
+    g0 = snapshot.generation()
+    t.offset = 8
+    t.op_params = [1.0]
+    t.op_params[0] = 2.0
+    assert snapshot.generation() == g0 and t._ver == -1
+    _published(t)
+    g1 = snapshot.generation()
+    t.op_params[0] = 3.0
+    assert snapshot.generation() == g1 + 1 and t._ver == g1 + 1
+
+
 def test_generation_bumps_are_not_lost_across_threads():
     """Concurrent tensor moves from several threads: every one of them is counted."""
     ctx = Context()
-    ts = [ctx.new_tensor_1d(Type.F32, 4) for _ in range(4)]
+    ts = _published(*[ctx.new_tensor_1d(Type.F32, 4) for _ in range(4)])
     per_thread = 20000
     start = threading.Barrier(len(ts))
 
@@ -291,7 +314,7 @@ def test_generation_increment_is_serialized_by_the_lock():
     switch threads inside ``x += 1``); this one checks the mechanism: while the generation lock
     is held, a bump from another thread waits, so read-modify-writes never interleave."""
     ctx = Context()
-    t = ctx.new_tensor_1d(Type.F32, 4)
+    t = _published(ctx.new_tensor_1d(Type.F32, 4))
     done = threading.Event()
 
     def mover():
@@ -320,7 +343,7 @@ def test_version_check_sees_every_mutation_kind():
         g.build_forward_expand(y)
         return ctx, x, v, y, g
 
-    other = Context().new_tensor_1d(Type.F32, 4)
+    other = _published(Context().new_tensor_1d(Type.F32, 4))
     mutations = {
         "op_params item": lambda ctx, x, v, y, g: y.op_params.__setitem__(0, 3.0),
         "op_params list": lambda ctx, x, v, y, g: setattr(y, "op_params", [5.0]),
@@ -343,7 +366,9 @@ def test_version_check_sees_every_mutation_kind():
     for name, mutate in mutations.items():
         ctx, x, v, y, g = fresh()
         snap = snapshot.Snapshot.take(g)
+        g1 = snapshot.generation()
         other.offset = (other.offset or 0) + 1
+        assert snapshot.generation() == g1 + 1  # the generation moved: the version check runs
         assert snap.unchanged_since(g), name
         assert snap.matches(g), name
         mutate(ctx, x, v, y, g)
