@@ -7,13 +7,11 @@ import math
 
 import numpy as np
 import pytest
+from helpers import run_graph
 
 from ggmlpy import ops
-from ggmlpy.tensor import Tensor
+from ggmlpy.tensor import Context, Tensor
 from ggmlpy.types import Type
-
-from helpers import run_graph
-from ggmlpy.tensor import Context
 
 
 def _rule(type: Type, ne, nb, n: int) -> bool:

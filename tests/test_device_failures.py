@@ -88,7 +88,7 @@ def test_scheduler_next_evaluation_does_not_overtake_async_read():
     try:
         ctx = Context()
         x = ctx.new_tensor_1d(Type.F32, 256).set_input()
-        y = ops.scale(ctx, x, 2.0).set_output()
+        y = ops.scale_inplace(ctx, x, 2.0).set_output()  # y shares x's memory
         g = Graph()
         g.build_forward_expand(y)
         sched.set_tensor_backend(x, sim)
@@ -105,7 +105,8 @@ def test_scheduler_next_evaluation_does_not_overtake_async_read():
         np.testing.assert_array_equal(outs[0], np.full(256, 2.0, np.float32))
         np.testing.assert_array_equal(outs[1], np.full(256, 10.0, np.float32))
     finally:
-        sched.free() if hasattr(sched, "free") else None
+        if hasattr(sched, "free"):
+            sched.free()
         sim.free()
         cpu.free()
 
