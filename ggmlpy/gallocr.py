@@ -1,0 +1,845 @@
+"""Graph allocator: ggml-alloc's ``ggml_gallocr`` and the address planner behind it.
+
+:class:`GraphAllocator` (ggml's ``ggml_gallocr``) plans a compute graph's intermediate tensors
+with ggml's planner (best-fit over free blocks, tensors freed after their last consumer, in-place
+reuse for ggml's in-place ops, several chunks when the buffer type has a max size), allocates one
+compute buffer per chunk, and places the graph's tensors at the planned offsets. The planner is
+:class:`_DynAllocator` (ggml's ``ggml_dyn_tallocr``).
+
+All sizes and offsets are in **bytes**. All calls are synchronous and only touch tensor metadata
+and buffer allocation; no tensor data is read or written. Logging goes to the ``ggmlpy.alloc``
+logger (the same logger as :mod:`ggmlpy.alloc`, which re-exports everything public here).
+
+Ownership in ggmlpy (differs from ggml, where a graph's tensors are fresh each time): the same
+:class:`~ggmlpy.tensor.Tensor` objects are reused across evaluations. A :class:`GraphAllocator`
+therefore remembers every tensor it placed (``tensor_alloc`` or ``view_init``) together with the
+``(buffer, offset)`` it gave it. Such a tensor is *owned* while it still has exactly that placement.
+Planning treats owned tensors as unallocated; :meth:`GraphAllocator.alloc_graph` first resets
+(``buffer = offset = None``) every owned tensor and every view in the graph whose ``view_src`` is
+owned, then places the graph afresh. Tensors the allocator did not place (weights, user-allocated
+inputs, anything with other memory) are never modified. When the allocator frees a compute buffer
+(re-reserve, failure, :meth:`GraphAllocator.free`), the owned tensors placed in it are reset too,
+so no tensor is left pointing into freed memory without the allocator knowing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .backend import Buffer, BufferType, BufferUsage, MultiBuffer, tensor_alloc, view_init
+from .errors import OutOfMemoryError
+from .graph import Graph
+from .opcodes import INPLACE_CAPABLE_OPS, Op
+from .tensor import Flag, Tensor
+
+__all__ = ["GraphAllocator", "MAX_CHUNKS", "POLICIES"]
+
+# Same logger name as before the split from ggmlpy.alloc, so log filters keep working.
+log = logging.getLogger("ggmlpy.alloc")
+
+#: Largest number of chunks (backend buffers) one buffer type's plan may use (mirrors
+#: ``GGML_VBUFFER_MAX_CHUNKS``). The last chunk is unbounded, so planning never fails by itself.
+MAX_CHUNKS = 16
+
+#: Placement policies of :class:`GraphAllocator`: ``"ggml"`` reproduces ggml-alloc's layouts
+#: exactly; ``"compact"`` plans the same lifetimes and in-place reuse, then re-places every block
+#: offline (largest first, lowest free offset over its lifetime) and keeps that layout when it is
+#: smaller (single-chunk plans only).
+POLICIES = ("ggml", "compact")
+
+# ggml's SIZE_MAX / 2: the size of an "unbounded" free block.
+_UNBOUNDED = sys.maxsize
+
+
+def _pad(size: int, align: int) -> int:
+    """``size`` rounded up to a multiple of ``align`` (ggml's ``GGML_PAD`` / ``aligned_offset``)."""
+    return (size + align - 1) // align * align
+
+
+# =================================================================================================
+# dynamic allocator (planning only)
+# =================================================================================================
+
+
+class _Chunk:
+    """One planned chunk: sorted free blocks ``[offset, size]`` and the high-water mark."""
+
+    __slots__ = ("blocks", "max_size")
+
+    def __init__(self, size: int) -> None:
+        self.blocks: list[list[int]] = [[0, size]]
+        self.max_size = 0
+
+
+class _DynAllocator:
+    """Address planner over up to :data:`MAX_CHUNKS` chunks (mirrors ``ggml_dyn_tallocr``).
+
+    Plans ``(chunk, offset)`` addresses; holds no memory. Every size is rounded up to
+    ``alignment`` on alloc and on free. Best fit follows ggml exactly, quirks included (see
+    :meth:`alloc`). ggml's limit of 256 free blocks per chunk (an abort) is not enforced; it never
+    changes a layout.
+    """
+
+    __slots__ = ("alignment", "max_chunk_size", "chunks")
+
+    def __init__(self, alignment: int, max_size: int) -> None:
+        self.alignment = int(alignment)
+        self.max_chunk_size = min(int(max_size), _UNBOUNDED)
+        self.chunks: list[_Chunk] = []
+
+    def reset(self) -> None:
+        """Forget every chunk (mirrors ``ggml_dyn_tallocr_reset``)."""
+        self.chunks = []
+
+    def _new_chunk(self, min_size: int) -> int:
+        if len(self.chunks) >= MAX_CHUNKS:  # unreachable: the last chunk is unbounded
+            raise RuntimeError("graph allocation: more than MAX_CHUNKS chunks")
+        size = max(min_size, self.max_chunk_size)
+        if len(self.chunks) == MAX_CHUNKS - 1:
+            size = _UNBOUNDED
+        self.chunks.append(_Chunk(size))
+        return len(self.chunks) - 1
+
+    def alloc(self, size: int) -> tuple[int, int]:
+        """Plan ``size`` bytes; returns ``(chunk, offset)`` (mirrors ``ggml_dyn_tallocr_alloc``).
+
+        1. Best fit among every chunk's blocks except each chunk's last one; ties go to the later
+           block, and the best size is reset per chunk, so a later chunk's fitting block wins.
+        2. Else the last block of a chunk, scored ``chunk.max_size - block.offset - size``: the
+           smallest non-negative score (fits under the high-water mark), else the largest
+           negative one (least growth).
+        3. Else a new chunk.
+        """
+        size = _pad(size, self.alignment)
+        best_c = best_b = -1
+        for c, chunk in enumerate(self.chunks):
+            best_size = _UNBOUNDED + 1  # SIZE_MAX
+            blocks = chunk.blocks
+            for i in range(len(blocks) - 1):
+                bsize = blocks[i][1]
+                if bsize >= size and bsize <= best_size:
+                    best_c, best_b, best_size = c, i, bsize
+        if best_b == -1:
+            best_reuse: int | None = None  # INT64_MIN
+            for c, chunk in enumerate(self.chunks):
+                if not chunk.blocks:
+                    continue
+                last = len(chunk.blocks) - 1
+                boff, bsize = chunk.blocks[last]
+                reuse = chunk.max_size - boff - size
+                if best_reuse is None:
+                    better = True
+                else:
+                    better = ((best_reuse < 0 and reuse > best_reuse)
+                              or (reuse >= 0 and reuse < best_reuse))
+                if bsize >= size and better:
+                    best_c, best_b, best_reuse = c, last, reuse
+        if best_b == -1:
+            best_c, best_b = self._new_chunk(size), 0
+        chunk = self.chunks[best_c]
+        block = chunk.blocks[best_b]
+        offset = block[0]
+        block[0] += size
+        block[1] -= size
+        if block[1] == 0:
+            del chunk.blocks[best_b]
+        chunk.max_size = max(chunk.max_size, offset + size)
+        return best_c, offset
+
+    def free(self, chunk_id: int, offset: int, size: int) -> None:
+        """Return ``size`` bytes at ``(chunk_id, offset)``, merging neighbours (mirrors
+        ``ggml_dyn_tallocr_free_bytes``)."""
+        size = _pad(size, self.alignment)
+        blocks = self.chunks[chunk_id].blocks
+        n = len(blocks)
+        for i in range(n):
+            block = blocks[i]
+            if block[0] + block[1] == offset:
+                block[1] += size
+                if i < n - 1 and block[0] + block[1] == blocks[i + 1][0]:
+                    block[1] += blocks[i + 1][1]
+                    del blocks[i + 1]
+                return
+            if offset + size == block[0]:
+                block[0] = offset
+                block[1] += size
+                if i > 0 and blocks[i - 1][0] + blocks[i - 1][1] == block[0]:
+                    blocks[i - 1][1] += block[1]
+                    del blocks[i]
+                return
+        pos = 0
+        while pos < n and blocks[pos][0] < offset:
+            pos += 1
+        blocks.insert(pos, [offset, size])
+
+    def chunk_max_size(self, c: int) -> int:
+        """High-water mark of chunk ``c``; 0 if it does not exist (``ggml_dyn_tallocr_max_size``)."""
+        return self.chunks[c].max_size if c < len(self.chunks) else 0
+
+    @property
+    def total_size(self) -> int:
+        """Sum of the chunks' high-water marks, in bytes."""
+        return sum(c.max_size for c in self.chunks)
+
+
+# =================================================================================================
+# gallocr
+# =================================================================================================
+
+
+class _HashNode:
+    """Per-tensor planning state (mirrors ggml-alloc's ``struct hash_node``)."""
+
+    __slots__ = ("n_children", "n_views", "buffer_id", "chunk", "offset", "allocated", "block")
+
+    def __init__(self) -> None:
+        self.n_children = 0
+        self.n_views = 0
+        self.buffer_id = 0
+        self.chunk = 0
+        self.offset = 0
+        self.allocated = False
+        self.block: _Block | None = None
+
+
+class _Block:
+    """One planned allocation's lifetime, for the ``compact`` policy: ``size`` padded bytes live
+    from event ``start`` to event ``end`` (None: never freed); ``members`` are the hash nodes
+    placed in it (the tensor and its in-place heirs)."""
+
+    __slots__ = ("size", "start", "end", "members", "offset")
+
+    def __init__(self, size: int, start: int, hn: _HashNode) -> None:
+        self.size = size
+        self.start = start
+        self.end: int | None = None
+        self.members = [hn]
+        self.offset = 0
+
+
+def _compact_layout(blocks: list[_Block]) -> int:
+    """Offline placement of ``blocks``: largest first, each at the lowest offset free of every
+    already placed block whose lifetime overlaps; sets ``block.offset``; returns the peak bytes."""
+    placed: list[_Block] = []
+    peak = 0
+    for b in sorted(blocks, key=lambda x: (-x.size, x.start)):
+        b_end = _UNBOUNDED if b.end is None else b.end
+        busy = sorted((p for p in placed
+                       if p.start < b_end and b.start < (_UNBOUNDED if p.end is None else p.end)),
+                      key=lambda x: x.offset)
+        off = 0
+        for p in busy:
+            if off + b.size <= p.offset:
+                break
+            off = max(off, p.offset + p.size)
+        b.offset = off
+        placed.append(b)
+        peak = max(peak, off + b.size)
+    return peak
+
+
+@dataclass(frozen=True, slots=True)
+class _Rec:
+    """A recorded placement (mirrors ggml-alloc's ``struct tensor_alloc``); ``buffer_id < 0`` = invalid."""
+
+    buffer_id: int
+    chunk: int
+    offset: int
+    size_max: int
+
+
+_INVALID = _Rec(-1, -1, -1, 0)
+
+
+class GraphAllocator:
+    """Plans and places a compute graph's tensors in compute buffers (mirrors ``ggml_gallocr``).
+
+    ``GraphAllocator(buft)`` mirrors ``ggml_gallocr_new`` (one buffer); ``GraphAllocator.new_n(bufts)``
+    mirrors ``ggml_gallocr_new_n`` (buffer ``i`` of type ``bufts[i]``; entries with the same buffer
+    type, compared by identity, share one planner and one set of backend buffers).
+
+    Planning (ggml's ``ggml_gallocr_alloc_graph_impl``): leafs first, then graph inputs
+    (``Flag.INPUT``) before any intermediate, then nodes in order; each tensor is freed after its
+    last consumer (``Flag.OUTPUT`` tensors never are), views are folded into their ``view_src``, and
+    nodes of :data:`~ggmlpy.opcodes.INPLACE_CAPABLE_OPS` reuse a source's memory under ggml's exact
+    conditions. Sources are read with ``graph.node_srcs(node)``. Memory is one backend buffer per
+    planned chunk, allocated with ``buft.alloc_buffer`` and marked ``BufferUsage.COMPUTE``.
+
+    Tensors the allocator places are *owned* (see the module docstring): they are reset and placed
+    again by every :meth:`alloc_graph`; weights and user-allocated tensors are never touched.
+
+    Args:
+        buft / bufts: the compute buffer type(s).
+        policy: ``"ggml"`` (default) places tensors exactly as ggml-alloc does (offsets identical
+            to upstream's). ``"compact"`` keeps the same lifetimes and in-place decisions but
+            re-places the blocks offline, largest first at the lowest offset free over their
+            lifetime, and keeps that layout when it needs fewer bytes; it applies to single-chunk
+            plans (no ``max_size`` split) and costs O(blocks^2) planning time.
+
+    Raises:
+        TypeError: a buffer type is not a :class:`~ggmlpy.backend.BufferType`.
+        ValueError: ``new_n`` got no buffer types, an alignment is not a power of two, or an
+            unknown ``policy``.
+    """
+
+    def __init__(self, buft: BufferType, policy: str = "ggml") -> None:
+        self._init([buft], policy)
+
+    @classmethod
+    def new_n(cls, bufts: Sequence[BufferType], policy: str = "ggml") -> GraphAllocator:
+        """A graph allocator with one buffer per entry of ``bufts`` (mirrors ``ggml_gallocr_new_n``)."""
+        self = cls.__new__(cls)
+        self._init(list(bufts), policy)
+        return self
+
+    def _init(self, bufts: list[BufferType], policy: str = "ggml") -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"GraphAllocator: policy must be one of {POLICIES}, got {policy!r}")
+        self.policy = policy
+        self._event = 0
+        self._blocks: list[list[_Block]] = []
+        if not bufts:
+            raise ValueError("GraphAllocator: at least one buffer type is needed")
+        self.bufts: list[BufferType] = []
+        self._talloc_of: list[int] = []     # buffer id -> planner index
+        self._tallocs: list[_DynAllocator] = []
+        for i, buft in enumerate(bufts):
+            if not isinstance(buft, BufferType):
+                raise TypeError(f"GraphAllocator: buffer type {i} is a {type(buft).__name__}, "
+                                "not a BufferType")
+            self.bufts.append(buft)
+            for j in range(i):
+                if bufts[j] is buft:
+                    self._talloc_of.append(self._talloc_of[j])
+                    break
+            else:
+                align = buft.get_alignment()
+                if align <= 0 or align & (align - 1):
+                    raise ValueError(f"GraphAllocator: alignment {align} of {buft.name} is not a "
+                                     "power of two")
+                self._talloc_of.append(len(self._tallocs))
+                self._tallocs.append(_DynAllocator(align, buft.get_max_size()))
+        # per planner: the chunk buffers (None = no buffer; [] = a plan with no chunk)
+        self._vbuffers: list[list[Buffer] | None] = [None] * len(self._tallocs)
+        self._multi: list[MultiBuffer | None] = [None] * len(self._tallocs)
+        self._hash: dict[int, _HashNode] = {}
+        self._node_recs: list[tuple[_Rec, list[_Rec]]] = []
+        self._leaf_recs: list[_Rec] = []
+        self._n_nodes = 0
+        self._n_leafs = 0
+        # id(tensor) -> (tensor, buffer, offset) of every tensor this allocator placed
+        self._placed: dict[int, tuple[Tensor, Buffer, int]] = {}
+
+    @property
+    def n_buffers(self) -> int:
+        """Number of buffer ids (the length of the list given to ``new_n``)."""
+        return len(self.bufts)
+
+    # -- ownership -----------------------------------------------------------------------------
+    def _owns(self, t: Tensor) -> bool:
+        rec = self._placed.get(id(t))
+        return (rec is not None and rec[0] is t and t._buffer is rec[1]
+                and t._offset == rec[2])
+
+    def _has_data(self, t: Tensor) -> bool:
+        """ggml's ``t->data || t->buffer``, with owned tensors counted as unallocated."""
+        return (t._buffer is not None or t._offset is not None) and not self._owns(t)
+
+    def _record_placed(self, t: Tensor) -> None:
+        self._placed[id(t)] = (t, t._buffer, t._offset)  # type: ignore[assignment]
+
+    def _reset_owned(self, buffers: set[int] | None = None) -> None:
+        """Reset every owned tensor (or those whose buffer is in ``buffers``, a set of ids)."""
+        keep: dict[int, tuple[Tensor, Buffer, int]] = {}
+        for key, (t, buf, off) in self._placed.items():
+            if t._buffer is not buf or t._offset != off:
+                continue  # someone else re-placed it: not ours any more
+            if buffers is not None and id(buf) not in buffers:
+                keep[key] = (t, buf, off)
+                continue
+            t.buffer = None
+            t.offset = None
+        self._placed = keep
+
+    def _reset_graph(self, graph: Graph) -> None:
+        """Reset owned tensors, and views in ``graph`` whose memory is not (or will not stay)
+        their ``view_src``'s — views of owned tensors (auto-initialised at creation by
+        ``Context``) and views whose source was moved or un-placed since (e.g. by
+        ``Scheduler.reset``) — before placing ``graph`` afresh."""
+        stale: list[Tensor] = []
+        seen: set[int] = set()
+
+        def visit(t: Tensor | None) -> None:
+            if t is None or id(t) in seen:
+                return
+            seen.add(id(t))
+            vs = t.view_src
+            if vs is None or t._buffer is None or self._owns(t):
+                return
+            moved = (vs._buffer is not t._buffer or vs._offset is None
+                     or t._offset != vs._offset + t.view_offs)
+            if moved or self._owns(vs):
+                stale.append(t)
+
+        for leaf in graph.leafs:
+            visit(leaf)
+        for node in graph.nodes:
+            visit(node)
+            for s in graph.node_srcs(node):
+                visit(s)
+        self._reset_owned()
+        for t in stale:
+            t.buffer = None
+            t.offset = None
+
+    # -- planning ------------------------------------------------------------------------------
+    def _hn(self, t: Tensor) -> _HashNode:
+        hn = self._hash.get(id(t))
+        if hn is None:
+            hn = self._hash[id(t)] = _HashNode()
+        return hn
+
+    def _alloc_size(self, buffer_id: int, t: Tensor) -> int:
+        return self.bufts[buffer_id].get_alloc_size(t)
+
+    def _is_allocated(self, t: Tensor) -> bool:
+        hn = self._hash.get(id(t))
+        return self._has_data(t) or (hn is not None and hn.allocated)
+
+    def _free_extra_space(self, node: Tensor, parent: Tensor) -> None:
+        # mirrors ggml_gallocr_free_extra_space: give back the parent's tail beyond the node's size
+        hn, p_hn = self._hn(node), self._hn(parent)
+        parent_size = self._alloc_size(p_hn.buffer_id, parent)
+        node_size = self._alloc_size(hn.buffer_id, node)
+        if parent_size < node_size:
+            raise RuntimeError(f"in-place reuse: parent '{parent.name}' ({parent_size} bytes) is "
+                               f"smaller than node '{node.name}' ({node_size} bytes)")
+        talloc = self._tallocs[self._talloc_of[p_hn.buffer_id]]
+        parent_size = _pad(parent_size, talloc.alignment)
+        node_size = _pad(node_size, talloc.alignment)
+        if parent_size > node_size:
+            talloc.free(p_hn.chunk, p_hn.offset + node_size, parent_size - node_size)
+
+    def _allocate_node(self, graph: Graph, node: Tensor, buffer_id: int) -> None:
+        # mirrors ggml_gallocr_allocate_node
+        if self._is_allocated(node) or node.view_src is not None:
+            return
+        hn = self._hn(node)
+        hn.allocated = True
+        if node.op in INPLACE_CAPABLE_OPS:
+            for parent in graph.node_srcs(node):
+                if parent is None:
+                    continue
+                p_hn = self._hash.get(id(parent))
+                if p_hn is None or not p_hn.allocated or self._has_data(parent):
+                    continue  # not owned in this pass (external data, weights, freed, handed on)
+                vs = parent.view_src
+                flags = graph.tensor_flags
+                if flags(parent) & Flag.OUTPUT or (vs is not None and flags(vs) & Flag.OUTPUT):
+                    continue
+                if not node.are_same_layout(parent):
+                    continue
+                if p_hn.n_children == 1 and p_hn.n_views == 0:
+                    if vs is not None:
+                        # ggml's reuse-through-a-view branch; unreachable since views are never owned
+                        vs_hn = self._hn(vs)
+                        if (vs_hn.n_views == 1 and vs_hn.n_children == 0
+                                and parent.view_offs == 0):
+                            hn.buffer_id, hn.chunk, hn.offset = p_hn.buffer_id, p_hn.chunk, p_hn.offset
+                            p_hn.allocated = False
+                            vs_hn.allocated = False
+                            self._free_extra_space(node, vs)
+                            return
+                    else:
+                        hn.buffer_id, hn.chunk, hn.offset = p_hn.buffer_id, p_hn.chunk, p_hn.offset
+                        p_hn.allocated = False  # the parent is not freed: the node owns it now
+                        self._free_extra_space(node, parent)
+                        if p_hn.block is not None:
+                            hn.block = p_hn.block
+                            hn.block.members.append(hn)
+                        return
+        k = self._talloc_of[buffer_id]
+        talloc = self._tallocs[k]
+        size = self._alloc_size(buffer_id, node)
+        hn.chunk, hn.offset = talloc.alloc(size)
+        hn.buffer_id = buffer_id
+        if self.policy == "compact":
+            hn.block = _Block(_pad(size, talloc.alignment), self._event, hn)
+            self._blocks[k].append(hn.block)
+            self._event += 1
+
+    def _free_node(self, graph: Graph, node: Tensor) -> None:
+        # mirrors ggml_gallocr_free_node: outputs are never freed
+        if graph.tensor_flags(node) & Flag.OUTPUT:
+            return
+        hn = self._hn(node)
+        talloc = self._tallocs[self._talloc_of[hn.buffer_id]]
+        talloc.free(hn.chunk, hn.offset, self._alloc_size(hn.buffer_id, node))
+        hn.allocated = False
+        if hn.block is not None:
+            hn.block.end = self._event
+            self._event += 1
+
+    def _plan(self, graph: Graph, node_ids: Sequence[int] | None,
+              leaf_ids: Sequence[int] | None) -> None:
+        # mirrors ggml_gallocr_alloc_graph_impl
+        self._hash = {}
+        node_srcs = graph.node_srcs
+        for i, leaf in enumerate(graph.leafs):
+            self._allocate_node(graph, leaf, leaf_ids[i] if leaf_ids is not None else 0)
+
+        # count children and views; allocate graph inputs before anything else
+        for i, node in enumerate(graph.nodes):
+            bid = node_ids[i] if node_ids is not None else 0
+            if node.view_src is not None and node.op != Op.NONE:
+                self._hn(node.view_src).n_views += 1
+            if graph.tensor_flags(node) & Flag.INPUT:
+                self._allocate_node(graph, node, bid)
+            for src in node_srcs(node):
+                if src is None:
+                    continue
+                self._hn(src).n_children += 1
+                if graph.tensor_flags(src) & Flag.INPUT:
+                    self._allocate_node(graph, src, bid)
+
+        for i, node in enumerate(graph.nodes):
+            bid = node_ids[i] if node_ids is not None else 0
+            srcs = node_srcs(node)
+            for parent in srcs:
+                if parent is not None:
+                    self._allocate_node(graph, parent, bid)
+            self._allocate_node(graph, node, bid)
+            for parent in srcs:
+                if parent is None:
+                    continue
+                p_hn = self._hn(parent)
+                p_hn.n_children -= 1
+                if p_hn.n_children == 0 and p_hn.n_views == 0:
+                    vs = parent.view_src
+                    if vs is not None:
+                        vs_hn = self._hn(vs)
+                        vs_hn.n_views -= 1
+                        if vs_hn.n_views == 0 and vs_hn.n_children == 0 and vs_hn.allocated:
+                            self._free_node(graph, vs)
+                    elif p_hn.allocated:
+                        self._free_node(graph, parent)
+
+    def _compact(self) -> None:
+        """The ``compact`` policy: re-place each single-chunk plan offline (largest block first at
+        the lowest offset free over its lifetime) and keep it when it is smaller than ggml's."""
+        for k, talloc in enumerate(self._tallocs):
+            if len(talloc.chunks) != 1 or not self._blocks[k]:
+                continue  # several chunks (a max_size): keep ggml's chunked plan
+            peak = _compact_layout(self._blocks[k])
+            chunk = talloc.chunks[0]
+            if peak >= chunk.max_size or peak > talloc.max_chunk_size:
+                continue
+            for b in self._blocks[k]:
+                for hn in b.members:
+                    hn.offset = b.offset
+            chunk.max_size = peak
+
+    def _rec_of(self, t: Tensor | None) -> _Rec:
+        if t is None or t.view_src is not None or self._has_data(t):
+            return _INVALID
+        hn = self._hn(t)
+        return _Rec(hn.buffer_id, hn.chunk, hn.offset, self._alloc_size(hn.buffer_id, t))
+
+    def _check_ids(self, graph: Graph, node_ids: Sequence[int] | None,
+                   leaf_ids: Sequence[int] | None) -> tuple[list[int] | None, list[int] | None]:
+        if not isinstance(graph, Graph):
+            raise TypeError(f"GraphAllocator: expected a Graph, got {type(graph).__name__}")
+        out = []
+        for what, ids, n in (("node_buffer_ids", node_ids, graph.n_nodes),
+                             ("leaf_buffer_ids", leaf_ids, graph.n_leafs)):
+            if ids is None:
+                out.append(None)
+                continue
+            ids = [int(x) for x in ids]
+            if len(ids) < n:
+                raise ValueError(f"GraphAllocator: {what} has {len(ids)} entries for {n} "
+                                 f"{what.split('_')[0]}s")
+            ids = ids[:n]
+            for k, b in enumerate(ids):
+                if not 0 <= b < len(self.bufts):
+                    raise IndexError(f"GraphAllocator: {what}[{k}] = {b} is not a buffer id "
+                                     f"(0..{len(self.bufts) - 1})")
+            out.append(ids)
+        return out[0], out[1]
+
+    def _reserve_impl(self, graph: Graph, node_ids: Sequence[int] | None,
+                      leaf_ids: Sequence[int] | None, no_alloc: bool) -> bool:
+        # mirrors ggml_gallocr_reserve_n_impl
+        node_ids, leaf_ids = self._check_ids(graph, node_ids, leaf_ids)
+        for talloc in self._tallocs:
+            talloc.reset()
+        self._event = 0
+        self._blocks = [[] for _ in self._tallocs]
+        self._plan(graph, node_ids, leaf_ids)
+        if self.policy == "compact":
+            self._compact()
+
+        node_srcs = graph.node_srcs
+        self._node_recs = [(self._rec_of(node), [self._rec_of(s) for s in node_srcs(node)])
+                           for node in graph.nodes]
+        self._leaf_recs = [self._rec_of(leaf) for leaf in graph.leafs]
+        self._n_nodes, self._n_leafs = graph.n_nodes, graph.n_leafs
+        self._hash = {}
+
+        # (re)allocate the buffers that must grow, once per distinct buffer type
+        for k, talloc in enumerate(self._tallocs):
+            cur = self._vbuffers[k]
+            realloc = cur is None
+            for c in range(len(talloc.chunks)):
+                cur_size = cur[c].size if cur is not None and c < len(cur) else 0
+                if talloc.chunk_max_size(c) > cur_size:
+                    realloc = True
+            if not realloc:
+                continue
+            buft = self.bufts[self._talloc_of.index(k)]
+            cur_total = sum(b.size for b in cur) if cur else 0
+            log.debug("GraphAllocator: reallocating %s buffer from %d to %d bytes",
+                      buft.name, cur_total, talloc.total_size)
+            self._free_vbuffer(k)
+            if no_alloc:
+                continue
+            chunks: list[Buffer] = []
+            try:
+                for c in talloc.chunks:
+                    buf = buft.alloc_buffer(c.max_size)
+                    buf.set_usage(BufferUsage.COMPUTE)
+                    chunks.append(buf)
+            except OutOfMemoryError as e:
+                for b in chunks:
+                    b.free()
+                log.error("GraphAllocator: failed to allocate %s buffer of %d bytes in %d "
+                          "chunk(s) %s: %s", buft.name, talloc.total_size, len(talloc.chunks),
+                          [c.max_size for c in talloc.chunks], e)
+                return False
+            self._vbuffers[k] = chunks
+        return True
+
+    def _free_vbuffer(self, k: int) -> None:
+        cur = self._vbuffers[k]
+        if cur is None:
+            return
+        self._reset_owned({id(b) for b in cur})
+        for b in cur:
+            b.free()
+        self._vbuffers[k] = None
+        self._multi[k] = None
+
+    # -- public API ----------------------------------------------------------------------------
+    def reserve(self, graph: Graph) -> bool:
+        """Plan ``graph`` with every tensor in buffer 0 and grow the buffers to fit
+        (mirrors ``ggml_gallocr_reserve``); see :meth:`reserve_n`."""
+        return self.reserve_n(graph, None, None)
+
+    def reserve_n(self, graph: Graph, node_buffer_ids: Sequence[int] | None,
+                  leaf_buffer_ids: Sequence[int] | None) -> bool:
+        """Plan ``graph`` and (re)allocate every buffer that must grow (mirrors ``ggml_gallocr_reserve_n``).
+
+        The graph's tensors are not placed (that is :meth:`alloc_graph`). A buffer that must grow
+        is freed first (owned tensors in it are reset) and allocated again at the new size; a
+        buffer is allocated even when its plan is empty. Buffers only grow.
+
+        Args:
+            graph: the graph to plan.
+            node_buffer_ids: buffer id of each of ``graph.nodes`` (None: all 0).
+            leaf_buffer_ids: buffer id of each of ``graph.leafs`` (None: all 0).
+
+        Returns:
+            True on success. False when a backend buffer could not be allocated
+            (``OutOfMemoryError`` from ``buft.alloc_buffer``; logged on logger ``ggmlpy.alloc``);
+            that buffer is then left empty and a later, smaller reserve can still succeed.
+
+        Raises:
+            TypeError: ``graph`` is not a Graph. ValueError/IndexError: an id list is shorter than
+            the graph's nodes/leafs or holds an id outside ``0..n_buffers-1``.
+        """
+        return self._reserve_impl(graph, node_buffer_ids, leaf_buffer_ids, no_alloc=False)
+
+    def reserve_n_size(self, graph: Graph, node_buffer_ids: Sequence[int] | None,
+                       leaf_buffer_ids: Sequence[int] | None) -> list[int]:
+        """Plan only, and return the bytes each buffer would need (mirrors ``ggml_gallocr_reserve_n_size``).
+
+        Allocates nothing. As in ggml, the recorded plan is replaced by this one and every buffer
+        that would have to grow is freed (owned tensors in it are reset), so follow with a real
+        :meth:`reserve_n` before :meth:`alloc_graph`.
+
+        Returns:
+            ``sizes[i]``: the sum of buffer ``i``'s planned chunk sizes in bytes, or 0 when buffer
+            ``i`` shares its buffer type with an earlier id (as :meth:`get_buffer_size`; ggml repeats
+            the shared total there).
+
+        Raises:
+            as :meth:`reserve_n`.
+        """
+        self._reserve_impl(graph, node_buffer_ids, leaf_buffer_ids, no_alloc=True)
+        sizes = []
+        for i in range(len(self.bufts)):
+            k = self._talloc_of[i]
+            shared = k in self._talloc_of[:i]
+            sizes.append(0 if shared else self._tallocs[k].total_size)
+        return sizes
+
+    def _rec_valid(self, t: Tensor, rec: _Rec) -> bool:
+        # ggml's ggml_gallocr_node_needs_realloc (which returns true when the record is valid)
+        if t.view_src is not None or self._has_data(t):
+            return True
+        if rec.buffer_id < 0:
+            return False  # it had data when planned but not now
+        return rec.size_max >= self._alloc_size(rec.buffer_id, t)
+
+    def _needs_realloc(self, graph: Graph) -> bool:
+        # mirrors ggml_gallocr_needs_realloc, plus: every planned buffer must exist and be big enough
+        if self._n_nodes != graph.n_nodes or self._n_leafs != graph.n_leafs:
+            return True
+        for k, talloc in enumerate(self._tallocs):
+            cur = self._vbuffers[k]
+            if cur is None or len(cur) < len(talloc.chunks):
+                return True
+            if any(cur[c].size < ch.max_size for c, ch in enumerate(talloc.chunks)):
+                return True
+        node_srcs = graph.node_srcs
+        for node, (dst_rec, src_recs) in zip(graph.nodes, self._node_recs):
+            if not self._rec_valid(node, dst_rec):
+                return True
+            srcs = node_srcs(node)
+            for j, src in enumerate(srcs):
+                if src is None:
+                    continue
+                if j >= len(src_recs) or not self._rec_valid(src, src_recs[j]):
+                    return True
+        return False
+
+    def _init_tensor(self, t: Tensor, rec: _Rec) -> None:
+        # mirrors ggml_gallocr_init_tensor
+        if t.view_src is not None:
+            if t._buffer is None:
+                if t.view_src._buffer is None:
+                    return  # its memory is not managed by a backend buffer (yet)
+                view_init(t)
+                self._record_placed(t)
+        elif t._buffer is None and t._offset is None:
+            if rec.buffer_id < 0:
+                # a leaf that had memory when planned and is consumed by no node (ggml does not
+                # check those either); leave it unallocated
+                log.debug("GraphAllocator: leaf '%s' has no planned address; left unallocated", t.name)
+                return
+            vbuf = self._vbuffers[self._talloc_of[rec.buffer_id]]
+            assert vbuf is not None  # guaranteed by _needs_realloc
+            tensor_alloc(vbuf[rec.chunk], t, rec.offset)
+            self._record_placed(t)
+
+    def alloc_graph(self, graph: Graph) -> bool:
+        """Place every tensor of ``graph`` at its planned address (mirrors ``ggml_gallocr_alloc_graph``).
+
+        First resets the tensors this allocator placed before (and views in ``graph`` of them).
+        Then, if the graph no longer matches the recorded plan (other node/leaf counts, a tensor
+        that grew past its planned size, a tensor that had memory when planned and has none now,
+        or a missing buffer): with one buffer id it re-plans by itself (:meth:`reserve`), with
+        several it returns False and the caller must call :meth:`reserve_n` with the ids and then
+        this again. Then every buffer is ``reset()`` and leafs, then each node's sources and the
+        node, are placed with ``tensor_alloc`` (views with ``view_init``). Tensors that already
+        have memory (weights, user inputs) are left alone.
+
+        Returns:
+            True when the graph is placed; False when a re-plan is needed (several buffers) or the
+            automatic re-plan failed to allocate memory.
+
+        Raises:
+            TypeError: ``graph`` is not a Graph.
+        """
+        if not isinstance(graph, Graph):
+            raise TypeError(f"alloc_graph: expected a Graph, got {type(graph).__name__}")
+        self._reset_graph(graph)
+        if self._needs_realloc(graph):
+            if len(self.bufts) == 1:
+                log.debug("GraphAllocator: graph changed, re-planning")
+                if not self.reserve(graph):
+                    return False
+            else:
+                log.debug("GraphAllocator: graph changed and there are several buffers; "
+                          "the caller must reserve_n again")
+                return False
+        for cur in self._vbuffers:
+            for b in cur or ():
+                b.reset()
+        for leaf, rec in zip(graph.leafs, self._leaf_recs):
+            self._init_tensor(leaf, rec)
+        node_srcs = graph.node_srcs
+        for node, (dst_rec, src_recs) in zip(graph.nodes, self._node_recs):
+            for src, rec in zip(node_srcs(node), src_recs):
+                if src is not None:
+                    self._init_tensor(src, rec)
+            self._init_tensor(node, dst_rec)
+        return True
+
+    def get_buffer_size(self, buffer_id: int) -> int:
+        """Bytes of buffer ``buffer_id`` (sum of its chunks; mirrors ``ggml_gallocr_get_buffer_size``).
+
+        0 when it has no memory yet or shares its buffer type with an earlier id (counted there).
+
+        Raises:
+            IndexError: ``buffer_id`` outside ``0..n_buffers-1``.
+        """
+        self._check_id(buffer_id)
+        k = self._talloc_of[buffer_id]
+        cur = self._vbuffers[k]
+        if cur is None or k in self._talloc_of[:buffer_id]:
+            return 0
+        return sum(b.size for b in cur)
+
+    def get_buffer(self, buffer_id: int) -> Buffer | None:
+        """The memory of buffer ``buffer_id``: its single chunk buffer, a
+        :class:`~ggmlpy.backend.MultiBuffer` over its chunks when there are several (the same
+        object until the buffers change), or None when it has no memory. Ids sharing a buffer
+        type return the same object. The allocator owns it: do not free it.
+
+        Raises:
+            IndexError: ``buffer_id`` outside ``0..n_buffers-1``.
+        """
+        self._check_id(buffer_id)
+        k = self._talloc_of[buffer_id]
+        cur = self._vbuffers[k]
+        if not cur:
+            return None
+        if len(cur) == 1:
+            return cur[0]
+        if self._multi[k] is None:
+            self._multi[k] = MultiBuffer(cur)
+            self._multi[k].usage = BufferUsage.COMPUTE
+        return self._multi[k]
+
+    def get_chunk_buffers(self, buffer_id: int) -> list[Buffer]:
+        """The backend buffers (one per planned chunk) of buffer ``buffer_id``; empty when none.
+
+        Raises:
+            IndexError: ``buffer_id`` outside ``0..n_buffers-1``.
+        """
+        self._check_id(buffer_id)
+        return list(self._vbuffers[self._talloc_of[buffer_id]] or ())
+
+    def _check_id(self, buffer_id: int) -> None:
+        if not 0 <= buffer_id < len(self.bufts):
+            raise IndexError(f"GraphAllocator: buffer id {buffer_id} outside 0..{len(self.bufts) - 1}")
+
+    def free(self) -> None:
+        """Free every buffer once, resetting the tensors placed in them (mirrors ``ggml_gallocr_free``).
+
+        Idempotent. The allocator stays usable: a later reserve allocates new buffers.
+        """
+        for k in range(len(self._tallocs)):
+            self._free_vbuffer(k)
+        self._reset_owned()
+        self._node_recs, self._leaf_recs = [], []
+        self._n_nodes = self._n_leafs = 0
+
+    def __repr__(self) -> str:
+        sizes = [self.get_buffer_size(i) for i in range(len(self.bufts))]
+        names = [b.name for b in self.bufts]
+        return f"<GraphAllocator {names} sizes={sizes}>"
