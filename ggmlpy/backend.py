@@ -10,8 +10,10 @@ Every class has two layers:
   default ggml gives a NULL slot.
 
 Capabilities (async, host_buffer, events, buffer_from_host_ptr) are data on
-:class:`DeviceCaps`, not probed with ``hasattr``. Tensor copies follow one fallback ladder,
-written once in :func:`backend_tensor_copy` / :func:`backend_tensor_copy_async`.
+:class:`DeviceCaps`, not probed with ``hasattr``. What is not contract lives beside this module:
+the tensor set/get/memset/copy functions and their one fallback ladder are in
+:mod:`ggmlpy.tensor_data` (still importable from here: ``ggmlpy.backend.backend_tensor_set``
+resolves lazily to it).
 """
 
 from __future__ import annotations
@@ -35,8 +37,6 @@ __all__ = [
     "Status", "BufferUsage", "DeviceType", "DeviceCaps", "DeviceProps",
     "BufferType", "Buffer", "MultiBuffer", "Backend", "Device", "Reg", "Event",
     "tensor_buffer", "tensor_alloc", "view_init",
-    "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
-    "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async",
     "event_new", "event_record", "event_wait", "event_synchronize", "event_query",
     "as_bytes",
 ]
@@ -444,213 +444,6 @@ def view_init(tensor: Tensor) -> Status:
 
 
 # ---------------------------------------------------------------------------------------------
-# tensor data access
-
-
-def _check_range(tensor: Tensor, offset: int, size: int, what: str) -> None:
-    if offset < 0 or size < 0 or offset + size > tensor.nbytes:
-        raise ValueError(f"{what}: byte range [{offset}, {offset + size}) is outside tensor "
-                         f"'{tensor.name}' of {tensor.nbytes} bytes")
-
-
-def _check_tensor(t: Any, what: str) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{what}: expected a Tensor, got {type(t).__name__}")
-
-
-def _check_int(v: Any, name: str, what: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{what}: {name} must be an int (bytes), got {v!r}")
-    return int(v)
-
-
-def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what: str) -> np.ndarray:
-    _check_tensor(tensor, what)
-    offset = _check_int(offset, "offset", what)
-    if size is not None:
-        size = _check_int(size, "size", what)
-    tensor_buffer(tensor)
-    if not isinstance(data, (np.ndarray, bytes, bytearray, memoryview)):
-        # lists and scalars: values of the tensor's element type, never raw float64 bytes
-        if tensor.type.is_quantized:
-            raise TypeError(f"{what}: tensor '{tensor.name}' is {tensor.type.type_name}: pass its "
-                            "raw bytes (bytes or a uint8 array)")
-        data = np.asarray(data, dtype=tensor.type.dtype)
-    if isinstance(data, np.ndarray) and data.dtype != np.uint8 and not tensor.type.is_quantized:
-        if data.dtype != tensor.type.dtype:
-            raise TypeError(f"{what}: array of dtype {data.dtype} for tensor '{tensor.name}' of "
-                            f"type {tensor.type.type_name} (dtype {tensor.type.dtype}); convert first")
-        if offset == 0 and size is None:
-            if data.nbytes != tensor.nbytes:
-                raise ValueError(f"{what}: {data.nbytes} bytes for tensor '{tensor.name}' of "
-                                 f"{tensor.nbytes} bytes; pass size= for a partial write")
-            if data.ndim > 1 and not tensor.is_contiguous():
-                raise ValueError(f"{what}: tensor '{tensor.name}' is not contiguous; write "
-                                 "its view_src or pass raw bytes")
-    raw = as_bytes(data)
-    n = raw.size if size is None else int(size)
-    if n > raw.size:
-        raise ValueError(f"{what}: size {n} is larger than the {raw.size} bytes given")
-    _check_range(tensor, offset, n, what)
-    return raw[:n]
-
-
-def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | None = None) -> None:
-    """Write host data into a tensor's memory, blocking (mirrors ``ggml_backend_tensor_set``).
-
-    Args:
-        tensor: an allocated tensor.
-        data: a NumPy array of the tensor's dtype (e.g. shape ``ne[::-1]``), or raw bytes / a
-            uint8 array. Bytes are copied as they lie in memory (ggml's raw semantics).
-        offset: byte offset from the tensor's start.
-        size: bytes to write (default: all of ``data``). A typed array written at offset 0 must
-            cover the whole tensor unless ``size`` is given.
-
-    Raises:
-        NotAllocatedError: the tensor has no memory. TypeError: the array's dtype is not the
-        tensor's. ValueError: the byte range is outside the tensor, or a whole-tensor write has
-        the wrong byte size.
-    """
-    raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set")
-    if raw.size:
-        tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
-
-
-def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray | bytes:
-    """Read a tensor back to the host, blocking (mirrors ``ggml_backend_tensor_get``).
-
-    With ``offset == 0`` and ``size is None`` it returns a new NumPy array of the tensor's dtype
-    with shape ``ne[::-1]`` (strided views are read through their strides); for block-quantized
-    types the ``nbytes`` raw bytes as uint8. With a byte range it returns ``bytes``.
-
-    Raises:
-        NotAllocatedError: the tensor has no memory. ValueError: range outside the tensor.
-    """
-    _check_tensor(tensor, "backend_tensor_get")
-    offset = _check_int(offset, "offset", "backend_tensor_get")
-    buf = tensor_buffer(tensor)
-    if offset == 0 and size is None:
-        raw = buf._get_tensor(tensor, 0, tensor.nbytes)
-        if tensor.type.is_quantized:
-            return raw
-        return np.lib.stride_tricks.as_strided(
-            raw.view(tensor.type.dtype), shape=tensor.ne[::-1], strides=tensor.nb[::-1]).copy()
-    size = tensor.nbytes - offset if size is None else int(size)
-    _check_range(tensor, offset, size, "backend_tensor_get")
-    return buf._get_tensor(tensor, int(offset), size).tobytes()
-
-
-def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
-    """Set ``size`` bytes (default: to the end) of a tensor to ``value``, blocking
-    (mirrors ``ggml_backend_tensor_memset``).
-
-    Raises:
-        NotAllocatedError, ValueError: as :func:`backend_tensor_set`; ``value`` must be 0..255.
-    """
-    buf = tensor_buffer(tensor)
-    size = tensor.nbytes - offset if size is None else int(size)
-    if not 0 <= int(value) <= 255:
-        raise ValueError(f"backend_tensor_memset: value {value} is not a byte")
-    _check_range(tensor, offset, size, "backend_tensor_memset")
-    if size:
-        buf._memset_tensor(tensor, int(value), int(offset), size)
-
-
-def _check_same_layout(src: Tensor, dst: Tensor, what: str) -> None:
-    if not src.are_same_layout(dst):
-        raise ValueError(f"{what}: '{src.name}' ({src.type.type_name} ne={list(src.ne)} "
-                         f"nb={list(src.nb)}) and '{dst.name}' ({dst.type.type_name} "
-                         f"ne={list(dst.ne)} nb={list(dst.nb)}) differ in layout")
-
-
-def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
-    """Copy ``src``'s bytes into ``dst``, blocking (mirrors ``ggml_backend_tensor_copy``).
-
-    Ladder: src in host memory -> set into dst; dst in host memory -> get from src; dst buffer's
-    direct copy; else staged through a host copy.
-
-    Raises:
-        ValueError: different type/ne/nb. NotAllocatedError: either is unallocated.
-    """
-    _check_tensor(src, "backend_tensor_copy")
-    _check_tensor(dst, "backend_tensor_copy")
-    _check_same_layout(src, dst, "backend_tensor_copy")
-    if src is dst:
-        return
-    sbuf, dbuf = tensor_buffer(src), tensor_buffer(dst)
-    n = src.nbytes
-    if n == 0:
-        return
-    if sbuf.is_host():
-        dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
-    elif dbuf.is_host() or not dbuf._cpy_tensor(src, dst):
-        dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
-
-
-def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset: int = 0,
-                             size: int | None = None) -> None:
-    """Queue a host-to-tensor write on ``backend``'s stream (mirrors ``ggml_backend_tensor_set_async``).
-
-    Same arguments and checks as :func:`backend_tensor_set`; all checks happen before anything is
-    queued. Device backends snapshot ``data`` into pinned staging at call time, so the caller may
-    reuse its array at once. Backends without async support synchronize and then copy blocking.
-    """
-    if not isinstance(backend, Backend):
-        raise TypeError(f"backend_tensor_set_async: expected a Backend, got {type(backend).__name__}")
-    raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set_async")
-    if not raw.size:
-        return
-    if not backend._set_tensor_async(tensor, raw, int(offset)):
-        backend.synchronize()
-        tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
-
-
-def backend_tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
-    """Queue a tensor-to-host read into ``out`` on ``backend``'s stream (mirrors
-    ``ggml_backend_tensor_get_async``). ``out`` holds the data only after ``backend.synchronize()``.
-
-    Args:
-        out: a writable C-contiguous host array; its ``nbytes`` is the byte count read.
-        offset: byte offset from the tensor's start.
-
-    Raises:
-        NotAllocatedError, ValueError (range, or ``out`` not writable/contiguous).
-    """
-    tensor_buffer(tensor)
-    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"backend_tensor_get_async: out for '{tensor.name}' must be a writable "
-                         "C-contiguous NumPy array")
-    _check_range(tensor, offset, out.nbytes, "backend_tensor_get_async")
-    if not out.nbytes:
-        return
-    raw = out.reshape(-1).view(np.uint8)
-    if not backend._get_tensor_async(tensor, raw, int(offset)):
-        backend.synchronize()
-        raw[:] = tensor_buffer(tensor)._get_tensor(tensor, int(offset), out.nbytes)
-
-
-def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:
-    """Copy ``src`` into ``dst`` ordered after the work queued on ``backend_src`` and before later
-    work on ``backend_dst`` (mirrors ``ggml_backend_tensor_copy_async``).
-
-    Tries ``backend_dst``'s async peer copy; if it cannot, synchronizes both backends and copies
-    blocking with :func:`backend_tensor_copy`.
-
-    Raises:
-        ValueError: different layout. NotAllocatedError: either tensor unallocated.
-    """
-    _check_same_layout(src, dst, "backend_tensor_copy_async")
-    if src is dst:
-        return
-    tensor_buffer(src), tensor_buffer(dst)
-    if backend_dst._cpy_tensor_async(backend_src, src, dst):
-        return
-    backend_src.synchronize()
-    backend_dst.synchronize()
-    backend_tensor_copy(src, dst)
-
-
-# ---------------------------------------------------------------------------------------------
 # backend (stream)
 
 
@@ -1010,3 +803,18 @@ class Reg:
 
 #: Signature of a scheduler eval callback: ``cb(tensor, ask) -> bool``.
 EvalCallback = Callable[[Tensor, bool], bool]
+
+
+# Names that moved to ggmlpy.tensor_data (the tensor set/get/copy ladder is not contract); kept
+# importable from here. Resolved on first use, so this module never imports the one above it.
+_MOVED_TO_TENSOR_DATA = frozenset({
+    "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
+    "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MOVED_TO_TENSOR_DATA:
+        from . import tensor_data  # compatibility re-export (lazy: tensor_data imports this module)
+
+        return getattr(tensor_data, name)
+    raise AttributeError(f"module 'ggmlpy.backend' has no attribute {name!r}")

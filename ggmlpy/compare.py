@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Backend, Buffer, backend_tensor_copy, view_init
+from .backend import Backend, Buffer, view_init
+from .tensor_data import backend_tensor_copy
 from .errors import NotAllocatedError
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS

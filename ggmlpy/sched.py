@@ -39,7 +39,8 @@ from typing import Any
 
 from .alloc import GraphAllocator
 from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
-                      backend_tensor_copy, event_new, event_record, event_synchronize, event_wait)
+                      event_new, event_record, event_synchronize, event_wait)
+from .tensor_data import backend_tensor_copy
 from .errors import UnsupportedOpError
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS, Op
@@ -298,25 +299,48 @@ class Scheduler:
         self._copies = {}
         self._graph_inputs = []
         self._user_graph = graph
-        nb = len(self.backends)
-        cpu = nb - 1
-        bo, cause = self._backend_of, self._cause
         nodes = graph.nodes
+        compute_nodes = [n for n in nodes if n.op not in VIEW_OPS]
+        self._pass1_assign_preallocated(graph)
+        self._pass2_expand_assignments(compute_nodes)
+        self._pass3_upgrade_to_higher_prio(compute_nodes)
+        self._pass4_assign_remaining_srcs(nodes)
+        self._check_view_src_access(nodes)
+        src_map, extra_flags = self._pass5_split_and_copy(nodes)
+        self._build_sched_graph(graph, src_map, extra_flags)
+        if self.debug:
+            self.print_report(verbose=self.debug > 1)
 
-        # pass 1: pre-allocated tensors, inputs, weights
+    def _pass1_assign_preallocated(self, graph: Graph) -> None:
+        """Pass 1 of ``ggml_backend_sched_split_graph``: assign backends to ops with pre-allocated
+        inputs. Leafs and nodes that have memory (or whose ``view_src`` has) go to the backend of
+        that buffer (``1.dst``, ``1.vsrc``); user inputs to the CPU (``1.inp``); an op reading
+        weights goes to the weights' backend (``1.wgt``) or, when offloading, to a higher-priority
+        backend that wants it (``1.off``). Existing assignments stay.
+
+        Raises:
+            UnsupportedOpError: a pre-allocated tensor is in a buffer no capable backend can use.
+        """
+        bo, cause = self._backend_of, self._cause
         for leaf in graph.leafs:
             if bo.get(leaf, -1) < 0:
                 b, c = self._backend_id_from_cur(leaf)
                 if b >= 0:
                     bo[leaf], cause[leaf] = b, c
-        for node in nodes:
+        for node in graph.nodes:
             if bo.get(node, -1) < 0:
                 b, c = self._backend_id_from_cur(node)
                 if b >= 0:
                     bo[node], cause[node] = b, c
 
-        # pass 2: expand assignments to neighbours (GPU down, GPU up, rest down, rest up)
-        compute_nodes = [n for n in nodes if n.op not in VIEW_OPS]
+
+    def _pass2_expand_assignments(self, compute_nodes: list[Tensor]) -> None:
+        """Pass 2 of ``ggml_backend_sched_split_graph``: expand current backend assignments to
+        unassigned neighbours, in four sweeps: non-CPU backends down then up, then every backend
+        down then up (cause ``2.gpu_down``, ``2.gpu_up``, ``2.down``, ``2.up``). A node only takes
+        a backend that supports it."""
+        bo = self._backend_of
+        cpu = len(self.backends) - 1
         for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
                                      (compute_nodes[::-1], True, "2.gpu_up"),
                                      (compute_nodes, False, "2.down"),
@@ -329,7 +353,12 @@ class Scheduler:
                 elif cur >= 0:
                     self._set_if_supported(node, cur, tag)
 
-        # pass 3: upgrade to higher-priority backends sharing the buffer type; fill the rest
+
+    def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:
+        """Pass 3 of ``ggml_backend_sched_split_graph``: upgrade nodes to higher-priority backends
+        with compatible buffer types (cause ``3.upg``), and give each still-unassigned node the
+        backend that supports it and can use the most of its already-placed sources (``3.best``)."""
+        bo, cause = self._backend_of, self._cause
         for node in compute_nodes:
             b = bo.get(node, -1)
             srcs = [s for s in node.src if s is not None]
@@ -350,7 +379,16 @@ class Scheduler:
                         bo[node], cause[node] = i, "3.upg"
                         break
 
-        # pass 4: sources from destinations and view sources; fallback
+
+    def _pass4_assign_remaining_srcs(self, nodes: list[Tensor]) -> None:
+        """Pass 4 of ``ggml_backend_sched_split_graph``: assign backends to remaining sources from
+        their destination and view sources (``4.vsrc``, ``4.cur``); a node still unassigned takes
+        the first backend that supports it (``4.fallback``).
+
+        Raises:
+            UnsupportedOpError: no backend supports a node's op.
+        """
+        bo, cause = self._backend_of, self._cause
         for node in nodes:
             if node.view_src is not None and bo.get(node, -1) < 0:
                 vb = bo.get(node.view_src, -1)
@@ -380,7 +418,15 @@ class Scheduler:
                 else:
                     bo[s], cause[s] = nb_, "4.cur"
 
-        # a node placed on a backend must be able to read its view_src's buffer
+
+    def _check_view_src_access(self, nodes: list[Tensor]) -> None:
+        """After pass 4: a node placed on a backend must be able to read its ``view_src``'s buffer.
+
+        Raises:
+            UnsupportedOpError: a non-view node writes into a view of a tensor in a buffer its
+                backend cannot use.
+        """
+        bo = self._backend_of
         for node in nodes:
             vs = node.view_src
             if vs is not None and vs.buffer is not None and node.op not in VIEW_OPS \
@@ -392,7 +438,19 @@ class Scheduler:
                         f"'{vs.name}' in a {vs.buffer.name} buffer that its backend {be.name} "
                         "cannot access")
 
-        # pass 5: splits and copies
+
+    def _pass5_split_and_copy(self, nodes: list[Tensor]
+                              ) -> tuple[dict[int, list[Tensor | None]], dict[int, Flag]]:
+        """Pass 5 of ``ggml_backend_sched_split_graph``: split the graph at backend changes (and
+        where a split on the same backend needs weights it cannot use) and find the tensors that
+        need to be copied: per (source, backend) ``n_copies`` copies, user inputs duplicated per
+        copy when pipelining. Sets :attr:`splits`.
+
+        Returns:
+            ``(src_map, extra_flags)``: per node id its substituted sources, and per tensor id the
+            flags the scheduler graph adds (the user's graph is never rewritten).
+        """
+        bo, cause = self._backend_of, self._cause
         src_map: dict[int, list[Tensor | None]] = {}
         extra_flags: dict[int, Flag] = {}
         splits: list[Split] = []
@@ -459,7 +517,17 @@ class Scheduler:
         if split is not None:
             split.i_end = len(nodes)
         self.splits = splits
+        return src_map, extra_flags
 
+    def _build_sched_graph(self, graph: Graph, src_map: dict[int, list[Tensor | None]],
+                           extra_flags: dict[int, Flag]) -> None:
+        """Build the scheduler's graph (ggml's ``sched->graph``): per split its input dependencies
+        and copies, then its nodes; the copies' and the user graph's leafs. Sets :attr:`graph` and
+        the per-node/leaf backend ids the allocator reserves with."""
+        bo = self._backend_of
+        nodes = graph.nodes
+        splits = self.splits
+        n_copies = self.n_copies
         # the scheduler's graph: per split its input dependencies and copies, then its nodes
         self._prev_node_ids, self._prev_leaf_ids = self._node_ids, self._leaf_ids
         sg = Graph(0)
@@ -514,8 +582,6 @@ class Scheduler:
         sg._visited = {id(t) for t in sg.nodes} | {id(t) for t in sg.leafs}
         self.graph = sg
         self._node_ids, self._leaf_ids = node_ids, leaf_ids
-        if self.debug:
-            self.print_report(verbose=self.debug > 1)
 
     # ------------------------------------------------------------------------------------------
     # allocation

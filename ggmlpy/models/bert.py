@@ -44,8 +44,8 @@ import numpy as np
 from .. import ops
 from .._check import check_bool, check_int, check_optional, check_type
 from ..alloc import alloc_ctx_tensors_from_buft
-from ..backend import (Backend, Buffer, BufferUsage, Device, DeviceType, Status,
-                       backend_tensor_get, backend_tensor_get_async, backend_tensor_set)
+from ..backend import Backend, Buffer, BufferUsage, Device, DeviceType, Status
+from ..tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ..errors import BackendUnavailableError, ComputeError
 from ..graph import Graph
 from ..tensor import Context, Tensor

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import Backend, Buffer, backend_tensor_get, backend_tensor_set, tensor_alloc, view_init
+from ..backend import Backend, Buffer, tensor_alloc, view_init
+from ..tensor_data import backend_tensor_get, backend_tensor_set
 from ..tensor import Context, Tensor
 from ..types import Type
 

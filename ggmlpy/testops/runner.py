@@ -25,7 +25,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..backend import Backend, Device, backend_tensor_get, backend_tensor_set
+from ..backend import Backend, Device
+from ..tensor_data import backend_tensor_get, backend_tensor_set
 from ..compare import compare_graph_backend, nmse
 from ..graph import Graph
 from ..opcodes import VIEW_OPS, Op
