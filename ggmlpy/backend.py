@@ -326,6 +326,17 @@ class Buffer:
     def _clear(self, value: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} needs _clear")
 
+    def _host_view(self, tensor: Tensor) -> np.ndarray | None:
+        """Zero-copy host view of ``tensor``'s bytes, or None (the default: memory the host cannot
+        address directly, e.g. device memory).
+
+        Returns:
+            A 1-D ``uint8`` NumPy view of the ``tensor.nbytes`` bytes starting at the tensor's
+            offset in this buffer (no copy: writes go to the buffer). Host buffers return it;
+            copy paths use it to stage host data in one copy, with no ``isinstance`` branch.
+        """
+        return None
+
     def _array(self, tensor: Tensor) -> Any:
         """The tensor's memory as an array of the runtime's array module (NumPy shape ``ne[::-1]``,
         strides ``nb[::-1]``), for kernels. Non-quantized types only."""
@@ -450,7 +461,9 @@ def view_init(tensor: Tensor) -> Status:
 class Backend:
     """One execution stream of a device (mirrors ``ggml_backend``).
 
-    Subclasses implement ``_graph_compute`` and, for asynchronous devices, ``_synchronize``,
+    Subclasses implement ``_graph_compute``; optionally the plan hooks ``_graph_plan_create``,
+    ``_graph_plan_compute``, ``_graph_plan_update`` and ``_graph_plan_free``; and, for asynchronous
+    devices, ``_synchronize``,
     ``_set_tensor_async``, ``_get_tensor_async``, ``_cpy_tensor_async``, ``_event_record`` and
     ``_event_wait``. The async data hooks return False when they cannot do the work, so the facade
     falls back to blocking copies.
@@ -523,6 +536,63 @@ class Backend:
         self.synchronize()
         return status
 
+    def graph_plan_create(self, graph: Graph) -> Any:
+        """Resolve ``graph`` once into a reusable plan (mirrors ``ggml_backend_graph_plan_create``).
+
+        The plan stays valid while the graph and the placement (buffer, offset) of its tensors
+        are unchanged; run it with :meth:`graph_plan_compute`, refresh it with
+        :meth:`graph_plan_update`, release it with :meth:`graph_plan_free`. Synchronous: it only
+        reads metadata. Optional hook: ggml asserts when a backend has no plan slot; here the
+        base hook raises ``NotImplementedError`` naming the backend.
+
+        Raises:
+            TypeError: ``graph`` is not a Graph. NotImplementedError: the backend has no plans.
+            NotAllocatedError, UnsupportedOpError: as :meth:`graph_compute_async`.
+        """
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph_plan_create: expected a Graph, got {type(graph).__name__}")
+        return self._graph_plan_create(graph)
+
+    def graph_plan_compute(self, plan: Any) -> Status:
+        """Run a plan made by this backend's :meth:`graph_plan_create`
+        (mirrors ``ggml_backend_graph_plan_compute``). Synchronous on the CPU; device backends
+        launch it on their stream and return at once (complete after :meth:`synchronize`).
+
+        Raises:
+            ValueError: ``plan`` is None. NotImplementedError: the backend has no plans.
+            NotAllocatedError: a buffer the plan uses was freed.
+        """
+        if plan is None:
+            raise ValueError(f"graph_plan_compute: backend {self.name} got no plan (None)")
+        return self._graph_plan_compute(plan)
+
+    def graph_plan_update(self, plan: Any, graph: Graph) -> Any:
+        """A plan for ``graph`` replacing ``plan`` (mirrors the ``graph_plan_update`` slot: faster
+        than a new plan when the topology is the same). Returns the plan to use from now on (may
+        be a new object; ``plan`` must not be used afterwards). Default when a backend has no
+        update hook: :meth:`graph_plan_free` then :meth:`graph_plan_create`. Synchronous.
+
+        Raises:
+            TypeError: ``graph`` is not a Graph. ValueError: ``plan`` is None.
+            NotImplementedError: the backend has no plans.
+        """
+        if plan is None:
+            raise ValueError(f"graph_plan_update: backend {self.name} got no plan (None)")
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph_plan_update: expected a Graph, got {type(graph).__name__}")
+        return self._graph_plan_update(plan, graph)
+
+    def graph_plan_free(self, plan: Any) -> None:
+        """Release a plan made by :meth:`graph_plan_create` (mirrors ``ggml_backend_graph_plan_free``).
+        Default hook: nothing to release (the plan's memory is garbage-collected). Synchronous.
+
+        Raises:
+            ValueError: ``plan`` is None.
+        """
+        if plan is None:
+            raise ValueError(f"graph_plan_free: backend {self.name} got no plan (None)")
+        self._graph_plan_free(plan)
+
     def supports_op(self, op: Tensor) -> bool:
         """Whether this backend can compute ``op`` (mirrors ``ggml_backend_supports_op``)."""
         return self.device.supports_op(op)
@@ -545,6 +615,19 @@ class Backend:
 
     def _graph_compute(self, graph: Graph) -> Status:
         raise NotImplementedError(f"{type(self).__name__} needs _graph_compute")
+
+    def _graph_plan_create(self, graph: Graph) -> Any:
+        raise NotImplementedError(f"backend {self.name} ({type(self).__name__}) has no graph plans")
+
+    def _graph_plan_compute(self, plan: Any) -> Status:
+        raise NotImplementedError(f"backend {self.name} ({type(self).__name__}) has no graph plans")
+
+    def _graph_plan_update(self, plan: Any, graph: Graph) -> Any:
+        self.graph_plan_free(plan)
+        return self._graph_plan_create(graph)
+
+    def _graph_plan_free(self, plan: Any) -> None:
+        pass
 
     def _set_tensor_async(self, tensor: Tensor, data: np.ndarray, offset: int) -> bool:
         return False
@@ -685,9 +768,18 @@ class Device:
     def init_backend(self, params: str | None = None) -> Backend:
         """A new backend (stream) on this device (mirrors ``ggml_backend_dev_init``).
 
+        Args:
+            params: backend-specific initialisation string (ggml's ``params``). The devices in
+                ggmlpy (CPU, SIM, CUDA) take none: ``None`` or ``""`` only.
+
         Raises:
+            TypeError: ``params`` is not a str or None. ValueError: the device takes no params
+            and some were given (never silently ignored).
             BackendUnavailableError: the device cannot create a backend.
         """
+        if params is not None and not isinstance(params, str):
+            raise TypeError(f"init_backend: params for device {self.name} must be a str or None, "
+                            f"got {type(params).__name__}")
         return self._init_backend(params)
 
     def get_buffer_type(self) -> BufferType:
@@ -701,12 +793,28 @@ class Device:
     def buffer_from_host_ptr(self, array: np.ndarray, max_tensor_size: int = 0) -> Buffer:
         """Wrap user host memory as a buffer without copying (mirrors ``ggml_backend_dev_buffer_from_host_ptr``).
 
+        Args:
+            array: the host memory (the device's hook states its requirements).
+            max_tensor_size: bytes of the largest tensor the caller will place in the buffer
+                (ggml's hint; 0 = not given). Checked here: it must be an int in
+                ``[0, array.nbytes]``; the wrapped memory is one contiguous region, so every
+                tensor up to that size fits.
+
         Raises:
-            ValueError: the device lacks the ``buffer_from_host_ptr`` capability.
+            ValueError: the device lacks the ``buffer_from_host_ptr`` capability, or
+            ``max_tensor_size`` is negative or larger than ``array.nbytes``.
+            TypeError: ``max_tensor_size`` is not an int.
         """
         if not self.caps.buffer_from_host_ptr:
             raise ValueError(f"device {self.name} cannot wrap host memory")
-        return self._buffer_from_host_ptr(array, max_tensor_size)
+        if isinstance(max_tensor_size, bool) or not isinstance(max_tensor_size, (int, np.integer)):
+            raise TypeError(f"buffer_from_host_ptr: max_tensor_size must be an int (bytes), "
+                            f"got {max_tensor_size!r}")
+        nbytes = getattr(array, "nbytes", None)
+        if max_tensor_size < 0 or (nbytes is not None and max_tensor_size > nbytes):
+            raise ValueError(f"buffer_from_host_ptr: max_tensor_size {max_tensor_size} is outside "
+                             f"[0, {nbytes}] (the wrapped array's bytes) on device {self.name}")
+        return self._buffer_from_host_ptr(array, int(max_tensor_size))
 
     def supports_op(self, op: Tensor) -> bool:
         """Whether the device can compute node ``op`` with its source types (mirrors ``ggml_backend_dev_supports_op``).

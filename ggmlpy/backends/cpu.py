@@ -81,11 +81,14 @@ class HostBuffer(Buffer):
 
     def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
         sbuf = src.buffer
-        if isinstance(sbuf, HostBuffer):
-            n = src.nbytes
-            self.data[dst.offset:dst.offset + n] = sbuf.data[src.offset:src.offset + n]
+        view = sbuf._host_view(src) if sbuf is not None else None
+        if view is not None:
+            self.data[dst.offset:dst.offset + view.size] = view
             return True
         return False
+
+    def _host_view(self, tensor: Tensor) -> np.ndarray:
+        return self.data[tensor.offset:tensor.offset + tensor.nbytes]
 
     def _clear(self, value: int) -> None:
         self.data[:] = value
@@ -165,20 +168,13 @@ class CPUBackend(Backend):
     def _build_plan(self, graph: Graph) -> Plan:
         return build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op)
 
-    def graph_plan_create(self, graph: Graph) -> Plan:
-        """Resolve ``graph`` into a reusable :class:`Plan` (mirrors ``ggml_backend_graph_plan_create``).
-
-        Raises:
-            NotAllocatedError, UnsupportedOpError: as :meth:`graph_compute`.
-        """
+    # plan hooks of the backend contract (facades: Backend.graph_plan_*) -------------------------
+    def _graph_plan_create(self, graph: Graph) -> Plan:
+        # a fresh plan, not the cached one: the caller owns it
         return self._build_plan(graph)
 
-    def graph_plan_compute(self, plan: Plan) -> Status:
-        """Run a plan made by :meth:`graph_plan_create`; synchronous (mirrors ``ggml_backend_graph_plan_compute``).
-
-        Raises:
-            NotAllocatedError: a buffer the plan uses was freed.
-        """
+    def _graph_plan_compute(self, plan: Plan) -> Status:
+        # synchronous: runs on the calling thread
         plan.check_live(self.name)
         plan.run()
         return Status.SUCCESS
@@ -223,6 +219,8 @@ class CPUDevice(Device):
             extra={"threads": os.cpu_count() or 1})
 
     def _init_backend(self, params: str | None) -> Backend:
+        if params:
+            raise ValueError(f"init_backend: device CPU takes no params, got {params!r}")
         return CPUBackend(self)
 
     def _get_buffer_type(self) -> BufferType:

@@ -57,7 +57,7 @@ from ..graph import Graph
 from ..opcodes import Op
 from ..tensor import Tensor
 from . import kernels
-from .cpu import TENSOR_ALIGNMENT, CPUBackend, HostBuffer, cpu_buffer_type
+from .cpu import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type
 from .plan import Plan, PlanCache, build_plan
 
 __all__ = ["Runtime", "DeviceMemory", "DeviceInfo", "AsyncBufferType", "AsyncBuffer",
@@ -459,20 +459,17 @@ class AsyncBackend(Backend):
             return build_plan(graph, self.runtime.xp, self.name, self._can_read,
                               self.device.can_compute)
 
-    def graph_plan_create(self, graph: Graph) -> Plan:
-        """Resolve ``graph`` into a reusable :class:`~ggmlpy.backends.plan.Plan` on the calling
-        thread (mirrors ``ggml_backend_graph_plan_create``).
-
-        Raises:
-            NotAllocatedError: a tensor is unallocated or outside this device's memory.
-            UnsupportedOpError: a node is not supported here.
-        """
+    # plan hooks of the backend contract (facades: Backend.graph_plan_*) -------------------------
+    def _graph_plan_create(self, graph: Graph) -> Plan:
+        # built on the calling thread; raises NotAllocatedError for tensors outside this device's
+        # memory and UnsupportedOpError for nodes not supported here
         return self._build_plan(graph)
 
-    def graph_plan_compute(self, plan: Plan) -> Status:
-        """Launch ``plan`` on the stream; asynchronous (mirrors ``ggml_backend_graph_plan_compute``)."""
+    def _graph_plan_compute(self, plan: Plan) -> Status:
+        # asynchronous: launched on the stream, complete after synchronize()
         self._check_plan_live(plan)
-        self.runtime.launch(self.stream, plan.run)
+        with self.runtime.activate(self.device.index):
+            self.runtime.launch(self.stream, plan.run)
         return Status.SUCCESS
 
     def _check_plan_live(self, plan: Plan) -> None:
@@ -567,17 +564,17 @@ class AsyncBackend(Backend):
         if sbuf.is_host():
             if n == 0:
                 return True
-            if backend_src is not self and not isinstance(backend_src, CPUBackend):
+            if backend_src is not self and backend_src.device.caps.async_:
                 backend_src.synchronize()  # queued work of an async source may still write src
-            if (rt.pinned_direct_upload and isinstance(sbuf, AsyncHostBuffer)
+            view = sbuf._host_view(src)
+            if (rt.pinned_direct_upload and view is not None and isinstance(sbuf, AsyncHostBuffer)
                     and sbuf.buft.device.runtime is rt):  # type: ignore[union-attr]
                 with rt.activate(self.device.index):  # pinned: DMA straight from the tensor
-                    rt.memcpy_htod_async(self.stream, dbuf.mem, dst.offset,
-                                         sbuf.data[src.offset:src.offset + n])
+                    rt.memcpy_htod_async(self.stream, dbuf.mem, dst.offset, view)
                 return True
             staging = rt.staging(self.stream, n)
-            if isinstance(sbuf, HostBuffer):  # one copy, straight from host memory
-                staging[:] = sbuf.data[src.offset:src.offset + n]
+            if view is not None:  # one copy, straight from host memory
+                staging[:] = view
             else:
                 staging[:] = sbuf._get_tensor(src, 0, n)
             with rt.activate(self.device.index):
@@ -669,6 +666,8 @@ class AsyncDevice(Device):
         return self._get_info().type
 
     def _init_backend(self, params: str | None) -> Backend:
+        if params:
+            raise ValueError(f"init_backend: device {self._name} takes no params, got {params!r}")
         return AsyncBackend(self)
 
     def _get_buffer_type(self) -> BufferType:
