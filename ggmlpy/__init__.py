@@ -58,6 +58,12 @@ import logging as _logging
 
 _logging.getLogger("ggmlpy").addHandler(_logging.NullHandler())
 
+# old module paths (ggmlpy.test_backend_ops, ggmlpy.compare, ggmlpy.testops.graph_compare) stay
+# importable, resolved on first import (see ggmlpy/_aliases.py)
+from . import _aliases  # noqa: E402
+
+_aliases.install()
+
 
 def __getattr__(name: str):
     # the allocator and scheduler are imported lazily so that importing ggmlpy stays cheap
@@ -81,7 +87,11 @@ def __getattr__(name: str):
 
         return Scheduler
     if name in ("graph_copy", "compare_graph_backend"):
-        from . import compare
+        from . import backend_compare
 
-        return getattr(compare, name)
+        return getattr(backend_compare, name)
+    if f"ggmlpy.{name}" in _aliases.ALIASES:  # e.g. ggmlpy.test_backend_ops.compare_graph
+        import importlib
+
+        return importlib.import_module(f"ggmlpy.{name}")
     raise AttributeError(f"module 'ggmlpy' has no attribute {name!r}")

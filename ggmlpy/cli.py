@@ -57,7 +57,7 @@ def _cmd_devices(argv: Sequence[str]) -> int:
 
 
 def _cmd_test_backend_ops(argv: Sequence[str]) -> int:
-    from .test_backend_ops import main as tbo_main
+    from .testops import main as tbo_main
 
     return tbo_main(argv)
 

@@ -9,7 +9,7 @@ has shape ``ne[::-1]`` and strides ``nb[::-1]``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from .backend import Buffer
 
 __all__ = ["MAX_DIMS", "MAX_SRC", "MAX_NAME", "Flag", "Tensor", "Context", "nbytes_of"]
+
+#: Allocates a zero-filled host buffer of ``n`` bytes for ``Context(no_alloc=False)``. Injected
+#: by :mod:`ggmlpy.backends.cpu` when it is imported (``import ggmlpy`` does), so that this module
+#: never imports a backend (tensors sit below backends in the layering).
+_host_buffer_alloc: Callable[[int], Buffer] | None = None
+
+
+def _set_host_buffer_alloc(fn: Callable[[int], Buffer]) -> None:
+    """Install the host allocator used by ``no_alloc=False`` contexts (called by the CPU backend)."""
+    global _host_buffer_alloc
+    _host_buffer_alloc = fn
 
 MAX_DIMS = 4
 MAX_SRC = 10
@@ -38,7 +49,7 @@ class Flag(IntFlag):
     COMPUTE = 16
 
 
-_UNTRACKED = frozenset(("name", "extra", "buffer", "offset"))  # unread, or properties over _buffer/_offset
+_UNTRACKED = frozenset(("name", "buffer", "offset"))  # unread, or properties over _buffer/_offset
 _VALUE_FIELDS = frozenset(("type", "ne", "nb", "op", "view_offs", "flags", "_offset"))  # compared by ==
 _MISSING = object()
 _tracked = TrackedList.of
@@ -93,11 +104,10 @@ class Tensor:
             its ``view_src``'s buffer once the view is initialised.
         offset: byte offset of element 0 from the buffer's base (ggml's ``data`` pointer), or
             ``None`` while unallocated.
-        extra: backend-private data (ggml's ``extra``).
     """
 
     __slots__ = ("type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs", "flags",
-                 "name", "_buffer", "_offset", "extra", "_ver", "__weakref__")
+                 "name", "_buffer", "_offset", "_ver", "__weakref__")
 
     def __init__(self, type: Type, ne: tuple[int, int, int, int], nb: tuple[int, int, int, int],
                  view_src: Tensor | None = None, view_offs: int = 0) -> None:
@@ -115,7 +125,6 @@ class Tensor:
         osa(self, "name", "")
         osa(self, "_buffer", None)
         osa(self, "_offset", None)
-        osa(self, "extra", None)
         osa(self, "_ver", -1)  # generation of the last change; -1: in no snapshot yet (ggmlpy.snapshot)
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -366,11 +375,10 @@ class Context:
     def _add(self, t: Tensor) -> Tensor:
         self.tensors.append(t)
         if not self.no_alloc and t.view_src is None and t.nbytes > 0:
-            from .backends.cpu import cpu_buffer_type  # late import: tensors sit below backends
-
-            buf = cpu_buffer_type().alloc_buffer(t.nbytes)
-            buf.clear(0)
-            t.buffer, t.offset = buf, 0
+            if _host_buffer_alloc is None:  # only when ggmlpy.backends.cpu was never imported
+                raise RuntimeError("Context(no_alloc=False) needs the CPU backend: import ggmlpy "
+                                   "(or ggmlpy.backends.cpu) first")
+            t.buffer, t.offset = _host_buffer_alloc(t.nbytes), 0
         elif t.view_src is not None and t.view_src.is_allocated:
             # ggml sets a view's data from an allocated view_src at creation
             t.buffer, t.offset = t.view_src.buffer, t.view_src.offset + t.view_offs

@@ -20,6 +20,7 @@ from ..backend import (Backend, Buffer, BufferType, Device, DeviceCaps, DevicePr
                        Reg, Status)
 from ..errors import OutOfMemoryError
 from ..graph import Graph
+from .. import tensor as _tensor_module
 from ..tensor import Tensor
 from . import kernels
 from .plan import Plan, PlanCache, build_plan
@@ -260,3 +261,13 @@ def cpu_reg() -> Reg:
 def backend_cpu_init() -> CPUBackend:
     """A new CPU backend (mirrors ``ggml_backend_cpu_init``)."""
     return CPUBackend(cpu_device())
+
+
+def _alloc_host_zeroed(n: int) -> Buffer:
+    """A zero-filled CPU buffer of ``n`` bytes (the host memory of ``Context(no_alloc=False)``)."""
+    buf = cpu_buffer_type().alloc_buffer(n)
+    buf.clear(0)
+    return buf
+
+
+_tensor_module._set_host_buffer_alloc(_alloc_host_zeroed)

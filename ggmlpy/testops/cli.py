@@ -189,7 +189,7 @@ def _graph_main(args: argparse.Namespace) -> int:
     from .. import registry
     from ..backends.cpu import backend_cpu_init
     from ..tensor import Context
-    from .graph_compare import compare_graph
+    from .divergence import compare_graph
     from .runner import resolve_backends
 
     spec = importlib.util.spec_from_file_location("ggmlpy_user_graph", args.graph)

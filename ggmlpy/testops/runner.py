@@ -6,7 +6,7 @@ Mirrors ``test_case::eval``, ``eval_perf`` and ``eval_support`` of ggml's test-b
   the backend under test or by the CPU backend the case is "not supported". Otherwise every tensor
   is placed in one buffer of the backend under test with guard bytes around it
   (:mod:`.guards`), every non-view tensor (outputs included) gets the case's deterministic
-  initial data, and :func:`ggmlpy.compare.compare_graph_backend` computes the graph node by node
+  initial data, and :func:`ggmlpy.backend_compare.compare_graph_backend` computes the graph node by node
   on both backends (the CPU side gets a copy made with ``graph_copy``). Each computed node's two
   results must be free of NaN and within the case's NMSE threshold; afterwards the guards must be
   intact and inputs nobody writes must still hold their initial bytes. When a case fails, a
@@ -27,7 +27,7 @@ import numpy as np
 
 from ..backend import Backend, Device
 from ..tensor_data import backend_tensor_get, backend_tensor_set
-from ..compare import compare_graph_backend, nmse
+from ..backend_compare import compare_graph_backend, nmse
 from ..graph import Graph
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Context, Tensor

@@ -22,7 +22,7 @@ import numpy as np
 from .._check import check_bool, check_number, check_optional, check_type
 from ..backend import Backend, tensor_alloc, view_init
 from ..tensor_data import backend_tensor_copy, backend_tensor_get, backend_tensor_set
-from ..compare import graph_copy, nmse
+from ..backend_compare import graph_copy, nmse
 from ..graph import Graph, graph_view
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Tensor
