@@ -38,7 +38,6 @@ __all__ = [
     "BufferType", "Buffer", "MultiBuffer", "Backend", "Device", "Reg", "Event",
     "tensor_buffer", "tensor_alloc", "view_init",
     "event_new", "event_record", "event_wait", "event_synchronize", "event_query",
-    "as_bytes",
 ]
 
 
@@ -107,21 +106,6 @@ class DeviceProps:
     device_id: str | None = None
     caps: DeviceCaps = field(default_factory=DeviceCaps)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def as_bytes(data: Any) -> np.ndarray:
-    """A 1-D contiguous ``uint8`` view (or copy, if not contiguous) of ``data``'s bytes.
-
-    Accepts NumPy arrays, ``bytes``/``bytearray``/``memoryview`` and anything ``np.asarray``
-    takes. Raises TypeError for object arrays.
-    """
-    if isinstance(data, np.ndarray):
-        if data.dtype.hasobject:
-            raise TypeError("cannot take the bytes of an object array")
-        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-    if isinstance(data, (bytes, bytearray, memoryview)):
-        return np.frombuffer(data, dtype=np.uint8)
-    return as_bytes(np.asarray(data))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,14 +311,10 @@ class Buffer:
         raise NotImplementedError(f"{type(self).__name__} needs _clear")
 
     def _host_view(self, tensor: Tensor) -> np.ndarray | None:
-        """Zero-copy host view of ``tensor``'s bytes, or None (the default: memory the host cannot
-        address directly, e.g. device memory).
-
-        Returns:
-            A 1-D ``uint8`` NumPy view of the ``tensor.nbytes`` bytes starting at the tensor's
-            offset in this buffer (no copy: writes go to the buffer). Host buffers return it;
-            copy paths use it to stage host data in one copy, with no ``isinstance`` branch.
-        """
+        """Zero-copy view of ``tensor``'s bytes: a 1-D ``uint8`` NumPy array of ``tensor.nbytes``
+        bytes from its offset (writes go to the buffer). Host buffers return it; the default is
+        None (memory the host cannot address, e.g. device memory). Copy paths use it instead of
+        ``isinstance`` checks."""
         return None
 
     def _array(self, tensor: Tensor) -> Any:
@@ -539,11 +519,8 @@ class Backend:
     def graph_plan_create(self, graph: Graph) -> Any:
         """Resolve ``graph`` once into a reusable plan (mirrors ``ggml_backend_graph_plan_create``).
 
-        The plan stays valid while the graph and the placement (buffer, offset) of its tensors
-        are unchanged; run it with :meth:`graph_plan_compute`, refresh it with
-        :meth:`graph_plan_update`, release it with :meth:`graph_plan_free`. Synchronous: it only
-        reads metadata. Optional hook: ggml asserts when a backend has no plan slot; here the
-        base hook raises ``NotImplementedError`` naming the backend.
+        Valid while the graph and its tensors' (buffer, offset) are unchanged. Synchronous.
+        Optional hook: where ggml asserts on a missing slot, the base hook raises.
 
         Raises:
             TypeError: ``graph`` is not a Graph. NotImplementedError: the backend has no plans.
@@ -567,10 +544,9 @@ class Backend:
         return self._graph_plan_compute(plan)
 
     def graph_plan_update(self, plan: Any, graph: Graph) -> Any:
-        """A plan for ``graph`` replacing ``plan`` (mirrors the ``graph_plan_update`` slot: faster
-        than a new plan when the topology is the same). Returns the plan to use from now on (may
-        be a new object; ``plan`` must not be used afterwards). Default when a backend has no
-        update hook: :meth:`graph_plan_free` then :meth:`graph_plan_create`. Synchronous.
+        """The plan for ``graph`` that replaces ``plan``, which must not be used afterwards
+        (mirrors the ``graph_plan_update`` slot). Default hook: :meth:`graph_plan_free` then
+        :meth:`graph_plan_create`. Synchronous.
 
         Raises:
             TypeError: ``graph`` is not a Graph. ValueError: ``plan`` is None.
@@ -769,8 +745,7 @@ class Device:
         """A new backend (stream) on this device (mirrors ``ggml_backend_dev_init``).
 
         Args:
-            params: backend-specific initialisation string (ggml's ``params``). The devices in
-                ggmlpy (CPU, SIM, CUDA) take none: ``None`` or ``""`` only.
+            params: ggml's backend init string; ggmlpy's devices (CPU, SIM, CUDA) take none.
 
         Raises:
             TypeError: ``params`` is not a str or None. ValueError: the device takes no params
@@ -795,10 +770,8 @@ class Device:
 
         Args:
             array: the host memory (the device's hook states its requirements).
-            max_tensor_size: bytes of the largest tensor the caller will place in the buffer
-                (ggml's hint; 0 = not given). Checked here: it must be an int in
-                ``[0, array.nbytes]``; the wrapped memory is one contiguous region, so every
-                tensor up to that size fits.
+            max_tensor_size: bytes of the largest tensor to be placed (ggml's hint; 0 = not
+                given); must be in ``[0, array.nbytes]``, and all such tensors fit (one region).
 
         Raises:
             ValueError: the device lacks the ``buffer_from_host_ptr`` capability, or
@@ -913,10 +886,9 @@ class Reg:
 EvalCallback = Callable[[Tensor, bool], bool]
 
 
-# Names that moved to ggmlpy.tensor_data (the tensor set/get/copy ladder is not contract); kept
-# importable from here. Resolved on first use, so this module never imports the one above it.
+# Moved to ggmlpy.tensor_data (not contract); still importable from here, resolved on first use.
 _MOVED_TO_TENSOR_DATA = frozenset({
-    "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
+    "as_bytes", "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
     "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async"})
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import Backend, Buffer, view_init
-from .tensor_data import backend_tensor_copy
 from .errors import NotAllocatedError
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
 from .tensor import Context, Tensor
+from .tensor_data import backend_tensor_copy
 
 __all__ = ["GraphCopy", "graph_copy", "compare_graph_backend", "nmse"]
 

@@ -40,11 +40,11 @@ from typing import Any
 from .alloc import GraphAllocator
 from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
                       event_new, event_record, event_synchronize, event_wait)
-from .tensor_data import backend_tensor_copy
 from .errors import UnsupportedOpError
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS, Op
 from .tensor import Context, Flag, Tensor
+from .tensor_data import backend_tensor_copy
 
 __all__ = ["Scheduler", "Split", "MAX_BACKENDS", "MAX_COPIES"]
 

@@ -17,13 +17,29 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend, as_bytes, tensor_buffer
+from .backend import Backend, tensor_buffer
 from .tensor import Tensor
 
 __all__ = [
     "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
     "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async",
+    "as_bytes",
 ]
+
+
+def as_bytes(data: Any) -> np.ndarray:
+    """A 1-D contiguous ``uint8`` view (or copy, if not contiguous) of ``data``'s bytes.
+
+    Accepts NumPy arrays, ``bytes``/``bytearray``/``memoryview`` and anything ``np.asarray``
+    takes. Raises TypeError for object arrays.
+    """
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise TypeError("cannot take the bytes of an object array")
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return np.frombuffer(data, dtype=np.uint8)
+    return as_bytes(np.asarray(data))
 
 
 def _check_range(tensor: Tensor, offset: int, size: int, what: str) -> None:

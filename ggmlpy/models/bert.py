@@ -45,10 +45,10 @@ from .. import ops
 from .._check import check_bool, check_int, check_optional, check_type
 from ..alloc import alloc_ctx_tensors_from_buft
 from ..backend import Backend, Buffer, BufferUsage, Device, DeviceType, Status
-from ..tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ..errors import BackendUnavailableError, ComputeError
 from ..graph import Graph
 from ..tensor import Context, Tensor
+from ..tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ..types import Type
 from .loader import (BertConfig, BertTokenizer, check_model_dir, find_default_model_dir,
                      load_tokenizer, load_weights)

@@ -21,11 +21,11 @@ import numpy as np
 
 from .._check import check_bool, check_number, check_optional, check_type
 from ..backend import Backend, tensor_alloc, view_init
-from ..tensor_data import backend_tensor_copy, backend_tensor_get, backend_tensor_set
 from ..backend_compare import graph_copy, nmse
 from ..graph import Graph, graph_view
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Tensor
+from ..tensor_data import backend_tensor_copy, backend_tensor_get, backend_tensor_set
 
 __all__ = ["DivergenceReport", "compare_graph", "default_tolerance"]
 

@@ -26,11 +26,11 @@ from typing import Any, TextIO
 import numpy as np
 
 from ..backend import Backend, Device
-from ..tensor_data import backend_tensor_get, backend_tensor_set
 from ..backend_compare import compare_graph_backend, nmse
 from ..graph import Graph
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Context, Tensor
+from ..tensor_data import backend_tensor_get, backend_tensor_set
 from ..types import Type
 from .case import TestCase
 from .guards import guarded_alloc
