@@ -3,7 +3,7 @@
 Tensors and compute graphs (:mod:`ggmlpy.tensor`, :mod:`ggmlpy.graph`), graph-building ops with
 ggml's names and shape rules (:mod:`ggmlpy.ops`, re-exported here: ``ggmlpy.add(ctx, a, b)``), the
 backend interface (:mod:`ggmlpy.backend`), a registry of devices (:mod:`ggmlpy.registry`), the
-graph allocator (:mod:`ggmlpy.alloc`), the NumPy CPU backend, a CuPy CUDA backend and a
+allocators (:mod:`ggmlpy.alloc`, :mod:`ggmlpy.gallocr`), the NumPy CPU backend, a CuPy CUDA backend and a
 host-emulated device (:mod:`ggmlpy.backends`), and the multi-backend scheduler
 (:mod:`ggmlpy.sched`), ggml's quantized types (:mod:`ggmlpy.quants`: ``ggmlpy.quantize``,
 ``ggmlpy.dequantize``) and GGUF files (:mod:`ggmlpy.gguf_io`: ``ggmlpy.gguf_load``,

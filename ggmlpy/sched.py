@@ -2,7 +2,7 @@
 
 The scheduler assigns every node of a graph to a backend with the seed's passes, cuts the graph
 into per-backend *splits*, copies what each split needs from other backends, allocates everything
-through one :class:`~ggmlpy.alloc.GraphAllocator` (one buffer per backend) and runs the splits.
+through one :class:`~ggmlpy.gallocr.GraphAllocator` (one buffer per backend) and runs the splits.
 With ``parallel=True`` it keeps ``n_copies = 4`` copies of every split input (and of every user
 input) so that consecutive evaluations overlap, ordered by per-(backend, copy) events.
 
@@ -94,7 +94,7 @@ class Scheduler:
             its ``offload_op`` says so.
         alloc_policy: the compute-buffer planner's placement policy, ``"ggml"`` (ggml's exact
             layouts) or ``"compact"`` (same lifetimes, tighter offline placement); see
-            :class:`~ggmlpy.alloc.GraphAllocator`.
+            :class:`~ggmlpy.gallocr.GraphAllocator`.
 
     Raises:
         ValueError: no backends, more than 16, the last is not a CPU device, a buffer type not
