@@ -19,9 +19,11 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "ggmlpy"
 
-#: Layers, lowest first; a module belongs to the layer of the longest prefix that matches it.
+#: Layers, lowest first; a module belongs to the layer of the longest prefix that matches it
+#: (a prefix covers its submodules; the root package ``ggmlpy`` matches only itself).
 LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.types", "ggmlpy.errors", "ggmlpy.opcodes", "ggmlpy.special", "ggmlpy._aliases"),
+    ("ggmlpy.quants",),
     ("ggmlpy.tensor",),
     ("ggmlpy.graph",),
     ("ggmlpy.ops",),
@@ -37,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.backends.sim_runtime", "ggmlpy.backends.cupy_runtime", "ggmlpy.backends.ray_runtime"),
     ("ggmlpy.backends",),
     ("ggmlpy.registry",),
-    ("ggmlpy.backend_compare",),
+    ("ggmlpy.gguf_io", "ggmlpy.backend_compare"),
     ("ggmlpy.testops",),
     ("ggmlpy.models",),
     ("ggmlpy.cli",),
@@ -65,7 +67,8 @@ def _rank(mod: str) -> int:
     best, rank = -1, None
     for i, layer in enumerate(LAYERS):
         for prefix in layer:
-            if (mod == prefix or mod.startswith(prefix + ".")) and len(prefix) > best:
+            covers = mod == prefix or (prefix != "ggmlpy" and mod.startswith(prefix + "."))
+            if covers and len(prefix) > best:
                 best, rank = len(prefix), i
     if rank is None:
         raise AssertionError(f"module {mod} is in no layer: add it to LAYERS in {__file__}")
@@ -161,3 +164,8 @@ def test_the_checker_sees_a_late_upward_import(tmp_path, monkeypatch):
     assert "ggmlpy.sched" not in _imports("ggmlpy.graph", top_level_only=True)
     with pytest.raises(AssertionError, match="higher layers"):
         test_module_imports_only_its_layer_or_lower("ggmlpy.graph")
+
+
+def test_a_module_outside_the_table_is_reported():
+    with pytest.raises(AssertionError, match="in no layer"):
+        _rank("ggmlpy.brand_new_module")
