@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 
 from .alloc import alloc_ctx_tensors_from_buft
-from .backend import Backend, Buffer, BufferType, BufferUsage, backend_tensor_get, backend_tensor_set
+from .backend import Backend, Buffer, BufferType, BufferUsage
 from .errors import GGUFError
 from .quants import quantize
 from .tensor import Context, Tensor
+from .tensor_data import backend_tensor_get, backend_tensor_set
 from .types import Type, type_from_dtype
 
 __all__ = ["GGUFModel", "gguf_load", "gguf_save"]

@@ -22,7 +22,9 @@ PKG = Path(__file__).resolve().parent.parent / "ggmlpy"
 #: Layers, lowest first; a module belongs to the layer of the longest prefix that matches it
 #: (a prefix covers its submodules; the root package ``ggmlpy`` matches only itself).
 LAYERS: list[tuple[str, ...]] = [
-    ("ggmlpy.types", "ggmlpy.errors", "ggmlpy.opcodes", "ggmlpy.special", "ggmlpy._aliases"),
+    ("ggmlpy.types", "ggmlpy.errors", "ggmlpy.opcodes", "ggmlpy.special", "ggmlpy._aliases",
+     "ggmlpy._check"),
+    ("ggmlpy.env",),
     ("ggmlpy.quants",),
     ("ggmlpy.tensor",),
     ("ggmlpy.graph",),
