@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parent.parent / "ggmlpy"
 #: a new module must be given its layer here).
 LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.types", "ggmlpy.errors", "ggmlpy.opcodes", "ggmlpy.special", "ggmlpy._aliases",
-     "ggmlpy._check"),
+     "ggmlpy._check", "ggmlpy.snapshot"),
     ("ggmlpy.env",),
     ("ggmlpy.quants",),
     ("ggmlpy.tensor",),
@@ -157,7 +157,7 @@ def test_no_import_cycles_at_module_level():
 def test_tensor_module_imports_no_backend_at_run_time():
     # regression (issue 15): Context(no_alloc=False) used a late import of backends.cpu
     deps = _imports("ggmlpy.tensor", top_level_only=False)
-    assert deps <= {"ggmlpy.opcodes", "ggmlpy.types"}, deps
+    assert deps <= {"ggmlpy.opcodes", "ggmlpy.types", "ggmlpy.snapshot"}, deps
 
 
 def test_the_checker_sees_a_late_upward_import(tmp_path, monkeypatch):
