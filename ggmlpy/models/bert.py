@@ -24,9 +24,15 @@ Graph of one batch of ``S`` sequences padded to ``L`` tokens (``T = S*L`` tokens
   0 of each sequence); then ``l2_norm`` (eps 1e-12, as sentence-transformers' ``Normalize``)
   when the model normalises. The result ``[H, S]`` (NumPy ``(S, H)``) is the graph's output.
 
-Every batch graph has the same nodes whatever its shape, so the scheduler, reserved once for the
-worst case (``max_batch`` sequences of ``max_seq_length`` tokens), reuses its buffers and plan
-without re-reserving (ggml's gallocr rule), also across batches of different shapes.
+Shapes: sequences are sorted by length (longest first) and cut into batches; each batch is padded
+to its longest sequence rounded up to a multiple of ``seq_bucket`` (:data:`SEQ_BUCKET`, 8; capped
+at ``max_seq_length``). The extra positions are padding like any other: masked as keys (``-inf``)
+and weighted 0 by the pooling, so the embeddings do not change (up to the float32 rounding of
+sums over a few more zeros). Graphs are cached per ``(n_seq, L)``, so a stream of batches of
+varying lengths reuses a few graphs. The compute buffer is not reserved for
+``max_batch x max_seq_length`` up front: :meth:`BertModel.load` reserves for one bucket-length
+sequence and the scheduler grows the buffer when a batch needs more (ggml's gallocr rule: it
+re-reserves only when a graph does not fit), i.e. it holds the largest shape actually seen.
 """
 
 from __future__ import annotations
@@ -53,12 +59,14 @@ from ..types import Type
 from .loader import (BertConfig, BertTokenizer, check_model_dir, find_default_model_dir,
                      load_tokenizer, load_weights)
 
-__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "resolve_device"]
+__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_device"]
 
 #: Rows of the KQ mask are padded to a multiple of this (llama.cpp's ``GGML_KQ_MASK_PAD``).
 KQ_MASK_PAD = 64
 #: The eps of the final L2 normalisation (sentence-transformers' ``Normalize``: ``F.normalize``).
 NORMALIZE_EPS = 1e-12
+#: Sequence lengths of a batch are padded up to a multiple of this (graph and plan reuse).
+SEQ_BUCKET = 8
 #: Graphs kept per model, keyed by batch shape ``(n_seq, L)``.
 GRAPH_CACHE_SIZE = 64
 
@@ -129,7 +137,9 @@ class BertModel:
 
     Build it with :meth:`load`. Attributes: ``config`` (:class:`BertConfig`), ``tokenizer``
     (:class:`BertTokenizer`), ``model_dir``, ``n_gpu_layers`` (layers whose weights live on the
-    device), ``parallel``, ``max_batch``, ``sched`` (the :class:`~ggmlpy.sched.Scheduler`).
+    device), ``parallel``, ``max_batch``, ``seq_bucket``, ``n_graph_builds`` (batch graphs
+    built so far: one per new ``(n_seq, padded length)`` shape), ``sched`` (the
+    :class:`~ggmlpy.sched.Scheduler`).
     Not thread-safe. Call :meth:`close` (or use it as a context manager) to free its buffers.
     """
 
@@ -140,6 +150,8 @@ class BertModel:
         self.n_gpu_layers = 0
         self.parallel = False
         self.max_batch = 32
+        self.seq_bucket = SEQ_BUCKET
+        self.n_graph_builds = 0
         self.sched: Any = None
         self._backends: list[Backend] = []
         self._device_backend: Backend | None = None
@@ -155,7 +167,7 @@ class BertModel:
     @classmethod
     def load(cls, model_dir: str | Path | None = None, device: str | Device = "CPU",
              n_gpu_layers: int = 0, parallel: bool = False, max_batch: int = 32,
-             op_offload: bool = False) -> BertModel:
+             op_offload: bool = False, seq_bucket: int = SEQ_BUCKET) -> BertModel:
         """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
 
         Args:
@@ -172,20 +184,24 @@ class BertModel:
                 every split input): the CPU part of batch k+1 runs while the device computes
                 batch k; results are read back with async gets on the device's stream and the
                 host synchronizes once at the end of :meth:`encode`.
-            max_batch: the largest number of sequences per batch; the scheduler is reserved
-                once for ``max_batch`` sequences of ``max_seq_length`` tokens.
+            max_batch: the largest number of sequences per batch. The compute buffer is
+                reserved here for one sequence of ``seq_bucket`` tokens only and grows to the
+                largest batch shape actually run.
             op_offload: let the scheduler offload big ops of CPU layers to the device (ggml's
                 ``op_offload``; the weights are then copied per batch). Off by default so that
                 ``n_gpu_layers`` alone decides where layers run.
+            seq_bucket: batch lengths are padded up to a multiple of this (>= 1; 1 pads to the
+                longest sequence exactly). Padding is masked, so the embeddings do not change.
 
         Returns:
-            A ready :class:`BertModel` (weights uploaded, scheduler reserved).
+            A ready :class:`BertModel` (weights uploaded, scheduler reserved for a small batch).
 
         Raises:
             ModelNotFoundError: the directory or a required file is missing (one line naming
                 ``python -m ggmlpy download all-MiniLM-L6-v2``).
             BackendUnavailableError: ``device`` does not exist here (with the reason).
-            ValueError: ``n_gpu_layers`` out of range, ``max_batch < 1``, or a model this code
+            ValueError: ``n_gpu_layers`` out of range, ``max_batch < 1``, ``seq_bucket < 1``,
+                or a model this code
                 cannot run (activation other than exact GELU, max pooling).
             OutOfMemoryError: a weight or compute buffer could not be allocated.
             ImportError: ``safetensors``/``tokenizers`` are missing (``pip install ggmlpy[models]``).
@@ -216,6 +232,8 @@ class BertModel:
                              f"{n_layer}-layer model, got {n_gpu_layers}")
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        if isinstance(seq_bucket, bool) or not isinstance(seq_bucket, int) or seq_bucket < 1:
+            raise ValueError(f"seq_bucket must be an int >= 1, got {seq_bucket!r}")
 
         from ..backends.cpu import backend_cpu_init
 
@@ -226,6 +244,7 @@ class BertModel:
         self.tokenizer = load_tokenizer(model_dir, config.max_seq_length, config.do_lower_case)
         self.parallel = bool(parallel)
         self.max_batch = max_batch
+        self.seq_bucket = seq_bucket
         try:
             cpu = backend_cpu_init()
             if dev.type == DeviceType.CPU:
@@ -239,12 +258,13 @@ class BertModel:
             from ..sched import Scheduler
 
             self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
-            worst = self._build_graph(max_batch, config.max_seq_length)
-            if not self.sched.reserve(worst.graph):
+            # a small first reservation: the scheduler grows it to the largest batch run
+            first = self._graph_for(1, self._bucket_length(1))
+            if not self.sched.reserve(first.graph):
                 raise ComputeError(
-                    f"out of memory reserving compute buffers for {max_batch} sequences of "
-                    f"{config.max_seq_length} tokens on {', '.join(self.devices)}; try a "
-                    "smaller max_batch (--batch-size) or fewer --n-gpu-layers")
+                    f"out of memory reserving compute buffers for one sequence of "
+                    f"{first.length} tokens on {', '.join(self.devices)}; try fewer "
+                    "--n-gpu-layers")
             self._n_splits = self.sched.get_n_splits()
         except BaseException:
             self.close()
@@ -382,10 +402,15 @@ class BertModel:
         graph.build_forward_expand(out)
         return _BatchGraph(n_seq, length, ctx, graph, tokens, pos, mask, mean, out)
 
+    def _bucket_length(self, longest: int) -> int:
+        """The padded length of a batch whose longest sequence has ``longest`` tokens."""
+        return min(_pad_to(longest, self.seq_bucket), max(longest, self.config.max_seq_length))
+
     def _graph_for(self, n_seq: int, length: int) -> _BatchGraph:
         key = (n_seq, length)
         g = self._graphs.get(key)
         if g is None:
+            self.n_graph_builds += 1
             g = self._build_graph(n_seq, length)
             self._graphs[key] = g
             while len(self._graphs) > GRAPH_CACHE_SIZE:
@@ -452,8 +477,9 @@ class BertModel:
         """Sentence embeddings.
 
         Sentences are tokenised, sorted by length (as sentence-transformers does, to pad less),
-        cut into batches of ``batch_size``, each padded to its longest sequence, and run through
-        the scheduler; the output rows come back in the input order.
+        cut into batches of ``batch_size``, each padded to its longest sequence rounded up to a
+        multiple of ``seq_bucket`` (padding masked), and run through the scheduler; the output
+        rows come back in the input order.
 
         Args:
             sentences: the texts (a sequence of str; a single str is refused).
@@ -534,7 +560,7 @@ class BertModel:
             for i0 in starts:
                 idx = order[i0:i0 + batch_size]
                 batch = [ids[i] for i in idx]
-                g = self._graph_for(len(batch), max(len(t) for t in batch))
+                g = self._graph_for(len(batch), self._bucket_length(max(len(t) for t in batch)))
                 sched.reset()
                 if not sched.alloc_graph(g.graph):
                     raise ComputeError(f"scheduler could not allocate the graph of "
