@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.gallocr",),
     ("ggmlpy.alloc",),
     ("ggmlpy.sched",),
+    ("ggmlpy.backends.fastpath",),
     ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda_kernels"),
     ("ggmlpy.backends.plan",),
     ("ggmlpy.backends.cpu",),
