@@ -19,6 +19,18 @@ from ggmlpy.backend import DeviceType
 from ggmlpy.backends.cpu import backend_cpu_init
 
 
+def _runner():
+    from ggmlpy.testops import runner
+
+    return runner
+
+
+def _cases():
+    from ggmlpy.testops.families import all_cases
+
+    return all_cases()[:3]
+
+
 def _graph():
     from ggmlpy import ops
     from ggmlpy.graph import Graph
@@ -194,6 +206,28 @@ TABLE = [
     ("compare_graph(isolate=None)", lambda: _compare(isolate=None), TypeError,
      "isolate must be bool"),
     ("compare_graph(save_dir=1)", lambda: _compare(save_dir=1), TypeError, "save_dir must be"),
+    # test-backend-ops runner
+    ("select_cases(None)", lambda: _runner().select_cases(None), TypeError,
+     "cases must be an iterable"),
+    ("select_cases(cases=[1])", lambda: _runner().select_cases([1]), TypeError,
+     "cases[0] must be TestCase"),
+    ("select_cases(op=3)", lambda: _runner().select_cases(_cases(), op=3), TypeError,
+     "op must be a sequence of str"),
+    ("select_cases(params=3)", lambda: _runner().select_cases(_cases(), params=3), TypeError,
+     "params must be"),
+    ("run_tests(mode=1)", lambda: _runner().run_tests(mode=1), TypeError, "mode must be str"),
+    ("run_tests(min_time='x')", lambda: _runner().run_tests(min_time="x"), TypeError,
+     "min_time must be"),
+    ("run_tests(min_time=-1)", lambda: _runner().run_tests(min_time=-1.0), ValueError,
+     "min_time must be"),
+    ("run_tests(min_runs=0)", lambda: _runner().run_tests(min_runs=0), ValueError,
+     "min_runs must be"),
+    ("run_tests(backend=3)", lambda: _runner().run_tests(backend=3, cases=[]), TypeError,
+     "backend must be str, Backend or Device"),
+    ("resolve_backends(3)", lambda: _runner().resolve_backends(3), TypeError,
+     "backend must be str, Backend or Device"),
+    ("resolve_backends([cpu, 3])", lambda: _runner().resolve_backends([backend_cpu_init(), 3]),
+     TypeError, "backend[1] must be str, Backend or Device"),
 ]
 
 

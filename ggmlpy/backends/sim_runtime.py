@@ -320,18 +320,6 @@ def _host_memory_bytes() -> int:
         return 8 << 30
 
 
-def _env_number(name: str) -> float | None:
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    try:
-        x = float(v)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {v!r}") from None
-    if x < 0:
-        raise ValueError(f"{name} must be >= 0, got {v!r}")
-    return x
-
 
 def sim_reg(n: int, latency_us: float | None = None, memory_mb: float | None = None,
             refuse_ops: Iterable[Op] | None = None) -> Reg:

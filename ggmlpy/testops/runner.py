@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from .._check import check_int, check_number, check_optional, check_str_sequence, check_type
 from ..backend import Backend, Device
 from ..backend_compare import compare_graph_backend, nmse
 from ..graph import Graph
@@ -57,9 +58,19 @@ def select_cases(cases: Iterable[TestCase], op: str | Sequence[str] | None = Non
 
     Raises:
         re.error: ``params`` is not a valid regular expression.
+        TypeError: ``cases`` is not an iterable of TestCase, ``op`` not a str or a sequence of
+            str, ``params`` not a str.
         ValueError: an ``op`` entry names no op, family or case of ``cases``.
     """
+    where = "select_cases"
+    if isinstance(cases, (str, bytes)) or not isinstance(cases, Iterable):
+        raise TypeError(f"{where}: cases must be an iterable of TestCase, got {type(cases).__name__}")
     cases = list(cases)
+    for i, c in enumerate(cases):
+        check_type(f"cases[{i}]", c, TestCase, where)
+    if op is not None and not isinstance(op, str):
+        check_str_sequence("op", op, where)
+    check_optional("params", params, str, where)
     ops: list[str] = []
     if op:
         ops = [o.strip() for o in (_split_top(op) if isinstance(op, str) else op) if o.strip()]
@@ -107,17 +118,21 @@ def resolve_backends(backend: Any = None, *, include_cpu: bool = False) -> list[
         include_cpu: with ``backend=None``, also list the CPU (support mode).
 
     Raises:
+        TypeError: ``backend`` (or one of its items) is not a str, Backend or Device.
         BackendUnavailableError: a named device does not exist.
     """
     from .. import registry
 
+    check_type("include_cpu", include_cpu, bool, "resolve_backends")
     if backend is None:
         devs = [d for d in registry.devices() if include_cpu or d.name.upper() != "CPU"]
         return [d.init_backend() for d in devs]
     items = backend.split(",") if isinstance(backend, str) else (
         list(backend) if isinstance(backend, (list, tuple)) else [backend])
     out: list[Backend] = []
-    for it in items:
+    for i, it in enumerate(items):
+        name = f"backend[{i}]" if isinstance(backend, (list, tuple)) else "backend"
+        check_type(name, it, (str, Backend, Device), "resolve_backends")
         if isinstance(it, Backend):
             out.append(it)
         elif isinstance(it, Device):
@@ -357,11 +372,20 @@ def run_tests(mode: str = "test", backend: Any = None, op: str | Sequence[str] |
         progress: called with every result as it finishes.
 
     Raises:
-        ValueError: unknown mode. BackendUnavailableError: a named backend does not exist.
+        TypeError: an argument of the wrong type (named in the message).
+        ValueError: unknown mode, ``min_time < 0`` or ``min_runs < 1``.
+        BackendUnavailableError: a named backend does not exist.
     """
     from ..backends.cpu import backend_cpu_init
     from .families import all_cases, perf_cases
 
+    where = "run_tests"
+    check_type("mode", mode, str, where)
+    check_type("quick", quick, bool, where)
+    check_number("min_time", min_time, lo=0.0, where=where)
+    check_int("min_runs", min_runs, lo=1, where=where)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"{where}: progress must be callable, got {type(progress).__name__}")
     if mode not in ("test", "perf", "support"):
         raise ValueError(f"run_tests: mode must be test, perf or support, got {mode!r}")
     if cases is None:
