@@ -18,7 +18,7 @@ from __future__ import annotations
 from .types import Type, row_size, type_from_dtype, type_from_name
 from .opcodes import Op, UnaryOp, GluOp
 from .errors import (GgmlpyError, OutOfMemoryError, NotAllocatedError, UnsupportedOpError,
-                     GraphFullError, BackendUnavailableError, ComputeError, GGUFError)
+                     GraphFullError, BackendUnavailableError, ComputeError, FileFormatError, GGUFError)
 from .tensor import Tensor, Context, Flag
 from .graph import Graph, new_graph, graph_view
 from .ops import *  # noqa: F401,F403  (graph-building functions: add, mul_mat, soft_max_ext, ...)
@@ -36,7 +36,7 @@ from .backends.cpu import backend_cpu_init, cpu_buffer_type, cpu_buffer_from_arr
 
 __all__ = [
     "Type", "row_size", "type_from_dtype", "type_from_name", "quantize", "dequantize",
-    "gguf_load", "gguf_save", "GGUFModel", "GGUFError", "Op", "UnaryOp", "GluOp", "GgmlpyError",
+    "gguf_load", "gguf_save", "GGUFModel", "GGUFError", "FileFormatError", "Op", "UnaryOp", "GluOp", "GgmlpyError",
     "OutOfMemoryError", "NotAllocatedError", "UnsupportedOpError", "GraphFullError",
     "BackendUnavailableError", "ComputeError", "Tensor", "Context", "Flag", "Graph", "new_graph",
     "graph_view", "Status", "BufferUsage", "DeviceType", "DeviceCaps", "DeviceProps", "BufferType",

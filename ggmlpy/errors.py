@@ -7,8 +7,11 @@ dedicated classes below or a :class:`~ggmlpy.backend.Status`.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = ["GgmlpyError", "OutOfMemoryError", "NotAllocatedError", "UnsupportedOpError",
-           "GraphFullError", "BackendUnavailableError", "ComputeError", "GGUFError"]
+           "GraphFullError", "BackendUnavailableError", "ComputeError", "FileFormatError",
+           "GGUFError"]
 
 
 class GgmlpyError(Exception):
@@ -53,7 +56,25 @@ class ComputeError(GgmlpyError, RuntimeError):
     """A backend failed while computing a graph (carries the failing node when known)."""
 
 
-class GGUFError(GgmlpyError, ValueError):
+class FileFormatError(GgmlpyError, ValueError):
+    """A file exists but cannot be used (truncated, not the expected format, inconsistent). The
+    message is one line: ``"<path>[: tensor '<name>']: <reason>"``.
+
+    Attributes:
+        path: the file.
+        tensor: the tensor at fault, or None when the fault is not in one tensor.
+        reason: what is wrong, in words (whitespace collapsed to one line).
+    """
+
+    def __init__(self, path: Any, reason: str, tensor: str | None = None) -> None:
+        self.path = str(path)
+        self.tensor = tensor
+        self.reason = " ".join(str(reason).split())
+        where = f"{self.path}: tensor '{tensor}'" if tensor is not None else self.path
+        super().__init__(f"{where}: {self.reason}")
+
+
+class GGUFError(FileFormatError):
     """A GGUF file cannot be read: bad header or metadata, a tensor of an unknown or unsupported
     type, a misaligned or truncated tensor. The message names the file and, when one is at fault,
     the tensor.
@@ -63,10 +84,3 @@ class GGUFError(GgmlpyError, ValueError):
         tensor: the tensor's name, or None when the fault is not in one tensor.
         reason: what is wrong, in words.
     """
-
-    def __init__(self, path: str, reason: str, tensor: str | None = None) -> None:
-        self.path = str(path)
-        self.tensor = tensor
-        self.reason = reason
-        where = f"{self.path}: tensor '{tensor}'" if tensor is not None else self.path
-        super().__init__(f"{where}: {reason}")

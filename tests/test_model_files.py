@@ -158,3 +158,18 @@ def test_weights_that_fit_load_unchanged(tmp_path: Path):
     assert set(got) == {k[len("bert."):] for k in raw}
     for k, v in raw.items():
         assert (got[k[len("bert."):]] == v).all()
+
+
+def test_model_and_gguf_file_errors_share_one_base():
+    """ModelFileError and GGUFError are both FileFormatError: one except clause catches both, and
+    both carry the path and a one-line reason."""
+    from ggmlpy.errors import FileFormatError, GGUFError
+    from ggmlpy.models.loader import ModelFileError
+
+    m = ModelFileError("m/config.json", "not JSON:\n line 1")
+    g = GGUFError("w.gguf", "truncated", tensor="blk.0.attn_q.weight")
+    for e in (m, g):
+        assert isinstance(e, FileFormatError) and isinstance(e, ValueError)
+    assert (m.path, m.reason, str(m)) == ("m/config.json", "not JSON: line 1",
+                                          "m/config.json: not JSON: line 1")
+    assert str(g) == "w.gguf: tensor 'blk.0.attn_q.weight': truncated"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._check import check_int, check_optional, check_type
-from ..errors import GgmlpyError
+from ..errors import FileFormatError, GgmlpyError
 
 __all__ = ["ModelNotFoundError", "ModelFileError", "BertConfig", "BertTokenizer", "find_default_model_dir",
            "load_config", "load_tokenizer", "load_weights", "check_weight_shapes",
@@ -50,15 +50,15 @@ class ModelNotFoundError(GgmlpyError, FileNotFoundError):
     """
 
 
-class ModelFileError(GgmlpyError, ValueError):
+class ModelFileError(FileFormatError):
     """A model file exists but cannot be used: truncated, not JSON, not UTF-8, the wrong layout.
 
-    The message is one line and starts with the file's path. Attributes: ``path`` (the file).
+    The message is one line and starts with the file's path. Attributes: ``path`` (the file),
+    ``reason``; a :class:`~ggmlpy.errors.FileFormatError` like :class:`~ggmlpy.errors.GGUFError`.
     """
 
     def __init__(self, path: str | Path, problem: str) -> None:
-        self.path = str(path)
-        super().__init__(f"{self.path}: {' '.join(str(problem).split())}")
+        super().__init__(path, problem)
 
 
 def _missing(what: str) -> ModelNotFoundError:
