@@ -37,8 +37,11 @@ def _cmd_devices(argv: Sequence[str]) -> int:
         })
     cuda_why = registry.cuda_unavailable_reason()
     unknown = registry.unknown_backend_names()
+    ray = registry.reg_by_name("RAY")
+    ray_why = ray.unavailable_reason if ray is not None and not ray.devices else None
     if args.json:
         print(json.dumps({"devices": rows, "cuda_unavailable": cuda_why,
+                          **({"ray_unavailable": ray_why} if ray_why else {}),
                           "ignored_in_GGMLPY_BACKENDS": unknown}, indent=2, default=str))
         return 0
     print(f"{'name':<8} {'type':<6} {'free MiB':>10} {'total MiB':>10}  caps  description")
@@ -51,6 +54,8 @@ def _cmd_devices(argv: Sequence[str]) -> int:
     print("caps: a=async h=pinned host buffer p=buffer_from_host_ptr e=events")
     if cuda_why:
         print(f"CUDA: not available: {cuda_why}")
+    if ray_why:
+        print(f"RAY: not available: {ray_why}")
     if unknown:
         print(f"GGMLPY_BACKENDS: no device named {', '.join(unknown)} (ignored)")
     return 0

@@ -8,6 +8,11 @@ variable                   accepted value
 ``GGMLPY_SIM_LATENCY_US``  finite number >= 0: microseconds per SIM launch and copy
 ``GGMLPY_SIM_MEMORY_MB``   finite number > 0: MiB of memory per SIM device
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
+``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
+``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
+``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
+``GGMLPY_RAY_CPUS``        integer 1..1024: CPUs of the local Ray instance (default 2)
+``GGMLPY_RAY_OBJECT_STORE_MB``  integer 75..1048576: its object store in MiB (default 512)
 ``GGMLPY_FIXTURES``        a folder (read by the test suite only)
 =========================  ===============================================================
 
@@ -28,7 +33,10 @@ from .errors import GgmlpyError
 
 __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
            "SCHED_DEBUG", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
-           "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES"]
+           "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
+           "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
+           "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
+           "ray_requested", "parse_ray_address"]
 
 BACKENDS = "GGMLPY_BACKENDS"
 SIM_DEVICES = "GGMLPY_SIM_DEVICES"
@@ -36,9 +44,15 @@ SIM_LATENCY_US = "GGMLPY_SIM_LATENCY_US"
 SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
 FIXTURES = "GGMLPY_FIXTURES"
+RAY_DEVICES = "GGMLPY_RAY_DEVICES"
+RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
+RAY_TIMEOUT_S = "GGMLPY_RAY_TIMEOUT_S"
+RAY_CPUS = "GGMLPY_RAY_CPUS"
+RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
-KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, FIXTURES)
+KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, FIXTURES,
+         RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
 MAX_SIM_DEVICES = 64
@@ -152,6 +166,90 @@ def sched_debug() -> int:
     return int(v)
 
 
+def _int_in(name: str, lo: int, hi: int) -> int | None:
+    v = _raw(name)
+    if v is None:
+        return None
+    expected = f"an integer in {lo}..{hi}"
+    try:
+        n = int(v)
+    except ValueError:
+        raise EnvError(name, v, expected) from None
+    if not lo <= n <= hi:
+        raise EnvError(name, v, expected)
+    return n
+
+
+_ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_ADDRESS_EXPECTED = "'auto' or HOST:PORT of a Ray head (e.g. 10.0.0.5:6379)"
+
+
+def parse_ray_address(value: str, name: str = RAY_ADDRESS) -> str:
+    """``value`` stripped if it is ``auto`` (any case; returned lower-case) or ``HOST:PORT`` with
+    a port in 1..65535 (``[v6addr]:PORT`` for IPv6).
+
+    Raises:
+        EnvError: anything else (``ray://`` client URLs included), naming ``name``.
+    """
+    v = value.strip()
+    if v.lower() == "auto":
+        return "auto"
+    m = _ADDRESS_RE.match(v)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise EnvError(name, value, _ADDRESS_EXPECTED)
+    return v
+
+
+def ray_devices() -> int | None:
+    """``GGMLPY_RAY_DEVICES`` as an int in 0..1024, or None when unset.
+
+    Raises:
+        EnvError: not an integer, or out of range.
+    """
+    return _int_in(RAY_DEVICES, 0, 1024)
+
+
+def ray_address() -> str | None:
+    """``GGMLPY_RAY_ADDRESS`` (``"auto"`` or ``"HOST:PORT"``), or None when unset.
+
+    Raises:
+        EnvError: any other value.
+    """
+    v = _raw(RAY_ADDRESS)
+    return None if v is None else parse_ray_address(v)
+
+
+def ray_timeout_s() -> float | None:
+    """``GGMLPY_RAY_TIMEOUT_S`` in seconds (finite, > 0), or None when unset.
+
+    Raises:
+        EnvError: not a finite number > 0.
+    """
+    return _number(RAY_TIMEOUT_S, positive=True)
+
+
+def ray_cpus() -> int | None:
+    """``GGMLPY_RAY_CPUS`` (1..1024), or None when unset. Raises EnvError otherwise."""
+    return _int_in(RAY_CPUS, 1, 1024)
+
+
+def ray_object_store_mb() -> int | None:
+    """``GGMLPY_RAY_OBJECT_STORE_MB`` (75..1048576, Ray's minimum is 75 MiB), or None when
+    unset. Raises EnvError otherwise."""
+    return _int_in(RAY_OBJECT_STORE_MB, 75, 1 << 20)
+
+
+def ray_requested() -> bool:
+    """Whether the environment asks for RAY devices at first use: ``GGMLPY_RAY_DEVICES`` > 0,
+    or ``GGMLPY_RAY_ADDRESS`` set and ``GGMLPY_RAY_DEVICES`` not 0.
+
+    Raises:
+        EnvError: a malformed RAY variable.
+    """
+    n = ray_devices()
+    return (n is not None and n > 0) or (ray_address() is not None and n != 0)
+
+
 def validate() -> None:
     """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
     order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
@@ -160,6 +258,11 @@ def validate() -> None:
     sim_latency_us()
     sim_memory_mb()
     sched_debug()
+    ray_devices()
+    ray_address()
+    ray_timeout_s()
+    ray_cpus()
+    ray_object_store_mb()
 
 
 def unknown_variables() -> list[str]:

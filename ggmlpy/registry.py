@@ -6,7 +6,10 @@ device names, e.g. ``"SIM0,CPU"``) restricts and orders the devices; the CPU dev
 when the list leaves it out, since the scheduler needs it.
 
 SIM devices (the host-emulated accelerator of ``ggmlpy.backends.sim_runtime``) are registered
-only on request: ``GGMLPY_SIM_DEVICES=N`` at first use, or :func:`register_sim_devices`.
+only on request: ``GGMLPY_SIM_DEVICES=N`` at first use, or :func:`register_sim_devices`. So are
+RAY devices (remote Ray actors, ``ggmlpy.backends.ray_runtime``): ``GGMLPY_RAY_DEVICES=N`` and/or
+``GGMLPY_RAY_ADDRESS`` at first use (Ray starts then), or :func:`register_ray_devices`; they come
+after SIM and before the CPU.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from .errors import BackendUnavailableError
 
 __all__ = ["unknown_backend_names", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
            "dev_by_type", "devices", "backend_init_by_name", "backend_init_by_type",
-           "backend_init_best", "register", "register_sim_devices", "unregister",
+           "backend_init_best", "register", "register_sim_devices", "register_ray_devices", "unregister",
            "cuda_unavailable_reason", "registered_devices", "excluded_by_backends_env"]
 
 _lock = threading.RLock()
@@ -52,9 +55,21 @@ def _ensure_init() -> None:
             from .backends.sim_runtime import sim_reg
 
             regs.append(sim_reg(n))
+        if env.ray_requested():
+            regs.append(_env_ray_reg())
         regs.append(cpu_reg())
         _regs[:] = regs
         _initialized = True
+
+
+def _env_ray_reg() -> Reg:
+    # RAY devices from the environment; a Ray that cannot start leaves an empty reg saying why
+    from .backends.ray_runtime import ray_reg
+
+    try:
+        return ray_reg()
+    except BackendUnavailableError as e:
+        return Reg("RAY", [], unavailable_reason=str(e))
 
 
 def _device_type(value: object, where: str) -> DeviceType:
@@ -136,6 +151,28 @@ def register_sim_devices(n: int = 1, **options: Any) -> Reg:
     from .backends.sim_runtime import sim_reg
 
     reg = sim_reg(n, **options)
+    register(reg)
+    return reg
+
+
+def register_ray_devices(n: int | None = None, **options: Any) -> Reg:
+    """Register ``n`` remote devices ``RAY0..RAY{n-1}``, one new Ray actor each (replacing earlier
+    RAY devices); Ray starts (or joins ``GGMLPY_RAY_ADDRESS``) if it has not yet.
+
+    ``options`` go to :func:`ggmlpy.backends.ray_runtime.ray_reg` (``address``, ``timeout_s``,
+    ``refuse_ops``). Returns the new reg.
+
+    Raises:
+        TypeError: ``n`` is not an int. ValueError: ``n`` outside 1..1024, a malformed option
+            or ``GGMLPY_*`` variable. BackendUnavailableError: Ray is not installed or did not
+            start.
+    """
+    if n is not None:
+        check_int("n", n, 1, 1024, "register_ray_devices")
+    _ensure_init()
+    from .backends.ray_runtime import ray_reg
+
+    reg = ray_reg(n, **options)
     register(reg)
     return reg
 
@@ -290,6 +327,11 @@ def backend_init_by_name(name: str, params: str | None = None) -> Backend:
             why = f" ({cuda_unavailable_reason() or 'no such CUDA device'})"
         elif name.upper().startswith("SIM"):
             why = " (SIM devices need GGMLPY_SIM_DEVICES=N or register_sim_devices())"
+        elif name.upper().startswith("RAY"):
+            r = reg_by_name("RAY")
+            why = (f" ({r.unavailable_reason})" if r is not None and r.unavailable_reason else
+                   " (RAY devices need GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS, or "
+                   "register_ray_devices())")
         known = ", ".join(x.name for x in devices())
         raise BackendUnavailableError(f"no device named {name!r}{why}; available: {known}")
     return d.init_backend(params)
