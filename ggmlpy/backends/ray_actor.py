@@ -242,6 +242,12 @@ class DeviceActor:
         """Forget ``stream``'s stored failure."""
         self.errors.pop(stream, None)
 
+    def stall(self, seconds: float) -> None:
+        """Hold the queue for ``seconds`` (fault-handling tests: a device that is slow, not dead)."""
+        import time
+
+        time.sleep(float(seconds))
+
     def stats(self) -> dict[str, int]:
         """Counters for tests and benchmarks: arenas, bytes used, cached plans."""
         return {"buffers": len(self.arenas), "used": self.used, "plans": len(self.plans)}
