@@ -254,9 +254,13 @@ def test_dead_actor_unavailable_within_timeout(ray_reg2, how: str) -> None:
     be.graph_compute(g)
     pid = dev.get_props().extra["pid"]
     if how == "ray.kill":
-        ray.kill(dev.runtime.actor(0))
+        ray.kill(dev.runtime.actor(0))  # asynchronous: wait until the process is gone
     else:
         os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10.0
+    while _process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _process_alive(pid)
     t0 = time.perf_counter()
     be.graph_compute_async(g)  # queued before the death is known: reported by the next wait
     with pytest.raises(BackendUnavailableError, match="RAY0 is unavailable"):
@@ -292,6 +296,18 @@ def test_dead_actor_unavailable_within_timeout(ray_reg2, how: str) -> None:
     for bb in bufs:
         bb.free()
     r1.free()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (killed, not yet reaped by its parent) is dead too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_timeout_bounds_a_stuck_actor(ray_reg2) -> None:
