@@ -18,7 +18,8 @@ from ggmlpy.alloc import alloc_ctx_tensors_from_buft
 from ggmlpy.backend import tensor_buffer
 from ggmlpy.backends.cpu import cpu_buffer_type
 from ggmlpy.backends.graph_spec import SPEC_VERSION, decode_spec, encode_graph, spec_hash
-from ggmlpy.backends.ray_env import ENV_ADDRESS, ENV_DEVICES, parse_address, ray_env, ray_requested
+from ggmlpy import env
+from ggmlpy.backends.ray_env import ray_env
 from ggmlpy.errors import NotAllocatedError
 from ggmlpy.graph import Graph
 from ggmlpy.opcodes import VIEW_OPS, Op
@@ -137,7 +138,7 @@ def test_decode_rejects_bad_data(data: bytes, needle: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# environment
+# environment (parsed in ggmlpy/env.py, combined with arguments in ggmlpy/backends/ray_env.py)
 
 
 @pytest.mark.parametrize("value, want", [
@@ -145,53 +146,64 @@ def test_decode_rejects_bad_data(data: bytes, needle: str) -> None:
     ("head-node.local:6380", "head-node.local:6380"), ("[::1]:6379", "[::1]:6379"),
 ])
 def test_address_accepted(value: str, want: str) -> None:
-    assert parse_address(value) == want
+    assert env.parse_ray_address(value) == want
 
 
 @pytest.mark.parametrize("value", ["", "host", "host:", "host:0", "host:70000", "a b:1",
                                    "ray://host:10001", "http://x:1"])
 def test_address_rejected(value: str) -> None:
-    with pytest.raises(ValueError, match="GGMLPY_RAY_ADDRESS must be 'auto' or HOST:PORT"):
-        parse_address(value)
+    with pytest.raises(env.EnvError, match="GGMLPY_RAY_ADDRESS=.* expected 'auto' or HOST:PORT"):
+        env.parse_ray_address(value)
 
 
-@pytest.mark.parametrize("env, requested, n, address", [
+_RAY_VARS = (env.RAY_DEVICES, env.RAY_ADDRESS, env.RAY_TIMEOUT_S, env.RAY_CPUS,
+             env.RAY_OBJECT_STORE_MB)
+
+
+@pytest.mark.parametrize("values, requested, n, address", [
     ({}, False, 1, None),
-    ({ENV_DEVICES: "0"}, False, None, None),
-    ({ENV_DEVICES: "3"}, True, 3, None),
-    ({ENV_ADDRESS: "auto"}, True, None, "auto"),
-    ({ENV_ADDRESS: "h:1", ENV_DEVICES: "2"}, True, 2, "h:1"),
-    ({ENV_ADDRESS: "h:1", ENV_DEVICES: "0"}, False, None, None),
+    ({env.RAY_DEVICES: "0"}, False, 1, None),
+    ({env.RAY_DEVICES: "3"}, True, 3, None),
+    ({env.RAY_ADDRESS: "auto"}, True, None, "auto"),
+    ({env.RAY_ADDRESS: "h:1", env.RAY_DEVICES: "2"}, True, 2, "h:1"),
+    ({env.RAY_ADDRESS: "h:1", env.RAY_DEVICES: "0"}, False, None, "h:1"),
+    ({env.RAY_DEVICES: "  "}, False, 1, None),  # blank is unset
 ])
-def test_env_table(monkeypatch, env, requested, n, address) -> None:
-    for k in (ENV_DEVICES, ENV_ADDRESS, "GGMLPY_RAY_TIMEOUT_S"):
+def test_env_table(monkeypatch, values, requested, n, address) -> None:
+    for k in _RAY_VARS:
         monkeypatch.delenv(k, raising=False)
-    for k, v in env.items():
+    for k, v in values.items():
         monkeypatch.setenv(k, v)
-    assert ray_requested() is requested
-    if requested or not env:
-        e = ray_env()
-        assert (e.n, e.address, e.timeout_s, e.num_cpus) == (n, address, 120.0, 2)
+    env.validate()
+    assert env.ray_requested() is requested
+    e = ray_env()
+    assert (e.n, e.address, e.timeout_s, e.num_cpus, e.object_store_mb) == (n, address, 120.0, 2, 512)
 
 
-@pytest.mark.parametrize("name, value, needle", [
-    (ENV_DEVICES, "two", "GGMLPY_RAY_DEVICES must be an integer"),
-    (ENV_DEVICES, "-1", "GGMLPY_RAY_DEVICES must be >= 0"),
-    (ENV_ADDRESS, "nohost", "GGMLPY_RAY_ADDRESS must be"),
+@pytest.mark.parametrize("name, value", [
+    (env.RAY_DEVICES, "two"), (env.RAY_DEVICES, "-1"), (env.RAY_DEVICES, "1025"),
+    (env.RAY_ADDRESS, "nohost"), (env.RAY_TIMEOUT_S, "0"), (env.RAY_TIMEOUT_S, "nan"),
+    (env.RAY_TIMEOUT_S, "soon"), (env.RAY_CPUS, "0"), (env.RAY_OBJECT_STORE_MB, "10"),
 ])
-def test_env_errors_name_the_variable(monkeypatch, name, value, needle) -> None:
+def test_env_errors_name_the_variable(monkeypatch, name, value) -> None:
     monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match=needle):
-        ray_requested()
+    with pytest.raises(env.EnvError, match=f"^{name}="):
+        env.validate()
 
 
-def test_env_timeout_and_arguments(monkeypatch) -> None:
-    monkeypatch.setenv("GGMLPY_RAY_TIMEOUT_S", "2.5")
-    assert ray_env(n=4).timeout_s == 2.5 and ray_env(n=4).n == 4
-    monkeypatch.setenv("GGMLPY_RAY_TIMEOUT_S", "soon")
-    with pytest.raises(ValueError, match="GGMLPY_RAY_TIMEOUT_S must be a number"):
-        ray_env()
-    with pytest.raises(ValueError, match="timeout must be > 0"):
+def test_ray_env_arguments_override(monkeypatch) -> None:
+    for k in _RAY_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv(env.RAY_TIMEOUT_S, "2.5")
+    monkeypatch.setenv(env.RAY_CPUS, "3")
+    e = ray_env(n=4, address="10.1.2.3:6379")
+    assert (e.n, e.address, e.timeout_s, e.num_cpus) == (4, "10.1.2.3:6379", 2.5, 3)
+    assert ray_env(timeout_s=7).timeout_s == 7.0
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
         ray_env(timeout_s=0)
-    with pytest.raises(ValueError, match="n must be an int >= 1"):
+    with pytest.raises(ValueError, match="n must be"):
         ray_env(n=0)
+    with pytest.raises(TypeError):
+        ray_env(n="2")  # type: ignore[arg-type]
+    with pytest.raises(env.EnvError, match="address="):
+        ray_env(address="ray://x:1")

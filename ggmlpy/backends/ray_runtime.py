@@ -505,18 +505,6 @@ class RayBackend(AsyncBackend):
             return True
         return super()._cpy_tensor_async(backend_src, src, dst)
 
-    def free(self) -> None:
-        """Synchronize and release the backend; on a lost device (its actor died) it only
-        releases: there is nothing left to wait for, and freeing never raises for that."""
-        if self.freed:
-            return
-        try:
-            self.synchronize()
-        except BackendUnavailableError:
-            pass
-        self._free()
-        self.freed = True
-
     def __repr__(self) -> str:
         return f"<RayBackend {self.name}>"
 

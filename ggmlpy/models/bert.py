@@ -215,7 +215,10 @@ class BertModel:
         """
         where = "BertModel.load"
         check_optional("model_dir", model_dir, (str, Path), where)
-        check_type("device", device, (str, Device), where)
+        check_type("device", device, (str, Device, list, tuple), where)
+        if isinstance(device, (list, tuple)):
+            for i, d in enumerate(device):
+                check_type(f"device[{i}]", d, (str, Device), where)
         check_int("n_gpu_layers", n_gpu_layers, -1, None, where)
         check_bool("parallel", parallel, where)
         check_int("max_batch", max_batch, 1, None, where)
