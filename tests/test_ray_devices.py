@@ -235,6 +235,36 @@ def test_devices_json_lists_node_and_memory(ray_reg2) -> None:
     assert rows["RAY0"]["extra"]["pid"] != rows["RAY1"]["extra"]["pid"]
 
 
+def _outside_address() -> str | None:
+    import socket
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: only picks the outgoing interface
+            ip = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_local_instance_listens_on_loopback_only(ray_reg2) -> None:
+    import socket
+
+    import ray
+
+    info = ray._private.worker.global_worker.node.address_info
+    assert info["node_ip_address"] == "127.0.0.1"
+    host, port = info["gcs_address"].rsplit(":", 1)
+    assert host == "127.0.0.1"
+    with socket.create_connection(("127.0.0.1", int(port)), timeout=2):
+        pass  # reachable on loopback
+    ip = _outside_address()
+    if ip is not None:  # and not on the machine's other address
+        with pytest.raises(OSError):
+            socket.create_connection((ip, int(port)), timeout=2).close()
+    assert ray_reg2.devices[0].get_props().extra["node_ip"] == "127.0.0.1"
+
+
 # ---------------------------------------------------------------------------------------------
 # faults
 
