@@ -235,6 +235,32 @@ def test_devices_json_lists_node_and_memory(ray_reg2) -> None:
     assert rows["RAY0"]["extra"]["pid"] != rows["RAY1"]["extra"]["pid"]
 
 
+def test_environment_registers_ray_devices(ray_reg2, monkeypatch) -> None:
+    from ggmlpy import registry
+
+    monkeypatch.setattr(registry, "_regs", [])  # a fresh registry, restored afterwards
+    monkeypatch.setattr(registry, "_initialized", False)
+    monkeypatch.setenv("GGMLPY_RAY_DEVICES", "2")
+    names = [d.name for d in registry.devices()]
+    assert names[-3:] == ["RAY0", "RAY1", "CPU"]
+    be = registry.backend_init_by_name("ray1")
+    g, a, b, c, buf = _chain(be.get_default_buffer_type(), 32)
+    backend_tensor_set(a, np.full(32, 2.0, np.float32))
+    backend_tensor_set(b, np.full(32, 1.0, np.float32))
+    be.graph_compute(g)
+    np.testing.assert_array_equal(contract.get(c), np.full(32, 6.0, np.float32))
+    buf.free()
+    be.free()
+    with pytest.raises(BackendUnavailableError, match="no device named 'RAY7'"):
+        registry.backend_init_by_name("RAY7")
+    monkeypatch.setattr(registry, "_regs", [])
+    monkeypatch.setattr(registry, "_initialized", False)
+    monkeypatch.setenv("GGMLPY_RAY_DEVICES", "0")
+    assert registry.reg_by_name("RAY") is None
+    with pytest.raises(BackendUnavailableError, match="RAY devices need GGMLPY_RAY_DEVICES"):
+        registry.backend_init_by_name("RAY0")
+
+
 def _outside_address() -> str | None:
     import socket
 

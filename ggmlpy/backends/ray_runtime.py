@@ -628,7 +628,8 @@ def start_ray(env: RayEnv | None = None) -> Any:
                 from ray._private import ray_constants
 
                 ray_constants.ENABLE_RAY_CLUSTER = False  # loopback node address (see above)
-                ray.init(num_cpus=env.num_cpus, num_gpus=0, include_dashboard=False,
+                ray.init(address="local",  # a new instance, even if RAY_ADDRESS is set
+                         num_cpus=env.num_cpus, num_gpus=0, include_dashboard=False,
                          _node_ip_address="127.0.0.1", job_config=job, log_to_driver=False,
                          object_store_memory=env.object_store_mb << 20, logging_level="WARNING")
         except Exception as e:  # noqa: BLE001 - any start failure means no RAY devices
