@@ -379,6 +379,25 @@ def test_timeout_bounds_a_stuck_actor(ray_reg2) -> None:
     rt.ray.get(ref, timeout=10)
 
 
+def test_failed_source_of_an_actor_to_actor_copy_is_reported(ray_reg2) -> None:
+    d0, d1 = ray_reg2.devices
+    rt = d0.runtime
+    b0, b1 = d0.init_backend(), d1.init_backend()
+    m0, m1 = rt.malloc(0, 256), rt.malloc(1, 256)
+    rt.memcpy_htod(m1, 0, np.full(256, 7, np.uint8))
+    # a read past the end of the source fails on RAY0: the write on RAY1 never runs
+    rt.copy_between(b0.stream, b1.stream, m1, 0, m0, 200, 100)
+    with pytest.raises(ComputeError, match="copy from RAY0 failed"):
+        b1.synchronize()
+    b1.synchronize()  # reported once
+    np.testing.assert_array_equal(rt.memcpy_dtoh(m1, 0, 256), np.full(256, 7, np.uint8))
+    assert rt.alive(0) and rt.alive(1)  # a failed copy kills no device
+    rt.free(m0)
+    rt.free(m1)
+    b0.free()
+    b1.free()
+
+
 def test_async_set_get_roundtrip_between_devices(ray_reg2) -> None:
     from ggmlpy.backend import backend_tensor_copy_async
 

@@ -107,6 +107,7 @@ class _Dev:
         self.info = info
         self.last: Any = None                 # ref of the last task queued
         self.reads: list[_Read] = []          # async reads not yet copied out
+        self.copies: list[tuple[Any, int | None, str]] = []  # (write ref, stream, source) to check
         self.known: OrderedDict[str, frozenset[int]] = OrderedDict()  # compiled plans (mirror)
         self.drop: list[str] = []             # hashes to tell the actor to forget
         self.dead: str | None = None          # why the actor is unusable
@@ -287,9 +288,29 @@ class RayRuntime(Runtime):
         if dst.dev == src.dev:
             return self._submit(dst.dev, "copy", sid_dst, dh, int(dst_offset), sh, int(src_offset),
                                 int(size))
-        self._dev(dst.dev)
+        d = self._dev(dst.dev)
         data = self._submit(src.dev, "read", sh, int(src_offset), int(size))  # actor to actor
-        return self._submit(dst.dev, "write", sid_dst, dh, int(dst_offset), data)
+        ref = self._submit(dst.dev, "write", sid_dst, dh, int(dst_offset), data)
+        if sid_dst is not None:  # a failed read never runs the write: check it at synchronize
+            d.copies.append((ref, sid_dst, self._devs[src.dev].name))
+        return ref
+
+    def _check_copies(self, dev: int, stream: int) -> str | None:
+        """The first failure of ``stream``'s actor-to-actor copies into device ``dev`` (their
+        writes never ran because the source's read failed or its device died), or None."""
+        d = self._devs[dev]
+        mine = [c for c in d.copies if c[1] == stream]
+        if not mine:
+            return None
+        d.copies = [c for c in d.copies if c[1] != stream]
+        err = None
+        for ref, _, source in mine:
+            try:
+                self.ray.get(ref, timeout=self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - the source's failure, reported here
+                if err is None:
+                    err = f"copy from {source} failed: {type(e).__name__}"
+        return err
 
     def memset(self, mem: DeviceMemory, offset: int, size: int, value: int) -> None:
         self._get(mem.dev, self._submit(mem.dev, "memset", None, mem.handle, int(offset),  # type: ignore[attr-defined]
@@ -350,7 +371,8 @@ class RayRuntime(Runtime):
             if check:
                 raise
             return
-        err = err or err2
+        err3 = self._check_copies(stream.dev, stream.id) if check else None
+        err = err or err2 or err3
         if check and err:
             raise ComputeError(f"{stream.name}: queued work failed: {err}")
 
