@@ -199,8 +199,9 @@ def _fake_cuda_device():
 def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8) -> dict[str, Any]:
     """Kernel launches per MiniLM evaluation on ``dev`` (full offload, batch ``n_seq``): launches
     and compute nodes per device graph evaluation, per op, and the embeddings (for comparing the
-    generic and the fused kernels). ``fused`` registers :mod:`ggmlpy.backends.cuda_kernels` for
-    the nodes it supports (what a later round does in the kernels registry)."""
+    generic and the fused kernels). ``fused`` True compiles as the registry does (the fused
+    :mod:`ggmlpy.backends.cuda_kernels` override wherever it applies), False forces every node
+    onto its generic kernel."""
     from ggmlpy.backends import cuda_kernels as ck  # noqa: PLC0415
     from ggmlpy.backends import plan as plan_mod  # noqa: PLC0415
     from ggmlpy.models.bert import BertModel  # noqa: PLC0415
@@ -209,14 +210,15 @@ def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8
     if rt.launch_count() is None:
         return {"launches": f"{dev.name}'s runtime does not count launches"}
     generic = plan_mod.kernels.compile_node
+    registry = plan_mod.kernels.REGISTRY
     per_op: dict[str, list[int]] = {}
     evals = {"n": 0, "launches": 0, "nodes": 0}
 
     def compile_node(xp, node, dst, srcs):
-        if fused and ck.is_cuda(xp) and ck.supports(node):
-            step = ck.make(xp, node, dst, srcs)
-        else:
+        if fused:
             step = generic(xp, node, dst, srcs)
+        else:
+            step = registry.entry(node.op).make(xp, node, dst, srcs)
         if step is None or not ck.is_cuda(xp):
             return step  # host plans (the scheduler's CPU splits) are not counted
         key = node.op.name

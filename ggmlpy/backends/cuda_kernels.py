@@ -15,14 +15,10 @@ All kernels are compiled together (one ``cupy.RawModule``, one NVRTC run) on fir
 the fused kernel applies (F32 tensors; row kernels also need ``nb[0] == 4`` on their rows); when
 it does not, the generic kernel must be used.
 
-Registering (later round): the registry (``backends/kernels/registry.py``) keeps one entry per op,
-so the fused kernel goes in front of the generic one of the same op, e.g. with a small
-``KernelRegistry.override(op, make, supports)`` that stacks entries (first matching predicate
-wins)::
-
-    from . import cuda_kernels as ck
-    for op in ck.FUSED_OPS:
-        REGISTRY.override(op, ck.make, supports=lambda node, xp: ck.is_cuda(xp) and ck.supports(node))
+Registration: :func:`register` stacks :func:`make` in front of the generic kernel of every op in
+:data:`FUSED_OPS` (``KernelRegistry.override``) with the predicate
+``is_cuda(xp) and supports(node)``; the kernels package calls it on import, so CUDA plans
+use the fused kernel wherever it applies and CPU/SIM plans never see it.
 
 Every source is in :data:`SOURCES` (CUDA C, ``extern "C"`` names) so CI compiles them without a
 GPU (``tests/test_cuda_kernels.py``: nvcc, or NVRTC from the ctk wheels). ``tests/fake_cupy.py``
@@ -45,7 +41,8 @@ from ..opcodes import GluOp, Op, UnaryOp
 from ..tensor import Tensor
 from ..types import Type
 
-__all__ = ["SOURCES", "ALL_SOURCE", "FUSED_OPS", "supports", "make", "launch_count", "kernel_name", "is_cuda"]
+__all__ = ["SOURCES", "ALL_SOURCE", "FUSED_OPS", "supports", "make", "launch_count", "kernel_name",
+           "is_cuda", "supports_on", "register"]
 
 Step = Callable[[], None]
 
@@ -306,11 +303,15 @@ def _kernel(xp: Any, name: str) -> Any:
 
 
 def _launcher(xp: Any, name: str, grid: int, block: int, args: tuple[Any, ...]) -> Step:
-    k = _kernel(xp, name)
+    """A step launching kernel ``name``; the module is compiled/loaded on the first launch, not
+    while the plan is built (building a plan does no device work)."""
     g, b = (grid,), (block,)
+    k: list[Any] = []
 
     def run() -> None:
-        k(g, b, args)
+        if not k:
+            k.append(_kernel(xp, name))
+        k[0](g, b, args)
         with _lock:
             _launches[0] += 1
     return run
@@ -414,3 +415,17 @@ def _make_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any], name: str) 
 def is_cuda(xp: Any) -> bool:
     """True when ``xp`` can launch :data:`SOURCES` (CuPy, or the test suite's fake CuPy)."""
     return hasattr(xp, "RawModule")
+
+
+def supports_on(node: Tensor, xp: Any) -> bool:
+    """The override predicate: ``xp`` launches CUDA kernels (:func:`is_cuda`) and ``node`` has a
+    fused kernel (:func:`supports`)."""
+    return is_cuda(xp) and supports(node)
+
+
+def register(registry: Any) -> None:
+    """Stack :func:`make` over the generic kernel of each op of :data:`FUSED_OPS` in
+    ``registry`` (a :class:`~ggmlpy.backends.kernels.registry.KernelRegistry`), with
+    :func:`supports_on` as predicate. Raises ValueError when already registered there."""
+    for op in sorted(FUSED_OPS, key=lambda o: o.value):
+        registry.override(op, make, supports=supports_on)

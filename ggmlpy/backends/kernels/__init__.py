@@ -16,7 +16,9 @@ Layout: one module per op family (:mod:`.elementwise`, :mod:`.unary` (UNARY, GLU
 predicate, in :mod:`.registry`: ``@kernel(Op.ADD, supports=pred)`` where ``pred(node, xp) -> bool``
 may depend on the array module, so a runtime can declare its own gaps. That registry is the only
 statement of op support; the README's support table is generated from it
-(``python scripts/gen_support_table.py``). To add an op: write the kernel and its predicate in its
+(``python scripts/gen_support_table.py``). Runtime-specific kernels are stacked in front of a
+generic one with ``REGISTRY.override(op, make, supports)`` (the fused CUDA kernels of
+:mod:`ggmlpy.backends.cuda_kernels` are, for CuPy only). To add an op: write the kernel and its predicate in its
 family module (or a new module imported below) and decorate it.
 
 Rules every kernel follows:
@@ -48,6 +50,10 @@ from __future__ import annotations
 from . import attention, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
 from .registry import (REGISTRY, Kernel, KernelEntry, KernelRegistry, Predicate, Step, compile_node,
                        kernel, registered_ops, supports_op)
+from .. import cuda_kernels as _cuda_kernels  # a leaf module: imports nothing of this package
+
+# the fused one-launch CUDA kernels, used in front of the generic ones when xp is CuPy
+_cuda_kernels.register(REGISTRY)
 
 __all__ = ["compile_node", "supports_op", "kernel", "registered_ops", "REGISTRY", "KernelRegistry",
            "KernelEntry", "Kernel", "Predicate", "Step"]

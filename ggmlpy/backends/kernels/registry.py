@@ -9,6 +9,14 @@ The registry is the single source of truth for op support: :func:`supports_op` a
 predicates, :func:`compile_node` dispatches to the factories, and the README's "Supported ops per
 backend" table is generated from :func:`supports_op` (:mod:`ggmlpy.testops.support_table`).
 
+Overrides: a runtime-specific kernel (the fused CUDA kernels of
+:mod:`ggmlpy.backends.cuda_kernels`) is stacked in front of an op's generic entry with
+:meth:`KernelRegistry.override`. :meth:`KernelRegistry.compile_node` and
+:meth:`KernelRegistry.supports_op` try the overrides of the op in registration order, the first
+whose predicate says yes wins, then the generic entry. An override's predicate decides alone
+(the blanket refusal of quantized/BF16 tensors applies to generic entries only), so it must test
+the array module itself (``is_cuda(xp) and ...``).
+
 A predicate ``pred(node, xp) -> bool`` sees the array module the kernel would run with
 (``numpy`` for CPU and SIM, ``cupy`` for CUDA), so one runtime can declare its own gaps
 (``return not is_numpy(xp) and ...``) without touching the others.
@@ -69,6 +77,7 @@ class KernelRegistry:
 
     def __init__(self) -> None:
         self._entries: dict[Op, KernelEntry] = {}
+        self._overrides: dict[Op, list[KernelEntry]] = {}
 
     def kernel(self, *ops: Op, supports: Predicate) -> Callable[[Kernel], Kernel]:
         """Decorator registering a kernel factory for ``ops`` with predicate ``supports``.
@@ -99,16 +108,63 @@ class KernelRegistry:
             return make
         return register
 
+    def override(self, op: Op, make: Kernel, supports: Predicate) -> None:
+        """Stack ``make`` in front of ``op``'s generic kernel for the nodes where
+        ``supports(node, xp)`` is True (e.g. a fused CUDA kernel, used only when ``xp`` is CuPy).
+
+        Overrides of one op are tried in registration order; the first whose predicate is True
+        wins, else the generic entry applies. Unlike generic entries, an override is consulted
+        for quantized/BF16 nodes too: its predicate must refuse what it cannot compute.
+
+        Raises:
+            TypeError: ``op`` is not an :class:`Op`, ``make`` is not callable or ``supports`` does
+                not take ``(node, xp)``.
+            ValueError: ``op`` has no generic kernel (an override only specialises one), or
+                ``make`` is already an override of ``op``.
+        """
+        if not isinstance(op, Op):
+            raise TypeError(f"override(): op must be an Op member, got {op!r}")
+        if op not in self._entries:
+            raise ValueError(f"override(): {op.name} has no generic kernel to override")
+        if not callable(make):
+            raise TypeError(f"override({op.name}): the kernel must be a callable "
+                            "make(xp, node, dst, srcs)")
+        _check_predicate(supports, (op,))
+        stack = self._overrides.setdefault(op, [])
+        if any(e.make is make for e in stack):
+            raise ValueError(f"override(): {getattr(make, '__qualname__', make)!r} already "
+                             f"overrides {op.name}")
+        stack.append(KernelEntry(op, make, supports))
+
+    def overrides(self, op: Op) -> tuple[KernelEntry, ...]:
+        """The overrides stacked on ``op``, in the order they are tried."""
+        return tuple(self._overrides.get(op, ()))
+
     def entry(self, op: Op) -> KernelEntry | None:
-        """The entry registered for ``op``, or None."""
+        """The generic entry registered for ``op`` (without overrides), or None."""
         return self._entries.get(op)
+
+    def select(self, node: Tensor, xp: Any) -> KernelEntry | None:
+        """The entry that computes ``node`` with ``xp``: the first override of its op whose
+        predicate is True (a predicate raising ValueError/TypeError/IndexError counts as False),
+        else the generic entry (None when the op has none). Does not check the generic entry's
+        predicate."""
+        for e in self._overrides.get(node.op, ()):
+            try:
+                if e.supports(node, xp):
+                    return e
+            except (ValueError, TypeError, IndexError):
+                continue
+        return self._entries.get(node.op)
 
     def ops(self) -> tuple[Op, ...]:
         """Every op with a kernel, in registration order."""
         return tuple(self._entries)
 
     def compile_node(self, xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step | None:
-        """A closure computing ``node`` into ``dst`` from ``srcs``.
+        """A closure computing ``node`` into ``dst`` from ``srcs``, made by the kernel
+        :meth:`select` picks (an override whose predicate accepts ``(node, xp)``, else the
+        generic kernel).
 
         Args:
             xp: ``numpy`` or ``cupy``.
@@ -125,7 +181,7 @@ class KernelRegistry:
             ValueError: no kernel for the op (callers check :meth:`supports_op` first), or a
                 malformed node (e.g. a SET/ACC region outside the destination).
         """
-        e = self._entries.get(node.op)
+        e = self.select(node, xp)
         if e is None:
             raise ValueError(f"compile_node: no kernel for op {node.op.name} of '{node.name}'")
         return e.make(xp, node, dst, srcs)
@@ -137,13 +193,16 @@ class KernelRegistry:
         NONE and the view ops (RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing and are
         supported for any type. Quantized and BF16 tensors are never supported by the compute
         kernels. Otherwise the op's predicate decides, given ``node`` and ``xp``; a predicate that
-        raises ValueError/TypeError/IndexError on a malformed node means "not supported"."""
+        raises ValueError/TypeError/IndexError on a malformed node means "not supported". An
+        override (:meth:`override`) whose predicate says yes makes the node supported first."""
         op = node.op
         if op in _NO_COMPUTE:
             return True
-        e = self._entries.get(op)
+        e = self.select(node, xp)
         if e is None:
             return False
+        if e is not self._entries.get(op):
+            return True  # an override's predicate already said yes
         if node.type.is_quantized or node.type == Type.BF16:
             return False
         for s in node.src:
