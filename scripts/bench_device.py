@@ -243,15 +243,19 @@ def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8
         evals["n"] += 1
         return orig_launch(stream, fn)
 
+    from ggmlpy.backends.device import AsyncBackend  # noqa: PLC0415
+
     plan_mod.kernels.compile_node = compile_node
     rt.launch = launch
+    replay0 = AsyncBackend.graph_replay
+    AsyncBackend.graph_replay = False  # count every node's launches (a replay is one launch)
     try:
         with BertModel.load(model_dir, device=dev, n_gpu_layers=-1) as m:
-            ids = [[101] + [1000 + 37 * i + j for j in range(5 + i)] + [102] for i in range(n_seq)]
-            emb = m.encode_ids(ids, batch_size=n_seq)
+            emb = m.encode_ids(_minilm_ids(n_seq), batch_size=n_seq)
     finally:
         plan_mod.kernels.compile_node = generic
         del rt.launch
+        AsyncBackend.graph_replay = replay0
     n = max(evals["n"], 1)
     return {"fused": fused, "device_evaluations": evals["n"],
             "launches_per_evaluation": round(evals["launches"] / n, 1),
@@ -259,6 +263,33 @@ def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8
             "launches_per_node": round(evals["launches"] / max(evals["nodes"], 1), 3),
             "by_op_nodes_launches": {k: [v[0] // n, v[1] // n] for k, v in sorted(per_op.items())},
             "_embeddings": emb}
+
+
+def _minilm_ids(n_seq: int) -> list[list[int]]:
+    return [[101] + [1000 + 37 * i + j for j in range(5 + i)] + [102] for i in range(n_seq)]
+
+
+def minilm_replay(dev: Any, model_dir: str | None, n_seq: int = 8, evals: int = 4) -> dict[str, Any]:
+    """Launches per MiniLM evaluation with graph replay (the default): ``evals`` evaluations of
+    one batch shape (the first eager, the second captured, the rest replayed), the launches of
+    the last one, the backends' replay counters, and the largest difference between the eager
+    and the replayed embeddings."""
+    from ggmlpy.models.bert import BertModel  # noqa: PLC0415
+
+    rt = dev.runtime
+    ids = _minilm_ids(n_seq)
+    with BertModel.load(model_dir, device=dev, n_gpu_layers=-1) as m:
+        embs, last = [], 0
+        for _ in range(evals):
+            n0 = rt.launch_count()
+            embs.append(m.encode_ids(ids, batch_size=n_seq).astype(np.float64))
+            last = rt.launch_count() - n0
+        stats: dict[str, int] = {}
+        for be in m._backends:
+            for k, v in getattr(be, "replay_stats", None).as_dict().items() if hasattr(be, "replay_stats") else ():
+                stats[k] = stats.get(k, 0) + v
+    return {"evaluations": evals, "launches_last_evaluation": last, "replay_stats": stats,
+            "replayed_vs_eager_max_abs_diff": float(max(np.abs(e - embs[0]).max() for e in embs))}
 
 
 def launches_report(device_name: str | None, model_dir: str | None) -> dict[str, Any]:
@@ -274,6 +305,7 @@ def launches_report(device_name: str | None, model_dir: str | None) -> dict[str,
                             - runs[1].pop("_embeddings").astype(np.float64)).max())
         out["fused_vs_generic_max_abs_diff"] = diff
     out["generic"], out["fused"] = runs
+    out["replay"] = minilm_replay(dev, model_dir)
     return out
 
 

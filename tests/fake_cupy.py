@@ -11,6 +11,18 @@ ufunc call (element-wise op, reduction), per kernel-issuing array function (``co
 ``alloc_pinned_memory`` calls; ``hold_events(True)`` keeps events "running" (``done`` False). ``RawKernel`` runs a NumPy emulation of each
 ``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source.
 
+Stream capture (CUDA graphs): ``Stream.begin_capture()`` starts recording, ``end_capture()``
+returns a ``cuda.Graph`` whose ``launch(stream)`` replays what was recorded (counted as **one**
+launch; ``FakeCupy.graph_launches()`` counts them). While capturing, nothing that writes existing memory
+runs, as on CUDA: RawKernel calls, async copies/memsets, ufuncs and array functions given
+``out=``, ``copyto`` and ``__setitem__`` are only recorded; pure operations (ufuncs and array
+functions without ``out``, ``astype``/``copy``, copying ``__getitem__``) run once to get their
+result array (stale values, never written anywhere) and are recorded as a rewrite of that same
+array (fixed addresses, like a CUDA graph); nothing is counted. Reading a value to the host while capturing (``float()``, ``int()``,
+``bool()``, ``item()``, ``tolist()``) raises the fake ``cudaErrorStreamCaptureUnsupported``, as
+CuPy's synchronous transfers do. ``cuda.MemoryPool``/``cuda.using_allocator`` exist (the fake's
+arrays do not come from them); ``pools_made()`` counts pools.
+
 Error injection: ``fake.fail_next(path, exc)`` makes the next call of e.g. ``"runtime.memcpyAsync"``,
 ``"Event.record"``, ``"Stream.synchronize"``, ``"alloc_pinned_memory"`` or ``"RawKernel"`` raise
 ``exc``.
@@ -32,6 +44,23 @@ from ggmlpy.backends import cupy_runtime
 _LAUNCHES = [0]
 _FAILS: dict[str, BaseException] = {}
 _HOLD = [False]
+#: the launch list being recorded by a capturing stream, or None
+_REC: list | None = None
+_GRAPH_LAUNCHES = [0]
+_POOLS = [0]
+
+
+def _capturing() -> bool:
+    return _REC is not None
+
+
+def _record(fn) -> None:
+    _REC.append(fn)
+
+
+def _no_sync(what: str) -> None:
+    if _REC is not None:
+        raise _FakeCudaError(900, f"cudaErrorStreamCaptureUnsupported: {what} while capturing")
 
 
 def _maybe_fail(path: str) -> None:
@@ -105,14 +134,20 @@ class _FakeRuntime:
 
     def memcpyAsync(self, dst: int, src: int, size: int, kind: int, stream: int) -> None:
         _maybe_fail("runtime.memcpyAsync")
+        if _capturing():
+            return _record(lambda: ctypes.memmove(dst, src, size))
         ctypes.memmove(dst, src, size)
 
     def memcpyPeerAsync(self, dst: int, ddev: int, src: int, sdev: int, size: int, stream: int) -> None:
         _maybe_fail("runtime.memcpyPeerAsync")
+        if _capturing():
+            return _record(lambda: ctypes.memmove(dst, src, size))
         ctypes.memmove(dst, src, size)
 
     def memsetAsync(self, ptr: int, value: int, size: int, stream: int) -> None:
         _maybe_fail("runtime.memsetAsync")
+        if _capturing():
+            return _record(lambda: ctypes.memset(ptr, value, size))
         ctypes.memset(ptr, value, size)
 
     # peer access: devices with the same parity can reach each other (a made-up topology)
@@ -158,9 +193,29 @@ class _FakeCuda:
 
             def synchronize(self) -> None:
                 _maybe_fail("Stream.synchronize")
+                _no_sync("Stream.synchronize")
 
             def wait_event(self, event) -> None:
                 assert isinstance(event, fake.Event)
+
+            def begin_capture(self, mode=None) -> None:
+                global _REC
+                _maybe_fail("Stream.begin_capture")
+                if _REC is not None:
+                    raise _FakeCudaError(900, "cudaErrorStreamCaptureUnsupported: already capturing")
+                _REC = []
+                self.capturing = True
+
+            def end_capture(self):
+                global _REC
+                if not getattr(self, "capturing", False):
+                    raise _FakeCudaError(400, "cudaErrorIllegalState: not capturing")
+                ops, _REC, self.capturing = _REC, None, False
+                _maybe_fail("Stream.end_capture")
+                return Graph(ops)
+
+            def is_capturing(self) -> bool:
+                return bool(getattr(self, "capturing", False))
 
             def __enter__(self):
                 return self
@@ -184,6 +239,31 @@ class _FakeCuda:
             def done(self) -> bool:
                 return not _HOLD[0]  # held: "still running" until a synchronize reaps it
 
+        class Graph:
+            """``cupy.cuda.Graph``: replays the recorded launch list; one counted launch."""
+
+            def __init__(self, ops) -> None:
+                self.ops = ops
+
+            def launch(self, stream=None) -> None:
+                _maybe_fail("Graph.launch")
+                _LAUNCHES[0] += 1
+                _GRAPH_LAUNCHES[0] += 1
+                with np.errstate(all="ignore"):
+                    for op in self.ops:
+                        op()
+
+        class MemoryPool:
+            def __init__(self) -> None:
+                _POOLS[0] += 1
+                self.freed = False
+
+            def malloc(self, size: int):
+                raise NotImplementedError("the fake's arrays do not come from a pool")
+
+            def free_all_blocks(self) -> None:
+                self.freed = True
+
         class UnownedMemory:
             def __init__(self, ptr: int, size: int, owner, device_id: int) -> None:
                 self.ptr, self.size = ptr, size
@@ -194,6 +274,11 @@ class _FakeCuda:
 
         Stream.ptds = Stream(non_blocking=True)
         self.Device, self.Stream, self.Event = Device, Stream, Event
+        self.Graph, self.MemoryPool = Graph, MemoryPool
+
+        from contextlib import nullcontext  # noqa: PLC0415
+
+        self.using_allocator = lambda allocator=None: nullcontext()
         self.UnownedMemory, self.MemoryPointer = UnownedMemory, MemoryPointer
 
     pinned_allocs = 0
@@ -240,33 +325,141 @@ _NO_LAUNCH = frozenset({
 })
 
 
+def _rewrite(r, call):
+    """Record ``call()`` re-run into result ``r`` (an array or a tuple of arrays)."""
+    if isinstance(r, np.ndarray):
+        _record(lambda: np.copyto(r, call()))
+    elif isinstance(r, tuple) and all(isinstance(v, np.ndarray) for v in r):
+        def again():
+            for dst, v in zip(r, call()):
+                np.copyto(dst, v)
+        _record(again)
+
+
+def _is_view_of(r, args) -> bool:
+    return isinstance(r, np.ndarray) and any(
+        isinstance(a, np.ndarray) and np.may_share_memory(r, a) for a in args)
+
+
 class _CountingArray(np.ndarray):
-    """A NumPy array that counts the kernel launches CuPy would issue for it (see the module doc)."""
+    """A NumPy array that counts the kernel launches CuPy would issue for it (see the module doc);
+    while a fake stream captures, operations are recorded instead of counted."""
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kw):
-        _LAUNCHES[0] += 1
+        kw = {k: _plain(v) for k, v in kw.items()}
+        pin = _plain(inputs)
         if out is not None:
             kw["out"] = _plain(out)
-        r = getattr(ufunc, method)(*_plain(inputs), **kw)
+        if not _capturing():
+            _LAUNCHES[0] += 1
+            r = getattr(ufunc, method)(*pin, **kw)
+        elif out is not None or method == "at":  # writes device memory: recorded, not run
+            _record(lambda: getattr(ufunc, method)(*pin, **kw))
+            r = None
+        else:  # a pure computation: run for its result array, recorded as a rewrite of it
+            r = getattr(ufunc, method)(*pin, **kw)
+            if isinstance(r, np.generic):
+                r = np.asarray(r)
+            res = r if isinstance(r, tuple) or method != "__call__" else (r,)
+            _record(lambda: getattr(ufunc, method)(*pin, **kw, out=res))
         if out is not None:
             return out[0] if len(out) == 1 else out
         return _wrap(r)
 
     def __array_function__(self, func, types_, args, kwargs):
-        if func.__name__ not in _NO_LAUNCH:
-            _LAUNCHES[0] += 1
-        r = func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
-        if func.__name__ == "copyto":
+        pargs = _plain(args)
+        pkw = {k: _plain(v) for k, v in kwargs.items()}
+        name = func.__name__
+        if not _capturing():
+            if name not in _NO_LAUNCH:
+                _LAUNCHES[0] += 1
+            r = func(*pargs, **pkw)
+        elif name == "copyto" or pkw.get("out") is not None:  # writes: recorded, not run
+            _record(lambda: func(*pargs, **pkw))
+            r = pkw.get("out")
+        else:
+            r = func(*pargs, **pkw)
+            if not (name in _NO_LAUNCH and (_is_view_of(r, pargs) or not isinstance(r, np.ndarray))):
+                if isinstance(r, np.generic):
+                    r = np.asarray(r)
+                _rewrite(r, lambda: func(*pargs, **pkw))
+        if name == "copyto":
             return None
         return _wrap(r)
 
     def astype(self, *a, **k):
-        _LAUNCHES[0] += 1
-        return _wrap(self.view(np.ndarray).astype(*a, **k))
+        me = self.view(np.ndarray)
+        if not _capturing():
+            _LAUNCHES[0] += 1
+            return _wrap(me.astype(*a, **k))
+        r = me.astype(*a, **k)
+        if r is not me:
+            _rewrite(r, lambda: me.astype(*a, **k))
+        return _wrap(r)
 
     def copy(self, *a, **k):
-        _LAUNCHES[0] += 1
-        return _wrap(self.view(np.ndarray).copy(*a, **k))
+        me = self.view(np.ndarray)
+        if not _capturing():
+            _LAUNCHES[0] += 1
+            return _wrap(me.copy(*a, **k))
+        r = me.copy(*a, **k)
+        _rewrite(r, lambda: me.copy(*a, **k))
+        return _wrap(r)
+
+    def _maybe_copy(self, name, *a, **k):
+        """``reshape``/``ravel``/``flatten``: a view when possible, else a copy kernel (counted,
+        or recorded while capturing), as in CuPy."""
+        me = self.view(np.ndarray)
+        r = getattr(me, name)(*a, **k)
+        if not np.may_share_memory(r, me):
+            if _capturing():
+                _rewrite(r, lambda: getattr(me, name)(*a, **k))
+            else:
+                _LAUNCHES[0] += 1
+        return _wrap(r)
+
+    def reshape(self, *a, **k):
+        return self._maybe_copy("reshape", *a, **k)
+
+    def ravel(self, *a, **k):
+        return self._maybe_copy("ravel", *a, **k)
+
+    def flatten(self, *a, **k):
+        return self._maybe_copy("flatten", *a, **k)
+
+    def __setitem__(self, key, value):
+        me, v = self.view(np.ndarray), _plain(value)
+        if _capturing():
+            return _record(lambda: me.__setitem__(key, v))
+        me[key] = v
+
+    def __getitem__(self, key):
+        r = np.ndarray.__getitem__(self, key)
+        if _capturing() and isinstance(r, np.ndarray) and not np.may_share_memory(r, self):
+            me, rr = self.view(np.ndarray), r.view(np.ndarray)
+            _record(lambda: np.copyto(rr, me[key]))
+        return r
+
+    # values read back to the host: not allowed while capturing (CuPy: synchronous transfer)
+    def __float__(self):
+        _no_sync("float()")
+        return float(self.view(np.ndarray))
+
+    def __int__(self):
+        _no_sync("int()")
+        return int(self.view(np.ndarray))
+
+    def __bool__(self):
+        _no_sync("bool()")
+        return bool(self.view(np.ndarray))
+
+    def item(self, *a):
+        _no_sync("item()")
+        return self.view(np.ndarray).item(*a)
+
+    def tolist(self):
+        _no_sync("tolist()")
+        return self.view(np.ndarray).tolist()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,9 +581,14 @@ class _FakeRawKernel:
 
     def __call__(self, grid, block, args) -> None:
         _maybe_fail("RawKernel")
-        _LAUNCHES[0] += 1
         assert len(grid) == 1 and len(block) == 1 and block[0] % 32 == 0 and block[0] <= 1024
         args = tuple(_plain(a) for a in args)
+        if _capturing():  # recorded, not run (a CUDA graph node)
+            return _record(lambda: self._run(grid, args))
+        _LAUNCHES[0] += 1
+        self._run(grid, args)
+
+    def _run(self, grid, args) -> None:
         if self.name == "ggmlpy_probe":
             a, v = args
             _at(_addr(a), (1, 1, 1, 1), (4, 4, 4, 4))[...] = _F(v) + _F(1)
@@ -433,6 +631,16 @@ class FakeCupy:
     def hold_events(on: bool) -> None:
         """While on, ``Event.done`` is False: queued copies look in flight until a synchronize."""
         _HOLD[0] = bool(on)
+
+    @staticmethod
+    def graph_launches() -> int:
+        """``cuda.Graph.launch`` calls so far (all fakes)."""
+        return _GRAPH_LAUNCHES[0]
+
+    @staticmethod
+    def pools_made() -> int:
+        """``cuda.MemoryPool`` objects made so far (all fakes)."""
+        return _POOLS[0]
 
     @staticmethod
     def pinned_allocs() -> int:

@@ -19,6 +19,11 @@
   ``cudaDeviceCanAccessPeer`` allows it.
 * :meth:`CupyRuntime.launch_count` counts fused kernel launches (:mod:`.cuda_kernels`); with the
   test suite's fake CuPy it counts every launch.
+* CUDA graphs (``supports_graphs``): :meth:`CupyRuntime.graph_capture` captures a plan's steps
+  with ``Stream.begin_capture()/end_capture()`` (relaxed mode) while CuPy allocates from a
+  ``cupy.cuda.MemoryPool`` private to that graph (temporaries keep their addresses for every
+  replay and are never handed to anyone else); :meth:`CupyRuntime.graph_launch` launches the
+  ``cupy.cuda.Graph`` and keeps it (and its pool) alive until the stream has passed it.
 * ``cupy.cuda.Event`` (timing disabled) for events; ``cudaMemGetInfo`` for memory.
 * A failed stream synchronize discards that stream's pending downloads (their staging is never
   copied into the caller's arrays; staging blocks go back to the ring). A sticky error (illegal
@@ -219,6 +224,16 @@ class _CudaStream:
         self.ring = ring
 
 
+class _CudaGraph:
+    """A captured plan: the ``cupy.cuda.Graph``, the private memory pool its temporaries came
+    from, and the number of steps captured."""
+
+    __slots__ = ("graph", "pool", "n_steps")
+
+    def __init__(self, graph: Any, pool: Any, n_steps: int) -> None:
+        self.graph, self.pool, self.n_steps = graph, pool, n_steps
+
+
 class CupyRuntime(Runtime):
     """The CUDA runtime over CuPy (see the module docstring). Construct only when
     :func:`import_cupy` succeeded.
@@ -243,6 +258,7 @@ class CupyRuntime(Runtime):
         self.staging_cap = staging_cap
         self._peer: dict[tuple[int, int], bool] = {}
         self._peer_lock = threading.Lock()
+        self._graph_launches = 0
 
     # error mapping --------------------------------------------------------------------------------
     def _is_cuda_error(self, e: BaseException) -> bool:
@@ -322,7 +338,7 @@ class CupyRuntime(Runtime):
             return int(own())
         from . import cuda_kernels  # noqa: PLC0415 - a leaf module, imported on demand
 
-        return cuda_kernels.launch_count()
+        return cuda_kernels.launch_count() + self._graph_launches
 
     # memory -------------------------------------------------------------------------------------
     def malloc(self, dev: int, size: int) -> DeviceMemory:
@@ -484,6 +500,36 @@ class CupyRuntime(Runtime):
         self._reap(stream)
         with self.on_stream(stream), self._mapped(stream.dev, "kernel launch"):
             fn()
+
+    supports_graphs = True
+
+    def graph_capture(self, stream: Any, steps: list[Any]) -> _CudaGraph:
+        cp = self.cp
+        cs = stream.cs
+        pool = cp.cuda.MemoryPool()
+        with self.on_stream(stream), cp.cuda.using_allocator(pool.malloc):
+            with self._mapped(stream.dev, "begin graph capture"):
+                cs.begin_capture()
+            try:
+                for step in steps:
+                    step()
+            except BaseException:
+                try:
+                    cs.end_capture()
+                except Exception:  # noqa: BLE001 - the capture is invalid anyway
+                    pass
+                pool.free_all_blocks()
+                raise
+            with self._mapped(stream.dev, "end graph capture"):
+                graph = cs.end_capture()
+        return _CudaGraph(graph, pool, len(steps))
+
+    def graph_launch(self, stream: Any, graph: Any) -> None:
+        self._reap(stream)
+        with self.on_stream(stream), self._mapped(stream.dev, "graph launch"):
+            graph.graph.launch(stream.cs)
+        self._graph_launches += 1
+        self._track(stream, graph, None)  # graph and pool live until the stream has passed it
 
     def _track(self, stream: Any, keep: Any, finish: Callable[[], None] | None) -> None:
         with self._mapped(stream.dev, "event record"):

@@ -58,7 +58,7 @@ from ..opcodes import Op
 from ..tensor import Tensor
 from . import kernels
 from .cpu import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type
-from .plan import Plan, PlanCache, build_plan
+from .plan import Plan, PlanCache, ReplayStats, build_plan, launch_plan
 
 __all__ = ["Runtime", "DeviceMemory", "DeviceInfo", "AsyncBufferType", "AsyncBuffer",
            "AsyncHostBufferType", "AsyncHostBuffer", "AsyncBackend", "AsyncDevice",
@@ -249,6 +249,26 @@ class Runtime:
         ``fn`` enqueues kernels while ``stream`` is current, so it runs on the host at once)."""
         raise NotImplementedError(f"{type(self).__name__} needs launch")
 
+    #: True when :meth:`graph_capture` and :meth:`graph_launch` work (plans are then replayed)
+    supports_graphs: bool = False
+
+    def graph_capture(self, stream: Any, steps: list[Any]) -> Any:
+        """Capture ``steps`` (a plan's zero-argument kernel closures, in order) into one graph
+        that :meth:`graph_launch` replays on ``stream``, **without running them** (CUDA: stream
+        capture into a ``cupy.cuda.Graph``, temporaries from a pool private to the graph; SIM: the
+        recorded launch list). The graph reads and writes the same device memory every time.
+
+        Raises:
+            Exception: the steps cannot be captured (e.g. they synchronize with the host); the
+                stream is left out of capture mode and usable.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot capture graphs")
+
+    def graph_launch(self, stream: Any, graph: Any) -> None:
+        """*Async*: run a graph made by :meth:`graph_capture` in ``stream``'s order (one launch);
+        the runtime keeps the graph alive until the stream has passed it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot launch graphs")
+
     def memcpy_htod_async(self, stream: Any, mem: DeviceMemory, offset: int, src: np.ndarray) -> None:
         """*Async*: upload host ``src`` into ``mem[offset:]`` in stream order. ``src`` is (pinned)
         staging owned by the runtime from now on: it is kept alive until the stream has passed
@@ -433,9 +453,13 @@ class AsyncBackend(Backend):
 
     Attributes:
         stream: the runtime's stream handle.
+        graph_replay: replay unchanged plans as captured graphs where the runtime supports it
+            (default True; ggml-cuda's CUDA graphs, see :func:`~ggmlpy.backends.plan.launch_plan`).
+        replay_stats: :class:`~ggmlpy.backends.plan.ReplayStats` of this backend's launches.
     """
 
     device: AsyncDevice
+    graph_replay: bool = True
 
     def __init__(self, device: AsyncDevice) -> None:
         super().__init__(device)
@@ -447,6 +471,7 @@ class AsyncBackend(Backend):
             self._copy_event = rt.event_new(device.index)   # the source side of peer copies
             self._ready_event = rt.event_new(device.index)  # "dst stream reached here" for copies
         self._plans = PlanCache(self._build_plan)
+        self.replay_stats = ReplayStats()
         self._finalizer = weakref.finalize(self, rt.stream_free, self.stream)
         device._backends.add(self)
 
@@ -469,7 +494,7 @@ class AsyncBackend(Backend):
         # asynchronous: launched on the stream, complete after synchronize()
         self._check_plan_live(plan)
         with self.runtime.activate(self.device.index):
-            self.runtime.launch(self.stream, plan.run)
+            launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
         return Status.SUCCESS
 
     def _check_plan_live(self, plan: Plan) -> None:
@@ -480,7 +505,7 @@ class AsyncBackend(Backend):
         plan = self._plans.get(graph)
         self._check_plan_live(plan)
         with self.runtime.activate(self.device.index):
-            self.runtime.launch(self.stream, plan.run)
+            launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
         return Status.SUCCESS
 
     def _synchronize(self) -> None:

@@ -5,6 +5,15 @@ sources over their buffers' memory and the op's parameters. Running it is then a
 zero-argument calls. Plans are cached per graph and reused while everything they read is unchanged
 (:mod:`ggmlpy.snapshot`: O(1) when no mutation happened in the process, else one compare of a
 compact per-tensor state).
+
+Graph replay (ggml-cuda's CUDA graphs): :func:`launch_plan` runs a plan eagerly the first time
+(a warm-up: kernels compile, libraries create their handles), captures it into one replayable
+graph the second time (:meth:`Runtime.graph_capture`: a ``cupy.cuda.Graph`` on CUDA, a recorded
+launch list on SIM) and from then on replays the graph with one launch. The captured graph
+belongs to the :class:`Plan` object, and a plan is only reused while the plan cache's validity
+rule holds, so any change that rule detects (other nodes, other placement, freed buffers, ...)
+yields a new plan and therefore a new capture. A plan whose capture fails (its kernels
+synchronize with the host, an op CuPy cannot capture) is marked and always runs eagerly.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from ..opcodes import VIEW_OPS, Op
 from ..tensor import Tensor
 from . import kernels
 
-__all__ = ["Plan", "build_plan", "PlanCache"]
+__all__ = ["Plan", "build_plan", "PlanCache", "ReplayStats", "launch_plan"]
 
 Step = Callable[[], None]
 
@@ -40,12 +49,18 @@ class Plan:
         buffers: the distinct buffers the steps read or write.
     """
 
-    __slots__ = ("steps", "nodes", "buffers")
+    __slots__ = ("steps", "nodes", "buffers", "runs", "graph", "capture_failed", "__weakref__")
 
     def __init__(self, steps: list[Step], nodes: list[Tensor], buffers: list[Buffer] | None = None) -> None:
         self.steps = steps
         self.nodes = nodes
         self.buffers = buffers or []
+        #: launches of this plan so far (eager or replayed)
+        self.runs = 0
+        #: the runtime's captured graph of :attr:`steps` (None until captured)
+        self.graph: Any = None
+        #: True once a capture failed: the plan then always runs eagerly
+        self.capture_failed = False
 
     def check_live(self, backend_name: str = "") -> None:
         """Raise NotAllocatedError if a buffer the plan uses was freed since it was built."""
@@ -60,6 +75,68 @@ class Plan:
         with np.errstate(all="ignore"):
             for step in self.steps:
                 step()
+
+
+class ReplayStats:
+    """How a backend's plans were launched (counters, for tests and benchmarks).
+
+    Attributes:
+        eager: launches that ran the plan's steps one by one.
+        captures: plans captured into a graph.
+        replays: launches of a captured graph (the capturing launch included).
+        capture_failures: captures that failed (the plan then runs eagerly for good).
+    """
+
+    __slots__ = ("eager", "captures", "replays", "capture_failures")
+
+    def __init__(self) -> None:
+        self.eager = self.captures = self.replays = self.capture_failures = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a dict."""
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self) -> str:
+        return f"ReplayStats({self.as_dict()})"
+
+
+def launch_plan(runtime: Any, stream: Any, plan: Plan, stats: ReplayStats, replay: bool = True) -> None:
+    """*Async*: enqueue ``plan`` on ``stream`` of ``runtime``, replaying its captured graph when
+    it has one (see the module docstring): the first launch of a plan runs its steps
+    (``runtime.launch(stream, plan.run)``), the second captures them with
+    ``runtime.graph_capture(stream, plan.steps)`` and launches the graph
+    (``runtime.graph_launch``), later ones launch the graph. ``replay`` False, a runtime with
+    ``supports_graphs`` False, or an earlier failed capture: always eager.
+
+    A capture that raises (any exception but :class:`KeyboardInterrupt`) is counted in
+    ``stats.capture_failures`` and the plan runs eagerly from then on; failures of the eager
+    work or of a graph launch propagate as the runtime reports them.
+    """
+    if plan.graph is not None and replay:
+        runtime.graph_launch(stream, plan.graph)
+        plan.runs += 1
+        stats.replays += 1
+        return
+    if (not replay or plan.runs == 0 or plan.capture_failed or not plan.steps
+            or not getattr(runtime, "supports_graphs", False)):
+        runtime.launch(stream, plan.run)
+        plan.runs += 1
+        stats.eager += 1
+        return
+    try:
+        graph = runtime.graph_capture(stream, list(plan.steps))
+    except Exception:  # noqa: BLE001 - any capture failure: eager from now on
+        plan.capture_failed = True
+        stats.capture_failures += 1
+        runtime.launch(stream, plan.run)
+        plan.runs += 1
+        stats.eager += 1
+        return
+    plan.graph = graph
+    stats.captures += 1
+    runtime.graph_launch(stream, graph)
+    plan.runs += 1
+    stats.replays += 1
 
 
 def build_plan(graph: Graph, xp: Any, backend_name: str,

@@ -151,6 +151,20 @@ class _SimEvent:
         self.flag: threading.Event | None = None
 
 
+class _SimGraph:
+    """A captured plan on SIM: the steps, replayed in order with NumPy's warnings off."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps: tuple[Callable[[], Any], ...]) -> None:
+        self.steps = steps
+
+    def run(self) -> None:
+        with np.errstate(all="ignore"):
+            for step in self.steps:
+                step()
+
+
 class SimRuntime(Runtime):
     """The host-emulated runtime behind SIM devices (see the module docstring).
 
@@ -261,6 +275,17 @@ class SimRuntime(Runtime):
 
     def launch(self, stream: Any, fn: Callable[[], Any]) -> None:
         stream.submit(fn, self.latency_s)
+
+    # graphs: a recorded launch list (the logic of CUDA graph replay, testable without a GPU)
+    supports_graphs = True
+
+    def graph_capture(self, stream: Any, steps: list[Any]) -> Any:
+        """The launch list ``tuple(steps)``, run by :meth:`graph_launch` as one unit of stream
+        work; nothing runs here (as in CUDA stream capture)."""
+        return _SimGraph(tuple(steps))
+
+    def graph_launch(self, stream: Any, graph: Any) -> None:
+        stream.submit(graph.run, self.latency_s)
 
     def memcpy_htod_async(self, stream: Any, mem: DeviceMemory, offset: int, src: np.ndarray) -> None:
         data = mem.data  # type: ignore[attr-defined]
