@@ -435,6 +435,8 @@ class _CountingArray(np.ndarray):
 
     def __getitem__(self, key):
         r = np.ndarray.__getitem__(self, key)
+        if isinstance(r, np.generic):  # CuPy gives a 0-d device array, not a host scalar
+            r = np.ndarray.__getitem__(self, (key if isinstance(key, tuple) else (key,)) + (Ellipsis,))
         if _capturing() and isinstance(r, np.ndarray) and not np.may_share_memory(r, self):
             me, rr = self.view(np.ndarray), r.view(np.ndarray)
             _record(lambda: np.copyto(rr, me[key]))
