@@ -33,6 +33,7 @@ from .registry import (reg_count, reg_get, reg_by_name, dev_count, dev_get, dev_
                        dev_by_type, devices, backend_init_by_name, backend_init_by_type,
                        backend_init_best, register_sim_devices)
 from .backends.cpu import backend_cpu_init, cpu_buffer_type, cpu_buffer_from_array
+from .backends import interop as _interop  # noqa: F401  (installs Tensor.numpy/__dlpack__/...)
 
 __all__ = [
     "Type", "row_size", "type_from_dtype", "type_from_name", "quantize", "dequantize",

@@ -300,6 +300,11 @@ class Buffer:
         """Return a new host uint8 array of ``size`` bytes read at ``offset`` from ``tensor.offset``; blocking."""
         raise NotImplementedError(f"{type(self).__name__} needs _get_tensor")
 
+    def _get_tensor_into(self, tensor: Tensor, out: np.ndarray) -> None:
+        """Read the tensor's first ``out.size`` bytes into ``out`` (1-D C-contiguous uint8);
+        blocking. Default: through :meth:`_get_tensor` (device buffers copy straight in)."""
+        out[:] = self._get_tensor(tensor, 0, out.size)
+
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} needs _memset_tensor")
 

@@ -34,6 +34,25 @@ def _set_host_buffer_alloc(fn: Callable[[int], Buffer]) -> None:
     global _host_buffer_alloc
     _host_buffer_alloc = fn
 
+#: Zero-copy interop hooks (``numpy``, ``array``, ``cuda_array_interface``, ``dlpack``,
+#: ``dlpack_device``), installed by :mod:`ggmlpy.backends.interop` (``import ggmlpy`` does), so
+#: that this module never imports a backend.
+_interop: Any = None
+
+
+def _set_interop(hooks: Any) -> None:
+    """Install the interop hooks behind :meth:`Tensor.numpy` and the array protocols."""
+    global _interop
+    _interop = hooks
+
+
+def _hooks() -> Any:
+    if _interop is None:  # pragma: no cover - ``import ggmlpy`` installs them
+        raise RuntimeError("tensor interop is not installed: import ggmlpy (it imports "
+                           "ggmlpy.backends.interop)")
+    return _interop
+
+
 MAX_DIMS = 4
 MAX_SRC = 10
 MAX_NAME = 64  # ggml's GGML_MAX_NAME: 63 characters + NUL
@@ -310,6 +329,34 @@ class Tensor:
                              "only op NONE tensors can be parameters")
         self.flags |= Flag.PARAM
         return self
+
+    # -- zero-copy interop (ggmlpy.backends.interop) ----------------------------------------------
+    def numpy(self) -> Any:
+        """A NumPy view (shape ``ne[::-1]``, strides ``nb[::-1]`` bytes) of the tensor in a host
+        buffer; writes go to the tensor. Valid until its memory is reused (the next evaluation for
+        an intermediate). Raises NotAllocatedError (unallocated/freed) or TypeError (device
+        memory, quantized). See :mod:`ggmlpy.backends.interop`."""
+        return _hooks().numpy(self)
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> Any:
+        """``np.asarray(tensor)``: the host view, or a copy for device memory (``copy=False``
+        then raises ValueError)."""
+        return _hooks().array(self, dtype, copy)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """CUDA Array Interface v3 of a tensor in CUDA device memory (``stream``: the producing
+        backend's stream); AttributeError elsewhere. See :mod:`ggmlpy.backends.interop`."""
+        return _hooks().cuda_array_interface(self)
+
+    def __dlpack__(self, *, stream: Any = None, **kwargs: Any) -> Any:
+        """A DLPack capsule sharing the tensor's memory (host or CUDA); ``stream`` as in the
+        DLPack protocol. See :mod:`ggmlpy.backends.interop`."""
+        return _hooks().dlpack(self, stream=stream, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device_type, device_id)`` of the tensor's memory (1: CPU, 2: CUDA)."""
+        return _hooks().dlpack_device(self)
 
     def __repr__(self) -> str:
         name = f" '{self.name}'" if self.name else ""

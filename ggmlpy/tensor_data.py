@@ -111,19 +111,44 @@ def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | N
         tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
 
 
-def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None) -> np.ndarray | bytes:
+def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None, *,
+                       out: np.ndarray | None = None) -> np.ndarray | bytes:
     """Read a tensor back to the host, blocking (mirrors ``ggml_backend_tensor_get``).
 
     With ``offset == 0`` and ``size is None`` it returns a new NumPy array of the tensor's dtype
     with shape ``ne[::-1]`` (strided views are read through their strides); for block-quantized
     types the ``nbytes`` raw bytes as uint8. With a byte range it returns ``bytes``.
 
+    ``out``: a writable host array to read the whole tensor into instead (no new array): the
+    tensor's dtype (uint8 for quantized types) and ``tensor.nelements`` elements (any shape; a
+    non-contiguous ``out`` is written through its strides in logical order); returned. Not with
+    a byte range. Contiguous tensors in device memory are copied straight into a C-contiguous
+    ``out``.
+
     Raises:
-        NotAllocatedError: the tensor has no memory. ValueError: range outside the tensor.
+        NotAllocatedError: the tensor has no memory. ValueError: range outside the tensor, ``out``
+        with a byte range, or an ``out`` of the wrong size or not writable. TypeError: ``out``
+        not a NumPy array or of another dtype.
     """
     _check_tensor(tensor, "backend_tensor_get")
     offset = _check_int(offset, "offset", "backend_tensor_get")
     buf = tensor_buffer(tensor)
+    if out is not None:
+        _check_out(tensor, out, offset, size)
+        if tensor.nbytes == 0:
+            return out
+        if tensor.type.is_quantized or tensor.is_contiguous():
+            if out.flags.c_contiguous and not buf.is_host():
+                buf._get_tensor_into(tensor, out.reshape(-1).view(np.uint8))
+                return out
+            raw = buf._get_tensor(tensor, 0, tensor.nbytes)
+            np.copyto(out, raw.view(out.dtype).reshape(out.shape))
+            return out
+        raw = buf._get_tensor(tensor, 0, tensor.nbytes)
+        src = np.lib.stride_tricks.as_strided(raw.view(tensor.type.dtype), shape=tensor.ne[::-1],
+                                              strides=tensor.nb[::-1])
+        np.copyto(out, src.reshape(out.shape))
+        return out
     if offset == 0 and size is None:
         raw = buf._get_tensor(tensor, 0, tensor.nbytes)
         if tensor.type.is_quantized:
@@ -133,6 +158,22 @@ def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None)
     size = tensor.nbytes - offset if size is None else int(size)
     _check_range(tensor, offset, size, "backend_tensor_get")
     return buf._get_tensor(tensor, int(offset), size).tobytes()
+
+
+def _check_out(tensor: Tensor, out: Any, offset: int, size: int | None) -> None:
+    what = "backend_tensor_get"
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{what}: out must be a NumPy array, got {type(out).__name__}")
+    if offset != 0 or size is not None:
+        raise ValueError(f"{what}: out= reads the whole tensor '{tensor.name}'; no offset/size")
+    want = np.dtype(np.uint8) if tensor.type.is_quantized else np.dtype(tensor.type.dtype)
+    if out.dtype != want:
+        raise TypeError(f"{what}: out has dtype {out.dtype}, tensor '{tensor.name}' needs {want}")
+    n = tensor.nbytes if tensor.type.is_quantized else tensor.nelements
+    if out.size != n:
+        raise ValueError(f"{what}: out has {out.size} elements, tensor '{tensor.name}' has {n}")
+    if not out.flags.writeable:
+        raise ValueError(f"{what}: out for tensor '{tensor.name}' is read-only")
 
 
 def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:

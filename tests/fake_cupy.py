@@ -48,6 +48,10 @@ _HOLD = [False]
 _REC: list | None = None
 _GRAPH_LAUNCHES = [0]
 _POOLS = [0]
+#: ``(consumer stream, current stream)`` of every fake ``__dlpack__`` export
+DLPACK_CALLS: list = []
+#: a callable giving the current fake stream (set by the latest FakeCupy)
+_CURRENT: list = [None]
 
 
 def _capturing() -> bool:
@@ -166,6 +170,7 @@ class _FakeCuda:
     def __init__(self, rt: _FakeRuntime) -> None:
         self.runtime = rt
         fake = self
+        self.current_streams: list = []  # ``with stream:`` nesting (the current stream is last)
 
         class Device:
             def __init__(self, dev: int) -> None:
@@ -218,10 +223,11 @@ class _FakeCuda:
                 return bool(getattr(self, "capturing", False))
 
             def __enter__(self):
+                fake.current_streams.append(self)
                 return self
 
             def __exit__(self, *exc):
-                pass
+                fake.current_streams.pop()
 
         class Event:
             def __init__(self, block: bool = False, disable_timing: bool = False) -> None:
@@ -266,7 +272,7 @@ class _FakeCuda:
 
         class UnownedMemory:
             def __init__(self, ptr: int, size: int, owner, device_id: int) -> None:
-                self.ptr, self.size = ptr, size
+                self.ptr, self.size, self.owner = ptr, size, owner
 
         class MemoryPointer:
             def __init__(self, mem, offset: int) -> None:
@@ -295,7 +301,9 @@ class _FakeNdarray(np.ndarray):
     def __new__(cls, shape, dtype, memptr, strides):
         span = memptr.mem.size - (memptr.ptr - memptr.mem.ptr)
         raw = (ctypes.c_char * span).from_address(memptr.ptr)
-        return np.ndarray.__new__(_CountingArray, shape, dtype, raw, 0, strides)
+        arr = np.ndarray.__new__(_CountingArray, shape, dtype, raw, 0, strides)
+        arr._memptr = memptr  # keeps the memory's owner alive, as CuPy's arrays do
+        return arr
 
 
 def _plain(x):
@@ -441,6 +449,13 @@ class _CountingArray(np.ndarray):
             me, rr = self.view(np.ndarray), r.view(np.ndarray)
             _record(lambda: np.copyto(rr, me[key]))
         return r
+
+    def __dlpack__(self, *, stream=None, **kw):
+        """Host-emulated export (device kCPU); records ``(consumer stream, current stream)`` in
+        ``DLPACK_CALLS`` so tests see which streams an export was ordered with."""
+        cur = _CURRENT[0]() if _CURRENT[0] is not None else None
+        DLPACK_CALLS.append((stream, cur))
+        return np.ndarray.__dlpack__(self.view(np.ndarray), stream=None, **kw)
 
     # values read back to the host: not allowed while capturing (CuPy: synchronous transfer)
     def __float__(self):
@@ -611,6 +626,8 @@ class FakeCupy:
 
     def __init__(self, n_devices: int = 2, capacity: int = 64 << 20) -> None:
         self.cuda = _FakeCuda(_FakeRuntime(n_devices, capacity))
+        cs = self.cuda.current_streams
+        _CURRENT[0] = lambda: cs[-1] if cs else None
         self.ndarray = _FakeNdarray
         self.uint8 = np.uint8
         self.RawKernel = _FakeRawKernel

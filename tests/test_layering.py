@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.backends.cpu",),
     ("ggmlpy.backends.device", "ggmlpy.backends.ray_actor"),
     ("ggmlpy.backends.sim_runtime", "ggmlpy.backends.cupy_runtime", "ggmlpy.backends.ray_runtime"),
+    ("ggmlpy.backends.interop",),
     ("ggmlpy.backends",),
     ("ggmlpy.registry",),
     ("ggmlpy.gguf_io", "ggmlpy.backend_compare"),

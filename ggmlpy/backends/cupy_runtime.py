@@ -394,6 +394,11 @@ class CupyRuntime(Runtime):
             out.ctypes.data, mem.ptr + offset, size, rt.memcpyDeviceToHost, s))  # type: ignore[attr-defined]
         return out
 
+    def memcpy_dtoh_into(self, mem: DeviceMemory, offset: int, out: np.ndarray) -> None:
+        rt = self.rt
+        self._blocking(mem.dev, "device-to-host copy", lambda s: rt.memcpyAsync(
+            out.ctypes.data, mem.ptr + offset, out.nbytes, rt.memcpyDeviceToHost, s))  # type: ignore[attr-defined]
+
     def memcpy_dtod(self, dst: DeviceMemory, dst_offset: int, src: DeviceMemory, src_offset: int,
                     size: int) -> None:
         self._blocking(src.dev, "device-to-device copy",
@@ -504,6 +509,7 @@ class CupyRuntime(Runtime):
     supports_graphs = True
 
     def graph_capture(self, stream: Any, steps: list[Any]) -> _CudaGraph:
+        self._check_sticky()
         cp = self.cp
         cs = stream.cs
         pool = cp.cuda.MemoryPool()
@@ -525,6 +531,7 @@ class CupyRuntime(Runtime):
         return _CudaGraph(graph, pool, len(steps))
 
     def graph_launch(self, stream: Any, graph: Any) -> None:
+        self._check_sticky()
         self._reap(stream)
         with self.on_stream(stream), self._mapped(stream.dev, "graph launch"):
             graph.graph.launch(stream.cs)

@@ -269,6 +269,11 @@ class Runtime:
         the runtime keeps the graph alive until the stream has passed it."""
         raise NotImplementedError(f"{type(self).__name__} cannot launch graphs")
 
+    def memcpy_dtoh_into(self, mem: DeviceMemory, offset: int, out: np.ndarray) -> None:
+        """Blocking: read ``out.size`` bytes of ``mem[offset:]`` into ``out`` (1-D C-contiguous
+        ``uint8`` host array). Default: through :meth:`memcpy_dtoh` (CUDA copies straight in)."""
+        out[:] = self.memcpy_dtoh(mem, offset, out.size)
+
     def memcpy_htod_async(self, stream: Any, mem: DeviceMemory, offset: int, src: np.ndarray) -> None:
         """*Async*: upload host ``src`` into ``mem[offset:]`` in stream order. ``src`` is (pinned)
         staging owned by the runtime from now on: it is kept alive until the stream has passed
@@ -348,6 +353,9 @@ class AsyncBuffer(Buffer):
     def __init__(self, buft: AsyncBufferType, mem: DeviceMemory) -> None:
         super().__init__(buft, mem.size)
         self.mem = mem
+        #: owners of zero-copy exports (``__cuda_array_interface__``/``__dlpack__``) of this
+        #: memory: while one lives, :meth:`free` defers releasing the memory (ggmlpy.backends.interop)
+        self._exports: weakref.WeakSet[Any] = weakref.WeakSet()
         # (runtime event, stream) recorded after each queued async read of this memory
         # (``backend_tensor_get_async``, a peer copy out of it): blocking writes wait for them
         self._reads: list[Any] = []
@@ -383,7 +391,25 @@ class AsyncBuffer(Buffer):
     def _free(self) -> None:
         dev = self.buft.device
         dev._wait_all_streams()
-        dev.runtime.free(self.mem)
+        rt, mem = dev.runtime, self.mem
+        live = list(self._exports)
+        self._exports = weakref.WeakSet()
+        if not live:
+            rt.free(mem)
+            return
+        # exported views may still read this memory: release it when the last export dies, so
+        # it is never handed to another allocation while a view can read it
+        left = [len(live)]
+        lock = threading.Lock()
+
+        def one_gone() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                rt.free(mem)
+        for o in live:
+            weakref.finalize(o, one_gone)
 
     def _set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
         self._wait_reads()
@@ -391,6 +417,9 @@ class AsyncBuffer(Buffer):
 
     def _get_tensor(self, tensor: Tensor, offset: int, size: int) -> np.ndarray:
         return self.runtime.memcpy_dtoh(self.mem, tensor.offset + offset, size)
+
+    def _get_tensor_into(self, tensor: Tensor, out: np.ndarray) -> None:
+        self.runtime.memcpy_dtoh_into(self.mem, tensor.offset, out)
 
     def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
         self._wait_reads()
@@ -495,6 +524,7 @@ class AsyncBackend(Backend):
         self._check_plan_live(plan)
         with self.runtime.activate(self.device.index):
             launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
+        self.device.last_stream = self.stream
         return Status.SUCCESS
 
     def _check_plan_live(self, plan: Plan) -> None:
@@ -506,6 +536,7 @@ class AsyncBackend(Backend):
         self._check_plan_live(plan)
         with self.runtime.activate(self.device.index):
             launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
+        self.device.last_stream = self.stream
         return Status.SUCCESS
 
     def _synchronize(self) -> None:
@@ -544,6 +575,7 @@ class AsyncBackend(Backend):
         staging[:] = data  # snapshot now: the caller may reuse its array when we return
         with rt.activate(self.device.index):
             rt.memcpy_htod_async(self.stream, buf.mem, tensor.offset + offset, staging)
+        self.device.last_stream = self.stream
         return True
 
     def _get_tensor_async(self, tensor: Tensor, out: np.ndarray, offset: int) -> bool:
@@ -662,6 +694,9 @@ class AsyncDevice(Device):
         self._backends: weakref.WeakSet[AsyncBackend] = weakref.WeakSet()
         self._host_buft: AsyncHostBufferType | None = None
         self._lock = threading.Lock()
+        #: the stream of the backend that last queued work on this device (interop exports
+        #: name it as the producer stream), or None
+        self.last_stream: Any = None
 
     @property
     def name(self) -> str:
