@@ -1,7 +1,8 @@
 """Graph replay (issue 14 item 4): an unchanged plan runs eagerly once, is captured the second
 time and replayed from then on, on SIM (a recorded launch list) and on the fake CuPy (stream
 capture into a ``cuda.Graph``); results equal the float64 reference every time; every change the
-plan-reuse rule detects (new placement, other nodes, a freed buffer) gives a new capture; a plan
+plan-reuse rule detects (new placement, other nodes, an op parameter, a freed buffer) gives a
+new capture; a plan
 that cannot be captured runs eagerly."""
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def _model(ctx, n=16, m=6):
     return x, w, b, out
 
 
-def _ref(xv, wv, bv):
+def _ref(xv, wv, bv, scale=0.5):
     x = xv.astype(np.float64)
     nx = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
-    z = nx @ wv.astype(np.float64).T * 0.5 + bv
+    z = nx @ wv.astype(np.float64).T * scale + bv
     e = np.exp(z - z.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
 
@@ -130,7 +131,17 @@ def test_each_detected_change_forces_a_new_capture(dev):
             got = backend_tensor_get(out2).view(np.float32).reshape(out2.ne[:2][::-1]).astype(np.float64)
             np.testing.assert_allclose(got, 2 * _ref(xv, wv, bv), rtol=2e-5, atol=1e-6)
         assert (be.replay_stats.captures, be.replay_stats.replays) == (3, 6)
-        # 3. a freed buffer: refused before any launch, nothing replayed
+        # 3. an op parameter changed in place (the SCALE node's factor)
+        sc = out.src[0].src[0]
+        assert sc.op.name == "SCALE"
+        sc.op_params[0] = 0.25
+        for _ in range(3):
+            xv, wv, bv = _set_inputs(rng, x, w, b)
+            be.graph_compute(g)
+            got = backend_tensor_get(out2).view(np.float32).reshape(out2.ne[:2][::-1]).astype(np.float64)
+            np.testing.assert_allclose(got, 2 * _ref(xv, wv, bv, 0.25), rtol=2e-5, atol=1e-6)
+        assert (be.replay_stats.captures, be.replay_stats.replays) == (4, 8)
+        # 4. a freed buffer: refused before any launch, nothing replayed
         buf.free()
         n = be.replay_stats.replays
         with pytest.raises(NotAllocatedError):
