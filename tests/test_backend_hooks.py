@@ -134,9 +134,9 @@ def test_host_view_hook():
     view.view(np.float32)[:] = 2 * vals  # zero copy: writes land in the tensor
     np.testing.assert_array_equal(backend_tensor_get(t).reshape(-1), 2 * vals)
     # user memory wrapped without copy exposes the user's array
-    arr = np.zeros(64, np.uint8)
-    while arr.ctypes.data % 32:
-        arr = np.zeros(64 + 32, np.uint8)[(-arr.ctypes.data) % 32:][:64]
+    raw = np.zeros(64 + 32, np.uint8)  # a 32-byte-aligned 64-byte window of it
+    arr = raw[(-raw.ctypes.data) % 32:][:64]
+    assert arr.ctypes.data % 32 == 0 and arr.size == 64
     wrapped = cpu_buffer_from_array(arr)
     u = Context().new_tensor(Type.I8, [16])
     tensor_alloc(wrapped, u, 32)
