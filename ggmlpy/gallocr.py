@@ -33,6 +33,7 @@ from .backend import Buffer, BufferType, BufferUsage, MultiBuffer, tensor_alloc,
 from .errors import OutOfMemoryError
 from .graph import Graph
 from .opcodes import INPLACE_CAPABLE_OPS, Op
+from .snapshot import Snapshot
 from .tensor import Flag, Tensor
 
 __all__ = ["GraphAllocator", "MAX_CHUNKS", "POLICIES"]
@@ -330,6 +331,9 @@ class GraphAllocator:
         self._leaf_recs: list[_Rec] = []
         self._n_nodes = 0
         self._n_leafs = 0
+        # what the recorded plan read from its graph (wiring, flags, ne/nb, views, placements of
+        # tensors not owned here), taken with the graph's owned tensors reset: None = no plan
+        self._snap: Snapshot | None = None
         # id(tensor) -> (tensor, buffer, offset) of every tensor this allocator placed
         self._placed: dict[int, tuple[Tensor, Buffer, int]] = {}
 
@@ -351,24 +355,27 @@ class GraphAllocator:
     def _record_placed(self, t: Tensor) -> None:
         self._placed[id(t)] = (t, t._buffer, t._offset)  # type: ignore[assignment]
 
-    def _reset_owned(self, buffers: set[int] | None = None) -> None:
-        """Reset every owned tensor (or those whose buffer is in ``buffers``, a set of ids)."""
+    def _reset_owned(self, buffers: set[int] | None = None, tensors: set[int] | None = None) -> None:
+        """Reset every owned tensor (or those whose buffer is in ``buffers``, a set of ids, or
+        which are in ``tensors``, a set of tensor ids)."""
         keep: dict[int, tuple[Tensor, Buffer, int]] = {}
         for key, (t, buf, off) in self._placed.items():
             if t._buffer is not buf or t._offset != off:
                 continue  # someone else re-placed it: not ours any more
-            if buffers is not None and id(buf) not in buffers:
+            if ((buffers is not None and id(buf) not in buffers)
+                    or (tensors is not None and key not in tensors)):
                 keep[key] = (t, buf, off)
                 continue
             t.buffer = None
             t.offset = None
         self._placed = keep
 
-    def _reset_graph(self, graph: Graph) -> None:
+    def _reset_graph(self, graph: Graph, only_graph: bool = False) -> None:
         """Reset owned tensors, and views in ``graph`` whose memory is not (or will not stay)
         their ``view_src``'s — views of owned tensors (auto-initialised at creation by
         ``Context``) and views whose source was moved or un-placed since (e.g. by
-        ``Scheduler.reset``) — before placing ``graph`` afresh."""
+        ``Scheduler.reset``) — before placing ``graph`` afresh. With ``only_graph`` (used when
+        planning) owned tensors outside ``graph`` keep their placement."""
         stale: list[Tensor] = []
         seen: set[int] = set()
 
@@ -390,7 +397,7 @@ class GraphAllocator:
             visit(node)
             for s in graph.node_srcs(node):
                 visit(s)
-        self._reset_owned()
+        self._reset_owned(tensors=seen if only_graph else None)
         for t in stale:
             t.buffer = None
             t.offset = None
@@ -574,6 +581,10 @@ class GraphAllocator:
                       leaf_ids: Sequence[int] | None, no_alloc: bool) -> bool:
         # mirrors ggml_gallocr_reserve_n_impl
         node_ids, leaf_ids = self._check_ids(graph, node_ids, leaf_ids)
+        # the graph's owned tensors are planned as unallocated and placed afresh by alloc_graph:
+        # un-place them now so the snapshot below records the state alloc_graph will compare
+        self._reset_graph(graph, only_graph=True)
+        self._snap = None
         for talloc in self._tallocs:
             talloc.reset()
         self._event = 0
@@ -588,6 +599,7 @@ class GraphAllocator:
         self._leaf_recs = [self._rec_of(leaf) for leaf in graph.leafs]
         self._n_nodes, self._n_leafs = graph.n_nodes, graph.n_leafs
         self._hash = {}
+        snap_ok = True
 
         # (re)allocate the buffers that must grow, once per distinct buffer type
         for k, talloc in enumerate(self._tallocs):
@@ -618,9 +630,12 @@ class GraphAllocator:
                 log.error("GraphAllocator: failed to allocate %s buffer of %d bytes in %d "
                           "chunk(s) %s: %s", buft.name, talloc.total_size, len(talloc.chunks),
                           [c.max_size for c in talloc.chunks], e)
-                return False
+                snap_ok = False
+                break
             self._vbuffers[k] = chunks
-        return True
+        # taken last: freeing buffers above may have un-placed owned tensors of the graph
+        self._snap = Snapshot.take(graph)
+        return snap_ok
 
     def _free_vbuffer(self, k: int) -> None:
         cur = self._vbuffers[k]
@@ -695,7 +710,10 @@ class GraphAllocator:
         return rec.size_max >= self._alloc_size(rec.buffer_id, t)
 
     def _needs_realloc(self, graph: Graph) -> bool:
-        # mirrors ggml_gallocr_needs_realloc, plus: every planned buffer must exist and be big enough
+        # mirrors ggml_gallocr_needs_realloc, plus: every planned buffer must exist and be big
+        # enough, and the graph must still be what the plan read (ggmlpy.snapshot: the wiring
+        # -- which tensor feeds which node --, flags, ne/nb, views and foreign placements; ggml
+        # compares sizes only, so a same-sized graph with other edges reused stale offsets)
         if self._n_nodes != graph.n_nodes or self._n_leafs != graph.n_leafs:
             return True
         for k, talloc in enumerate(self._tallocs):
@@ -704,6 +722,11 @@ class GraphAllocator:
                 return True
             if any(cur[c].size < ch.max_size for c, ch in enumerate(talloc.chunks)):
                 return True
+        snap = self._snap
+        if snap is None or not snap.matches(graph):
+            return True
+        # the snapshot matched: every tensor has the state the records were made from, so
+        # ggml's per-tensor checks below cannot fail; they stay as a cheap second guard
         node_srcs = graph.node_srcs
         for node, (dst_rec, src_recs) in zip(graph.nodes, self._node_recs):
             if not self._rec_valid(node, dst_rec):
@@ -838,6 +861,7 @@ class GraphAllocator:
         self._reset_owned()
         self._node_recs, self._leaf_recs = [], []
         self._n_nodes = self._n_leafs = 0
+        self._snap = None
 
     def __repr__(self) -> str:
         sizes = [self.get_buffer_size(i) for i in range(len(self.bufts))]
