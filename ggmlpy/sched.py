@@ -37,6 +37,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._check import describe
 from .alloc import GraphAllocator
 from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
                       event_new, event_record, event_synchronize, event_wait)
@@ -685,10 +686,22 @@ class Scheduler:
         """Run ``graph``'s splits without waiting for the last one (mirrors ``ggml_backend_sched_graph_compute_async``).
 
         If nothing is allocated the scheduler resets (when needed) and allocates ``graph`` first,
-        returning ``Status.ALLOC_FAILED`` if that fails. If a graph is already allocated, that
-        graph runs and ``graph`` is not looked at (ggml's rule): call :meth:`reset` to run a
-        different graph.
+        returning ``Status.ALLOC_FAILED`` if that fails. If a graph is already allocated,
+        ``graph`` must be that graph (ggml silently runs the allocated one instead).
+
+        Raises:
+            TypeError: ``graph`` is not a Graph.
+            ValueError: another graph is allocated (call :meth:`reset` first, or compute the
+                allocated graph); nothing is run.
         """
+        if not isinstance(graph, Graph):
+            raise TypeError(f"Scheduler.graph_compute: graph must be a Graph, got {describe(graph)}")
+        if self.is_alloc and graph is not self._user_graph:
+            ug = self._user_graph
+            raise ValueError(
+                f"Scheduler.graph_compute: graph ({graph.n_nodes} nodes) is not the graph "
+                f"allocated by alloc_graph ({ug.n_nodes if ug is not None else 0} nodes); call "
+                "reset() and then alloc_graph(graph) (or graph_compute(graph)) to run it")
         if not self.is_reset and not self.is_alloc:
             self.reset()
         if not self.is_alloc:

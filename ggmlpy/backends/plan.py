@@ -180,6 +180,14 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
 
 
 def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str) -> Any:
+    if (t.buffer is None and (t.view_src is None or t.view_src.buffer is None)) or t.offset is None:
+        # the graph was never placed, or another graph's alloc_graph un-placed it: never run
+        # whatever memory another graph left behind (issue 10, item 4)
+        raise NotAllocatedError(
+            f"{backend_name}: graph_compute: tensor '{t.name}' ({t.op.name}) of this graph is not "
+            "allocated; allocate this graph (GraphAllocator.alloc_graph(graph) or "
+            "Scheduler.alloc_graph(graph)) before computing it -- an allocator places only the "
+            "graph it was last given")
     buf = tensor_buffer(t)
     if not can_read(t):
         raise NotAllocatedError(f"{backend_name}: tensor '{t.name}' is in buffer {buf.name}, "
