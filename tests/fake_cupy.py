@@ -378,6 +378,8 @@ class _CountingArray(np.ndarray):
         pargs = _plain(args)
         pkw = {k: _plain(v) for k, v in kwargs.items()}
         name = func.__name__
+        if name == "take" and "mode" not in pkw:
+            pkw["mode"] = "wrap"  # CuPy's take wraps out-of-range indices
         if not _capturing():
             if name not in _NO_LAUNCH:
                 _LAUNCHES[0] += 1
@@ -442,6 +444,12 @@ class _CountingArray(np.ndarray):
         me[key] = v
 
     def __getitem__(self, key):
+        if isinstance(key, tuple) and any(isinstance(k, np.ndarray) and k.dtype.kind in "iu"
+                                          for k in key):
+            # CuPy wraps out-of-range integer-array indices (advanced indexing), never raises
+            key = tuple(np.asarray(k) % self.shape[d]
+                        if isinstance(k, np.ndarray) and k.dtype.kind in "iu" else k
+                        for d, k in enumerate(key))
         r = np.ndarray.__getitem__(self, key)
         if isinstance(r, np.generic):  # CuPy gives a 0-d device array, not a host scalar
             r = np.ndarray.__getitem__(self, (key if isinstance(key, tuple) else (key,)) + (Ellipsis,))

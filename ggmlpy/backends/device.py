@@ -52,7 +52,7 @@ import numpy as np
 
 from ..backend import (Backend, Buffer, BufferType, Device, DeviceCaps, DeviceProps, DeviceType,
                        Event, Reg, Status, tensor_buffer)
-from ..errors import BackendUnavailableError, OutOfMemoryError
+from ..errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ..graph import Graph
 from ..opcodes import Op
 from ..tensor import Tensor
@@ -501,6 +501,8 @@ class AsyncBackend(Backend):
             self._ready_event = rt.event_new(device.index)  # "dst stream reached here" for copies
         self._plans = PlanCache(self._build_plan)
         self.replay_stats = ReplayStats()
+        # device-side checks of launched plans (Plan.checks), run after the next synchronize
+        self._pending_checks: dict[int, Any] = {}
         self._finalizer = weakref.finalize(self, rt.stream_free, self.stream)
         device._backends.add(self)
 
@@ -525,6 +527,8 @@ class AsyncBackend(Backend):
         with self.runtime.activate(self.device.index):
             launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
         self.device.last_stream = self.stream
+        for c in plan.checks:
+            self._pending_checks[id(c)] = c
         return Status.SUCCESS
 
     def _check_plan_live(self, plan: Plan) -> None:
@@ -537,10 +541,27 @@ class AsyncBackend(Backend):
         with self.runtime.activate(self.device.index):
             launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
         self.device.last_stream = self.stream
+        for c in plan.checks:
+            self._pending_checks[id(c)] = c
         return Status.SUCCESS
 
     def _synchronize(self) -> None:
         self.runtime.stream_synchronize(self.stream)
+        if self._pending_checks:
+            # device-side checks (e.g. GET_ROWS bounds, kernels/bounds.py): read after the stream
+            # finished; the first failure is raised, every flag is re-armed
+            checks = list(self._pending_checks.values())
+            self._pending_checks.clear()
+            first: Exception | None = None
+            # on this stream, so a check's re-arming write is ordered before later launches
+            with self.runtime.activate(self.device.index), self.runtime.on_stream(self.stream):
+                for c in checks:
+                    try:
+                        c()
+                    except ComputeError as e:
+                        first = first or e
+            if first is not None:
+                raise ComputeError(f"{self.name}: {first}") from first
 
     def free(self) -> None:
         """Synchronize and release the backend (mirrors ``ggml_backend_free``). Idempotent. After a

@@ -49,7 +49,8 @@ class Plan:
         buffers: the distinct buffers the steps read or write.
     """
 
-    __slots__ = ("steps", "nodes", "buffers", "runs", "graph", "capture_failed", "__weakref__")
+    __slots__ = ("steps", "nodes", "buffers", "runs", "graph", "capture_failed", "checks",
+                 "__weakref__")
 
     def __init__(self, steps: list[Step], nodes: list[Tensor], buffers: list[Buffer] | None = None) -> None:
         self.steps = steps
@@ -61,6 +62,11 @@ class Plan:
         self.graph: Any = None
         #: True once a capture failed: the plan then always runs eagerly
         self.capture_failed = False
+        #: device-side checks (a step's ``check`` attribute, kernels/bounds.py): zero-argument
+        #: callables a device backend runs after the synchronize that follows a launch; each
+        #: raises ComputeError for a fault its step flagged on the device
+        self.checks: list[Callable[[], None]] = [c for c in (getattr(s, "check", None)
+                                                             for s in steps) if c is not None]
 
     def check_live(self, backend_name: str = "") -> None:
         """Raise NotAllocatedError if a buffer the plan uses was freed since it was built."""

@@ -40,14 +40,15 @@ Known deliberate differences from ggml's CPU backend: GELU and GELU_QUICK use th
 formula where ggml's CPU looks the value up in an f16 table (so ggml is *less* accurate there,
 rel. error ~2^-11 inside (-10, 10)); SILU/SIGMOID use ``exp`` instead of ggml's SIMD approximation;
 ROPE builds ``theta`` in float64 (ggml multiplies in float32, drifting a few ulps); FLASH_ATTN_EXT
-is an exact float32 softmax (ggml's CPU accumulates in f16 when V is F16). Index ops do not check
-bounds beyond what ``xp`` itself does (ggml aborts on out-of-range GET_ROWS indices).
+is an exact float32 softmax (ggml's CPU accumulates in f16 when V is F16). GET_ROWS indices are
+bounds-checked on every backend (:mod:`.bounds`: ComputeError naming the node and the index;
+ggml aborts).
 """
 
 from __future__ import annotations
 
 # the family modules register their kernels on import (order is irrelevant: one op, one module)
-from . import attention, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
+from . import attention, bounds, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
 from .registry import (REGISTRY, Kernel, KernelEntry, KernelRegistry, Predicate, Step, compile_node,
                        kernel, registered_ops, supports_op)
 from .. import cuda_kernels as _cuda_kernels  # a leaf module: imports nothing of this package

@@ -32,6 +32,7 @@ from typing import Any
 from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
+from .bounds import WRAPPERS
 
 __all__ = ["Step", "Kernel", "Predicate", "KernelEntry", "KernelRegistry", "REGISTRY", "kernel",
            "compile_node", "supports_op", "registered_ops"]
@@ -184,7 +185,11 @@ class KernelRegistry:
         e = self.select(node, xp)
         if e is None:
             raise ValueError(f"compile_node: no kernel for op {node.op.name} of '{node.name}'")
-        return e.make(xp, node, dst, srcs)
+        step = e.make(xp, node, dst, srcs)
+        wrap = WRAPPERS.get(node.op)  # index bounds checks (kernels/bounds.py)
+        if wrap is not None and step is not None:
+            step = wrap(xp, node, dst, srcs, step)
+        return step
 
     def supports_op(self, node: Tensor, xp: Any) -> bool:
         """Whether ``node``'s op and type combination has a kernel for array module ``xp``
