@@ -102,8 +102,12 @@ class TensorAllocator:
 # =================================================================================================
 
 
-def _ctx_ranges(ctx: Context, buft: BufferType) -> tuple[list[tuple[int, int, int]], int]:
-    """Split ``ctx``'s tensors into ``(first, end, bytes)`` index ranges at the max size."""
+def _ctx_ranges(ctx: Context, buft: BufferType, fn: str) -> tuple[list[tuple[int, int, int]], int]:
+    """Split ``ctx``'s tensors into ``(first, end, bytes)`` index ranges at the max size.
+
+    Raises:
+        ValueError: a tensor alone is larger than ``buft``'s max size (named, with the sizes).
+    """
     align = buft.get_alignment()
     max_size = buft.get_max_size()
     tensors = ctx.tensors
@@ -113,6 +117,12 @@ def _ctx_ranges(ctx: Context, buft: BufferType) -> tuple[list[tuple[int, int, in
         this = 0
         if t._offset is None and t._buffer is None and t.view_src is None:
             this = _pad(buft.get_alloc_size(t), align)
+            if this > max_size:
+                # ggml logs "tensor is too large to fit in a buffer" and returns NULL; never
+                # allocate it anyway (a later NumPy/device failure would not name the tensor)
+                raise ValueError(f"{fn}: tensor '{t.name}' ({t.type.type_name}, ne={list(t.ne)}) "
+                                 f"needs {this} bytes, more than the max size {max_size} bytes "
+                                 f"of a {buft.name} buffer")
         if cur > 0 and cur + this > max_size:
             ranges.append((first, i, cur))
             total += cur
@@ -141,10 +151,11 @@ def alloc_ctx_tensors_size(ctx: Context, buft: BufferType) -> int:
     tensor that has no memory and is not a view.
 
     Raises:
-        TypeError: wrong argument types. ValueError: ``ctx`` is not ``no_alloc``.
+        TypeError: wrong argument types. ValueError: ``ctx`` is not ``no_alloc``, or a tensor
+            is larger than ``buft``'s max size.
     """
     _check_ctx(ctx, buft, "alloc_ctx_tensors_size")
-    return _ctx_ranges(ctx, buft)[1]
+    return _ctx_ranges(ctx, buft, "alloc_ctx_tensors_size")[1]
 
 
 def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None:
@@ -162,17 +173,21 @@ def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None
         NULL then too).
 
     Raises:
-        TypeError: wrong argument types. ValueError: ``ctx`` is not ``no_alloc``.
+        TypeError: wrong argument types. ValueError: ``ctx`` is not ``no_alloc``, or a tensor
+            alone needs more than ``buft.get_max_size()`` bytes (the tensor, its size and the max
+            size are named; nothing is allocated; ggml logs and returns NULL).
         OutOfMemoryError: a buffer could not be allocated (ggml returns NULL). Every buffer this
             call allocated is freed and every tensor it placed is reset to unallocated first.
     """
     _check_ctx(ctx, buft, "alloc_ctx_tensors_from_buft")
-    ranges, _ = _ctx_ranges(ctx, buft)
+    ranges, _ = _ctx_ranges(ctx, buft, "alloc_ctx_tensors_from_buft")
     tensors = ctx.tensors
     buffers: list[Buffer] = []
     placed: list[Tensor] = []
+    rng = (0, 0, 0)
     try:
-        for first, end, size in ranges:
+        for rng in ranges:
+            first, end, size = rng
             buf = buft.alloc_buffer(size)
             buffers.append(buf)
             talloc = TensorAllocator(buf)
@@ -199,6 +214,16 @@ def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None
             t.offset = None
         for b in buffers:
             b.free()
+        if isinstance(e, OutOfMemoryError):
+            # name the tensors: the buffer type's error knows only the byte count
+            own = [t for t in tensors[rng[0]:rng[1]] if t.view_src is None]
+            if own:
+                big = max(own, key=lambda t: t.nbytes)
+                raise OutOfMemoryError(
+                    e.where, e.requested, e.free,
+                    f"alloc_ctx_tensors_from_buft: buffer for {len(own)} tensor(s) of the "
+                    f"context, the largest '{big.name}' ({big.type.type_name}, ne={list(big.ne)}, "
+                    f"{big.nbytes} bytes)") from e
         raise
     if not buffers:
         return None

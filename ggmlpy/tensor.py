@@ -14,6 +14,7 @@ from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
 from . import snapshot as _snapshot
+from .errors import OutOfMemoryError
 from .opcodes import Op
 from .snapshot import TrackedList
 from .types import Type
@@ -93,6 +94,22 @@ def nbytes_of(type: Type, ne: Sequence[int], nb: Sequence[int]) -> int:
     for i in range(1, MAX_DIMS):
         n += (ne[i] - 1) * nb[i]
     return n
+
+
+#: Largest element count and byte extent of a tensor (ggml's ``int64_t``/``size_t`` arithmetic).
+MAX_EXTENT = 2**63 - 1
+
+
+def _check_extent(type: Type, ne: Sequence[int], nb: Sequence[int], what: str) -> None:
+    """ValueError naming ``what``, the type and ``ne`` when the element count or the byte
+    extent of a tensor overflows int64 (ggml would overflow ``int64_t``/``size_t`` silently)."""
+    n = 1
+    for v in ne:
+        n *= v
+    size = nbytes_of(type, ne, nb)
+    if n > MAX_EXTENT or size > MAX_EXTENT:
+        raise ValueError(f"{what}: a {type.type_name} tensor with ne={list(ne)} has {n} elements "
+                         f"and {size} bytes, more than 2**63-1 (int64 overflow)")
 
 
 def _packed_strides(type: Type, ne: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
@@ -420,15 +437,21 @@ class Context:
         return None
 
     def _add(self, t: Tensor) -> Tensor:
-        self.tensors.append(t)
         if not self.no_alloc and t.view_src is None and t.nbytes > 0:
             if _host_buffer_alloc is None:  # only when ggmlpy.backends.cpu was never imported
                 raise RuntimeError("Context(no_alloc=False) needs the CPU backend: import ggmlpy "
                                    "(or ggmlpy.backends.cpu) first")
-            t.buffer, t.offset = _host_buffer_alloc(t.nbytes), 0
+            try:
+                mem = _host_buffer_alloc(t.nbytes)
+            except (MemoryError, ValueError) as e:  # NumPy: "array is too big", "Maximum ..."
+                raise OutOfMemoryError("Context(no_alloc=False)", t.nbytes, None,
+                                       f"new {t.type.type_name} tensor with ne={list(t.ne)}: "
+                                       f"{e}") from e
+            t.buffer, t.offset = mem, 0
         elif t.view_src is not None and t.view_src.is_allocated:
             # ggml sets a view's data from an allocated view_src at creation
             t.buffer, t.offset = t.view_src.buffer, t.view_src.offset + t.view_offs
+        self.tensors.append(t)  # last: a failed allocation leaves the context unchanged
         return t
 
     def new_tensor(self, type: Type, ne: Sequence[int]) -> Tensor:
@@ -479,7 +502,9 @@ class Context:
         if ne[0] % type.blck_size:
             raise ValueError(f"new_tensor: ne0={ne[0]} is not a multiple of the block size "
                              f"{type.blck_size} of {type.type_name}")
-        return self._add(Tensor(type, ne, _packed_strides(type, ne)))
+        nb = _packed_strides(type, ne)
+        _check_extent(type, ne, nb, "new_tensor")
+        return self._add(Tensor(type, ne, nb))
 
     def new_view(self, src: Tensor, type: Type, ne: Sequence[int], nb: Sequence[int] | None,
                  offset: int) -> Tensor:
@@ -511,5 +536,6 @@ class Context:
         nb4 = _packed_strides(type, ne4) if nb is None else tuple(int(x) for x in nb)
         if len(nb4) != MAX_DIMS:
             raise ValueError(f"view of '{src.name}': nb must have {MAX_DIMS} entries")
+        _check_extent(type, ne4, nb4, f"view of '{src.name or root.name}'")
         t = Tensor(type, ne4, nb4, view_src=root, view_offs=offs)  # type: ignore[arg-type]
         return self._add(t)
