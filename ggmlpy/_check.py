@@ -9,10 +9,12 @@ it for a count is a mistake). This module imports nothing from ggmlpy, so any la
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["check_type", "check_int", "check_number", "check_str", "check_bool",
-           "check_optional", "check_str_sequence", "describe"]
+           "check_optional", "check_str_sequence", "describe", "typed_args", "typed_functions",
+           "typed_methods"]
 
 
 def describe(value: Any) -> str:
@@ -135,3 +137,155 @@ def check_str_sequence(name: str, value: Any, where: str = "") -> list[str]:
         if not isinstance(v, str):
             raise TypeError(f"{_prefix(where)}{name}[{i}] must be a str, got {describe(v)}")
     return list(value)
+
+
+# -- checks generated from a signature's annotations ------------------------------------------------
+
+def _annotation_check(ann: Any) -> Callable[[str, Any, str], None] | None:
+    """A checker ``(name, value, where)`` for a resolved annotation, or None when the annotation
+    says nothing checkable (``Any``, a TypeVar, an unresolved string)."""
+    import enum
+    import types as _types
+    import typing
+
+    import numpy as np
+
+    if ann is typing.Any or ann is object:
+        return None
+    origin = typing.get_origin(ann)
+    if origin in (typing.Union, _types.UnionType):
+        members = typing.get_args(ann)
+        opt = type(None) in members
+        rest = [m for m in members if m is not type(None)]
+        checks = [_annotation_check(m) for m in rest]
+        if any(c is None for c in checks):
+            return None
+
+        def check_union(name: str, value: Any, where: str) -> None:
+            if value is None and opt:
+                return
+            errors = []
+            for c in checks:
+                try:
+                    c(name, value, where)
+                    return
+                except (TypeError, ValueError) as e:
+                    errors.append(e)
+            names = " or ".join([_ann_name(m) for m in rest] + (["None"] if opt else []))
+            raise TypeError(f"{_prefix(where)}{name} must be {names}, got {describe(value)}")
+        return check_union
+    if origin is not None or ann in (list, tuple):
+        return None  # containers (Sequence[int], list[Backend], ...): the function checks them
+    if ann is bool:
+        def check_b(name: str, value: Any, where: str) -> None:
+            if not isinstance(value, (bool, np.bool_)) and not (
+                    isinstance(value, (int, np.integer)) and value in (0, 1)):
+                raise TypeError(f"{_prefix(where)}{name} must be bool, got {describe(value)}")
+        return check_b
+    if ann is int or (isinstance(ann, type) and issubclass(ann, enum.Enum)):
+        label = "int" if ann is int else f"{ann.__name__} or int"
+
+        ok_types = (int, np.integer) if ann is int else (ann, int, np.integer)
+
+        def check_i(name: str, value: Any, where: str) -> None:
+            if isinstance(value, bool) or not isinstance(value, ok_types):
+                raise TypeError(f"{_prefix(where)}{name} must be {label}, got {describe(value)}")
+        return check_i
+    if ann is float:
+        def check_f(name: str, value: Any, where: str) -> None:
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                                 np.floating)):
+                raise TypeError(f"{_prefix(where)}{name} must be a number, got {describe(value)}")
+        return check_f
+    if ann is str:
+        def check_s(name: str, value: Any, where: str) -> None:
+            check_type(name, value, str, where)
+        return check_s
+    if isinstance(ann, type) and ann is not object and origin is None:
+        def check_c(name: str, value: Any, where: str) -> None:
+            check_type(name, value, ann, where)
+        return check_c
+    return None
+
+
+def _none_or(c: Callable[[str, Any, str], None]) -> Callable[[str, Any, str], None]:
+    def check(name: str, value: Any, where: str) -> None:
+        if value is not None:
+            c(name, value, where)
+    return check
+
+
+def _ann_name(ann: Any) -> str:
+    return getattr(ann, "__name__", None) or str(ann)
+
+
+def typed_args(fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
+    """Wrap ``fn`` so every argument is checked against ``fn``'s annotations at the call
+    (TypeError ``"<where>: <name> must be <type>, got <value>"``), before ``fn`` runs.
+
+    Built once per function (the annotations are resolved here): the wrapper costs one
+    ``isinstance`` per argument. Checked annotations: classes (``Tensor``, ``Context``, ...),
+    ``X | None``, unions of those, ``int`` and Enums (the enum or an int, not a bool), ``float``
+    (any real number, not bool; NaN and infinities pass: value rules stay with ``fn``), ``bool``
+    (bool or 0/1), ``str``. Containers and anything else are not checked (the function does).
+    A parameter whose default is None also accepts None.
+    A function whose annotations cannot be resolved is returned unchanged.
+    """
+    import functools
+    import inspect
+    import typing
+
+    base = getattr(fn, "__wrapped_base__", None)  # generated twins resolve in their base's module
+    try:
+        hints = typing.get_type_hints(fn, globalns=getattr(base, "__globals__", None))
+        sig = inspect.signature(fn)
+    except Exception:  # noqa: BLE001 (unresolvable annotations: leave fn alone)
+        return fn
+    where = where or fn.__name__
+    checks: list[tuple[str, int, Callable[[str, Any, str], None]]] = []
+    for i, (name, p) in enumerate(sig.parameters.items()):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        if name not in hints:
+            continue
+        c = _annotation_check(hints[name])
+        if c is not None and p.default is None:
+            c = _none_or(c)
+        if c is not None:
+            pos = i if p.kind != p.KEYWORD_ONLY else -1
+            checks.append((name, pos, c))
+    if not checks:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        n = len(args)
+        for name, pos, c in checks:
+            if 0 <= pos < n:
+                c(name, args[pos], where)
+            elif name in kwargs:
+                c(name, kwargs[name], where)
+        return fn(*args, **kwargs)
+    wrapper.__wrapped_checks__ = tuple(name for name, _, _ in checks)  # type: ignore[attr-defined]
+    return wrapper
+
+
+def typed_functions(namespace: dict[str, Any], names: Any) -> None:
+    """Replace each function ``namespace[name]`` (a module's ``globals()``) by
+    :func:`typed_args` of it. Call at the end of the defining module."""
+    for name in names:
+        fn = namespace[name]
+        if getattr(fn, "__wrapped_checks__", None) is None:
+            namespace[name] = typed_args(fn, name)
+
+
+def typed_methods(cls: type, names: Any) -> None:
+    """Replace each method ``cls.<name>`` by :func:`typed_args` of it (``self`` is not checked;
+    the message says ``<Class>.<name>``; ``__init__`` is reported as the class name)."""
+    for name in names:
+        fn = cls.__dict__[name]
+        where = cls.__name__ if name == "__init__" else f"{cls.__name__}.{name}"
+        if isinstance(fn, classmethod):
+            setattr(cls, name, classmethod(typed_args(fn.__func__, where)))
+        elif getattr(fn, "__wrapped_checks__", None) is None:
+            setattr(cls, name, typed_args(fn, where))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 
+from ._check import typed_functions as _typed_functions
 from .backend import Backend, Buffer, BufferType, MultiBuffer, Status, tensor_alloc, view_init
 from .errors import OutOfMemoryError
 from .gallocr import MAX_CHUNKS, POLICIES, GraphAllocator, _DynAllocator, _pad  # noqa: F401 (re-exports)
@@ -238,3 +239,8 @@ def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
     if not isinstance(backend, Backend):
         raise TypeError(f"alloc_ctx_tensors: expected a Backend, got {type(backend).__name__}")
     return alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_functions(globals(), ("alloc_ctx_tensors_size", "alloc_ctx_tensors_from_buft",
+                             "alloc_ctx_tensors"))

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ._check import typed_functions as _typed_functions
 from . import snapshot as _snapshot
 from .errors import NotAllocatedError
 from .graph import Graph
@@ -903,3 +904,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(tensor_data, name)
     raise AttributeError(f"module 'ggmlpy.backend' has no attribute {name!r}")
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_functions(globals(), ("tensor_alloc", "view_init", "event_new", "event_record", "event_wait",
+                             "event_synchronize", "event_query"))

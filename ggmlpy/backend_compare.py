@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._check import typed_functions as _typed_functions
 from .backend import Backend, Buffer, view_init
 from .errors import NotAllocatedError
 from .graph import Graph, graph_view
@@ -156,3 +157,7 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
     return num / den
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_functions(globals(), ("graph_copy", "compare_graph_backend"))

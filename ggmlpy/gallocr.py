@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ._check import typed_methods as _typed_methods
 from .backend import Buffer, BufferType, BufferUsage, MultiBuffer, tensor_alloc, view_init
 from .errors import OutOfMemoryError
 from .graph import Graph
@@ -867,3 +868,9 @@ class GraphAllocator:
         sizes = [self.get_buffer_size(i) for i in range(len(self.bufts))]
         names = [b.name for b in self.bufts]
         return f"<GraphAllocator {names} sizes={sizes}>"
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_methods(GraphAllocator, ("__init__", "new_n", "reserve", "reserve_n", "reserve_n_size",
+                                "alloc_graph", "get_buffer_size", "get_buffer",
+                                "get_chunk_buffers"))

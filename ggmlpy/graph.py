@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from ._check import typed_functions as _typed_functions
+from ._check import typed_methods as _typed_methods
 from .errors import GraphFullError
 from . import snapshot as _snapshot
 from .opcodes import Op
@@ -258,3 +260,9 @@ def graph_view(graph: Graph, i0: int, i1: int) -> Graph:
     g.extra_flags = graph.extra_flags
     g._visited = {id(t) for t in g.nodes}
     return g
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_functions(globals(), ("new_graph", "graph_view"))
+_typed_methods(Graph, ("__init__", "node", "get_tensor", "contains", "build_forward_expand",
+                       "add_node", "view"))

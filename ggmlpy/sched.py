@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._check import describe
+from ._check import typed_methods as _typed_methods
 from .alloc import GraphAllocator
 from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
                       event_new, event_record, event_synchronize, event_wait)
@@ -880,3 +881,9 @@ class Scheduler:
                 for n in r["nodes"][sp["nodes"][0]:sp["nodes"][1]]:
                     print(f"  node #{n['index']:4d} {n['op']:>16} {n['name']:<32} "
                           f"[{n['backend']} {n['cause']}]", file=out)
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_methods(Scheduler, ("__init__", "get_backend", "get_buffer_type", "get_buffer_size",
+                           "set_tensor_backend", "get_tensor_backend", "reserve", "reserve_size",
+                           "alloc_graph", "graph_compute_async", "graph_compute"))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
+from ._check import typed_methods as _typed_methods
 from . import snapshot as _snapshot
 from .errors import OutOfMemoryError
 from .opcodes import Op
@@ -539,3 +540,9 @@ class Context:
         _check_extent(type, ne4, nb4, f"view of '{src.name or root.name}'")
         t = Tensor(type, ne4, nb4, view_src=root, view_offs=offs)  # type: ignore[arg-type]
         return self._add(t)
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_methods(Context, ("get_tensor", "new_tensor", "new_tensor_1d", "new_tensor_2d", "new_tensor_3d",
+                         "new_tensor_4d", "dup_tensor", "dup_tensor_layout", "new_view"))
+_typed_methods(Tensor, ("set_name", "are_same_shape", "are_same_layout", "can_repeat_to"))

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._check import typed_functions as _typed_functions
 from .backend import Backend, tensor_buffer
 from .tensor import Tensor
 
@@ -284,3 +285,9 @@ def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: T
     backend_src.synchronize()
     backend_dst.synchronize()
     backend_tensor_copy(src, dst)
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_functions(globals(), ("backend_tensor_set", "backend_tensor_get", "backend_tensor_memset",
+                             "backend_tensor_copy", "backend_tensor_set_async",
+                             "backend_tensor_get_async", "backend_tensor_copy_async"))

@@ -36,6 +36,8 @@ from enum import IntEnum
 import ml_dtypes
 import numpy as np
 
+from ._check import typed_functions as _typed_functions
+
 __all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype", "type_from_name", "BF16_DTYPE"]
 
 BF16_DTYPE: np.dtype = np.dtype(ml_dtypes.bfloat16)
@@ -209,3 +211,7 @@ def type_from_name(name: str) -> Type:
     except KeyError:
         raise ValueError(f"unknown ggml type name {name!r}; known: "
                          f"{', '.join(sorted(_FROM_NAME))}") from None
+
+
+# argument types of the public entry points, checked from the annotations (issue 10, item 12)
+_typed_functions(globals(), ("row_size",))

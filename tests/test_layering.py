@@ -159,7 +159,8 @@ def test_no_import_cycles_at_module_level():
 def test_tensor_module_imports_no_backend_at_run_time():
     # regression (issue 15): Context(no_alloc=False) used a late import of backends.cpu
     deps = _imports("ggmlpy.tensor", top_level_only=False)
-    assert deps <= {"ggmlpy.opcodes", "ggmlpy.types", "ggmlpy.snapshot", "ggmlpy.errors"}, deps
+    assert deps <= {"ggmlpy.opcodes", "ggmlpy.types", "ggmlpy.snapshot", "ggmlpy.errors",
+                    "ggmlpy._check"}, deps
 
 
 def test_the_checker_sees_a_late_upward_import(tmp_path, monkeypatch):

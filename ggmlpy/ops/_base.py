@@ -53,7 +53,7 @@ def _desc(t: Tensor) -> str:
 
 def _check_ctx(ctx: object, fn: str) -> None:
     if not isinstance(ctx, Context):
-        raise TypeError(f"{fn}: first argument must be a Context, got {type(ctx).__name__}")
+        raise TypeError(f"{fn}: ctx (the first argument) must be a Context, got {type(ctx).__name__}")
 
 
 def _check_tensor(x: object, fn: str, arg: str) -> Tensor:
