@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ._check import describe
 from .alloc import alloc_ctx_tensors_from_buft
 from .backend import Backend, Buffer, BufferType, BufferUsage
 from .errors import GGUFError
@@ -294,6 +295,14 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
         NotAllocatedError: a tensor has no memory.
         ImportError: the ``gguf`` package is missing.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"gguf_save: path must be str or os.PathLike, got {describe(path)}")
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, (Context, Iterable)):
+        raise TypeError("gguf_save: tensors must be a Context, an iterable of Tensor or a mapping, "
+                        f"got {describe(tensors)}")
+    for what, m in (("metadata", metadata), ("types", types)):
+        if m is not None and not isinstance(m, Mapping):
+            raise TypeError(f"gguf_save: {what} must be a mapping or None, got {describe(m)}")
     gguf = _gguf()
     VT = gguf.GGUFValueType
     metadata = dict(metadata or {})

@@ -187,9 +187,16 @@ def type_from_dtype(dtype: np.dtype | type) -> Type:
     """The :class:`Type` whose storage dtype is ``dtype`` (float32 -> F32, int32 -> I32, ...).
 
     Raises:
-        TypeError: if no ggml type stores that dtype (``ml_dtypes.bfloat16`` gives BF16).
+        TypeError: ``dtype`` is None or not a dtype, or no ggml type stores that dtype
+            (``ml_dtypes.bfloat16`` gives BF16).
     """
-    dt = np.dtype(dtype)
+    if dtype is None:  # np.dtype(None) would be float64
+        raise TypeError("type_from_dtype: dtype must be a NumPy dtype or scalar type, got None")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"type_from_dtype: dtype must be a NumPy dtype or scalar type, got "
+                        f"{type(dtype).__name__} {dtype!r}") from None
     try:
         return _FROM_DTYPE[dt]
     except KeyError:
