@@ -203,7 +203,9 @@ def _annotation_check(ann: Any) -> Callable[[str, Any, str], None] | None:
         return check_s
     if isinstance(ann, type) and ann is not object and origin is None:
         def check_c(name: str, value: Any, where: str) -> None:
-            check_type(name, value, ann, where)
+            if not isinstance(value, ann):
+                raise TypeError(f"{_prefix(where)}{name} must be {_ann_name(ann)}, got "
+                                f"{describe(value)}")
         return check_c
     return None
 
@@ -216,6 +218,10 @@ def _none_or(c: Callable[[str, Any, str], None]) -> Callable[[str, Any, str], No
 
 
 def _ann_name(ann: Any) -> str:
+    import numpy as np
+
+    if ann is np.ndarray:
+        return "a NumPy array"
     return getattr(ann, "__name__", None) or str(ann)
 
 
