@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from .backend import Buffer, BufferType, BufferUsage, MultiBuffer, tensor_alloc,
 from .errors import OutOfMemoryError
 from .graph import Graph
 from .opcodes import INPLACE_CAPABLE_OPS, Op
+from . import snapshot as _snapshot
 from .snapshot import Snapshot
 from .tensor import Flag, Tensor
 
@@ -335,6 +337,8 @@ class GraphAllocator:
         # what the recorded plan read from its graph (wiring, flags, ne/nb, views, placements of
         # tensors not owned here), taken with the graph's owned tensors reset: None = no plan
         self._snap: Snapshot | None = None
+        # (graph, generation) right after the last alloc_graph placed it (the fast path)
+        self._last_placed: tuple[weakref.ref, int] | None = None
         # id(tensor) -> (tensor, buffer, offset) of every tensor this allocator placed
         self._placed: dict[int, tuple[Tensor, Buffer, int]] = {}
 
@@ -586,6 +590,7 @@ class GraphAllocator:
         # un-place them now so the snapshot below records the state alloc_graph will compare
         self._reset_graph(graph, only_graph=True)
         self._snap = None
+        self._last_placed = None
         for talloc in self._tallocs:
             talloc.reset()
         self._event = 0
@@ -780,8 +785,13 @@ class GraphAllocator:
         """
         if not isinstance(graph, Graph):
             raise TypeError(f"alloc_graph: expected a Graph, got {type(graph).__name__}")
+        # fast path: the same graph as the last placement and no mutation anywhere since (the
+        # process-wide generation did not move): the plan is still valid, skip every check
+        last = self._last_placed
+        unchanged = (last is not None and last[0]() is graph
+                     and last[1] == _snapshot.generation())
         self._reset_graph(graph)
-        if self._needs_realloc(graph):
+        if not unchanged and self._needs_realloc(graph):
             if len(self.bufts) == 1:
                 log.debug("GraphAllocator: graph changed, re-planning")
                 if not self.reserve(graph):
@@ -801,6 +811,7 @@ class GraphAllocator:
                 if src is not None:
                     self._init_tensor(src, rec)
             self._init_tensor(node, dst_rec)
+        self._last_placed = (weakref.ref(graph), _snapshot.generation())
         return True
 
     def get_buffer_size(self, buffer_id: int) -> int:
@@ -863,6 +874,7 @@ class GraphAllocator:
         self._node_recs, self._leaf_recs = [], []
         self._n_nodes = self._n_leafs = 0
         self._snap = None
+        self._last_placed = None
 
     def __repr__(self) -> str:
         sizes = [self.get_buffer_size(i) for i in range(len(self.bufts))]
