@@ -48,8 +48,3 @@ def seqsum(a: np.ndarray) -> np.ndarray:
         return np.add.accumulate(a, axis=0, dtype=F32)[-1]
     return np.add.reduce(a, axis=0, dtype=F32)
 
-
-def fp16_round(v: np.ndarray) -> np.ndarray:
-    """float32 -> IEEE half (round to nearest even, as ``GGML_FP32_TO_FP16``) -> float32."""
-    with np.errstate(over="ignore"):
-        return np.asarray(v, dtype=F32).astype(np.float16).astype(F32)

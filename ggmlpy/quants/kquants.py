@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import F32, fp16_round, nearest_int, seqsum
+from ._common import F32, nearest_int, seqsum
 
 QK_K = 256
 GROUP_MAX_EPS = np.float32(1e-15)
@@ -38,7 +38,6 @@ def _make_qkx2_quants(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdel
     Returns:
         (L uint8 (n, G), scale float32 (G,), the_min float32 (G,) = -min).
     """
-    n = x.shape[0]
     mn = np.minimum.reduce(x, axis=0)
     mx = np.maximum.reduce(x, axis=0)
     sum_w = seqsum(w)
