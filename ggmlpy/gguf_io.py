@@ -26,7 +26,7 @@ from .backend import Backend, Buffer, BufferType, BufferUsage
 from .errors import GGUFError
 from .quants import quantize
 from .tensor import Context, Tensor
-from .tensor_data import backend_tensor_get, backend_tensor_set
+from .tensor_data import as_bytes, backend_tensor_get, backend_tensor_set
 from .types import Type, type_from_dtype
 
 __all__ = ["GGUFModel", "gguf_load", "gguf_save"]
@@ -242,22 +242,24 @@ def _tensor_bytes(name: str, value: Any) -> tuple[Type, list[int], np.ndarray]:
     if isinstance(value, Tensor):
         if not value.is_contiguous():
             raise ValueError(f"gguf_save: tensor '{name}' is not contiguous")
-        raw = backend_tensor_get(value)
-        if isinstance(raw, np.ndarray):
-            raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-        else:
-            raw = np.frombuffer(raw, np.uint8)
+        raw = as_bytes(backend_tensor_get(value))
         t, ne = value.type, [int(n) for n in value.ne]
         while len(ne) > 1 and ne[-1] == 1:
             ne.pop()
     elif isinstance(value, tuple) and len(value) == 2:
-        t = Type(value[0])
         arr = np.asarray(value[1])
-        raw = quantize(arr, t).reshape(-1)
+        try:
+            raw = quantize(arr, value[0]).reshape(-1)
+        except (TypeError, ValueError) as e:  # quantize's message names the rule, not the tensor
+            raise type(e)(f"gguf_save: tensor '{name}': {e}") from None
+        t = Type(value[0])
         ne = list(arr.shape[::-1]) or [1]
     elif isinstance(value, np.ndarray):
-        t = type_from_dtype(value.dtype)
-        raw = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+        try:
+            t = type_from_dtype(value.dtype)
+        except TypeError as e:
+            raise TypeError(f"gguf_save: tensor '{name}': {e}") from None
+        raw = as_bytes(value)
         ne = list(value.shape[::-1]) or [1]
     else:
         raise TypeError(f"gguf_save: tensor '{name}' must be a Tensor, a NumPy array or a "

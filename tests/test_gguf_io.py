@@ -109,6 +109,21 @@ def test_save_errors(tmp_path):
         ggmlpy.gguf_save(tmp_path / "e.gguf", {}, {"general.alignment": 48})
 
 
+@pytest.mark.parametrize("value, exc, rule", [
+    ((Type.Q4_0, np.zeros((2, 100))), ValueError, r"ne\[0\] = 100 .* block size 32 of q4_0"),
+    ((Type.Q8_0, np.full(32, np.nan)), ValueError, "non-finite value nan"),
+    ((99, np.zeros(32)), TypeError, "type must be a ggmlpy.Type, got 99"),
+    ((Type.I32, np.zeros(4)), ValueError, "i32 is not a float or block-quantized type"),
+    (np.zeros(3, np.complex64), TypeError, "no ggml type for NumPy dtype complex64"),
+])
+def test_save_value_errors_name_the_tensor(tmp_path, value, exc, rule):
+    """Every refused tensor value names the tensor and the rule, and writes no file."""
+    p = tmp_path / "e.gguf"
+    with pytest.raises(exc, match=r"^gguf_save: tensor 'w\.0': .*" + rule):
+        ggmlpy.gguf_save(p, {"w.0": value}, {})
+    assert not p.exists()
+
+
 # ---------------------------------------------------------------- corrupt files
 
 
