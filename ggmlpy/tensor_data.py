@@ -54,6 +54,11 @@ def _check_tensor(t: Any, what: str) -> None:
         raise TypeError(f"{what}: expected a Tensor, got {type(t).__name__}")
 
 
+def _check_backend(b: Any, what: str, name: str = "backend") -> None:
+    if not isinstance(b, Backend):
+        raise TypeError(f"{what}: {name} must be a Backend, got {type(b).__name__}")
+
+
 def _check_int(v: Any, name: str, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"{what}: {name} must be an int (bytes), got {v!r}")
@@ -127,9 +132,10 @@ def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None,
     ``out``.
 
     Raises:
+        TypeError: ``tensor`` is not a Tensor; ``offset``/``size`` not ints; ``out`` not a
+        NumPy array or of another dtype.
         NotAllocatedError: the tensor has no memory. ValueError: range outside the tensor, ``out``
-        with a byte range, or an ``out`` of the wrong size or not writable. TypeError: ``out``
-        not a NumPy array or of another dtype.
+        with a byte range, or an ``out`` of the wrong size or not writable.
     """
     _check_tensor(tensor, "backend_tensor_get")
     offset = _check_int(offset, "offset", "backend_tensor_get")
@@ -156,7 +162,7 @@ def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None,
             return raw
         return np.lib.stride_tricks.as_strided(
             raw.view(tensor.type.dtype), shape=tensor.ne[::-1], strides=tensor.nb[::-1]).copy()
-    size = tensor.nbytes - offset if size is None else int(size)
+    size = tensor.nbytes - offset if size is None else _check_int(size, "size", "backend_tensor_get")
     _check_range(tensor, offset, size, "backend_tensor_get")
     return buf._get_tensor(tensor, int(offset), size).tobytes()
 
@@ -182,15 +188,20 @@ def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int
     (mirrors ``ggml_backend_tensor_memset``).
 
     Raises:
+        TypeError: ``tensor`` is not a Tensor; ``value``/``offset``/``size`` not ints.
         NotAllocatedError, ValueError: as :func:`backend_tensor_set`; ``value`` must be 0..255.
     """
+    what = "backend_tensor_memset"
+    _check_tensor(tensor, what)
+    value = _check_int(value, "value", what)
+    offset = _check_int(offset, "offset", what)
     buf = tensor_buffer(tensor)
-    size = tensor.nbytes - offset if size is None else int(size)
-    if not 0 <= int(value) <= 255:
-        raise ValueError(f"backend_tensor_memset: value {value} is not a byte")
-    _check_range(tensor, offset, size, "backend_tensor_memset")
+    size = tensor.nbytes - offset if size is None else _check_int(size, "size", what)
+    if not 0 <= value <= 255:
+        raise ValueError(f"{what}: value {value} is not a byte")
+    _check_range(tensor, offset, size, what)
     if size:
-        buf._memset_tensor(tensor, int(value), int(offset), size)
+        buf._memset_tensor(tensor, value, offset, size)
 
 
 def _check_same_layout(src: Tensor, dst: Tensor, what: str) -> None:
@@ -232,8 +243,7 @@ def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset
     queued. Device backends snapshot ``data`` into pinned staging at call time, so the caller may
     reuse its array at once. Backends without async support synchronize and then copy blocking.
     """
-    if not isinstance(backend, Backend):
-        raise TypeError(f"backend_tensor_set_async: expected a Backend, got {type(backend).__name__}")
+    _check_backend(backend, "backend_tensor_set_async")
     raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set_async")
     if not raw.size:
         return
@@ -251,8 +261,13 @@ def backend_tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, 
         offset: byte offset from the tensor's start.
 
     Raises:
+        TypeError: ``backend``/``tensor`` of the wrong class, ``offset`` not an int.
         NotAllocatedError, ValueError (range, or ``out`` not writable/contiguous).
     """
+    what = "backend_tensor_get_async"
+    _check_backend(backend, what)
+    _check_tensor(tensor, what)
+    offset = _check_int(offset, "offset", what)
     tensor_buffer(tensor)
     if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"backend_tensor_get_async: out for '{tensor.name}' must be a writable "
@@ -274,9 +289,15 @@ def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: T
     blocking with :func:`backend_tensor_copy`.
 
     Raises:
-        ValueError: different layout. NotAllocatedError: either tensor unallocated.
+        TypeError: an argument of the wrong class (named). ValueError: different layout.
+        NotAllocatedError: either tensor unallocated.
     """
-    _check_same_layout(src, dst, "backend_tensor_copy_async")
+    what = "backend_tensor_copy_async"
+    _check_backend(backend_src, what, "backend_src")
+    _check_backend(backend_dst, what, "backend_dst")
+    _check_tensor(src, what)
+    _check_tensor(dst, what)
+    _check_same_layout(src, dst, what)
     if src is dst:
         return
     tensor_buffer(src), tensor_buffer(dst)
