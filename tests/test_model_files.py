@@ -105,6 +105,21 @@ def test_bom_in_config_is_accepted(model_dir: Path, tmp_path: Path):
     assert BertConfig.from_model_dir(d) == BertConfig.from_model_dir(model_dir)
 
 
+@pytest.mark.parametrize("value", ['"false"', '"true"', "0", "null"])
+def test_do_lower_case_not_boolean_is_refused_by_both_readers(model_dir: Path, tmp_path: Path,
+                                                              value):
+    # load_tokenizer(lower_case=None) read it with bool(): "false" lower-cased the text silently
+    from ggmlpy.models.loader import BertConfig, load_tokenizer
+
+    d = _mirror(model_dir, tmp_path / "m")
+    _damage(d, "sentence_bert_config.json",
+            b'{"max_seq_length": 256, "do_lower_case": ' + value.encode() + b"}")
+    for read in (lambda: BertConfig.from_model_dir(d), lambda: load_tokenizer(d, 128)):
+        with pytest.raises(ModelFileError, match="do_lower_case must be true or false") as ei:
+            read()
+        assert ei.value.path == str(d / "sentence_bert_config.json")
+
+
 TINY = {"vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 8, "max_position_embeddings": 6, "type_vocab_size": 2}
 

@@ -124,6 +124,15 @@ def _read_json(path: Path, kind: type | None = dict) -> Any:
     return data
 
 
+def _do_lower_case(st_path: Path, st: dict) -> bool:
+    """``do_lower_case`` of ``sentence_bert_config.json`` (False when absent); ModelFileError
+    naming the file when it is not a JSON boolean (``bool("false")`` would be True)."""
+    lower = st.get("do_lower_case", False)
+    if not isinstance(lower, bool):
+        raise ModelFileError(st_path, f"do_lower_case must be true or false, got {lower!r}")
+    return lower
+
+
 def _field(path: Path, cfg: dict, key: str, conv: type, default: Any = None) -> Any:
     """``conv(cfg[key])`` (``default`` when absent and not None); ModelFileError naming the file
     and the key when the key is missing or its value has the wrong type."""
@@ -238,12 +247,8 @@ class BertConfig:
         max_seq = min(max_seq, fields["max_position_embeddings"])
         if max_seq < 2:
             raise ModelFileError(st_path, f"max_seq_length {max_seq} leaves no room for [CLS]/[SEP]")
-        lower = st.get("do_lower_case", False)
-        if not isinstance(lower, bool):
-            raise ModelFileError(st_path, f"do_lower_case must be true or false, got {lower!r}")
-
         return cls(**fields, max_seq_length=max_seq,
-                   do_lower_case=lower,
+                   do_lower_case=_do_lower_case(st_path, st),
                    pooling_mode=_read_pooling_mode(model_dir),
                    normalize=_has_normalize_module(model_dir))
 
@@ -364,11 +369,11 @@ def load_tokenizer(model_dir: str | Path, max_seq_length: int,
         raise _missing(f"model directory {str(model_dir)!r} has no tokenizer.json")
     if lower_case is None:
         st_path = model_dir / "sentence_bert_config.json"
-        lower_case = bool(_read_json(st_path).get("do_lower_case", False)) if st_path.is_file() else False
-    _read_json(path)  # one-line ModelFileError for a file that is not JSON at all
+        lower_case = _do_lower_case(st_path, _read_json(st_path)) if st_path.is_file() else False
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception with a multi-line serde message
+        _read_json(path)  # not JSON at all: that one-line ModelFileError (parsed on failure only)
         raise ModelFileError(path, f"not a tokenizers tokenizer ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     tok.no_padding()
     tok.enable_truncation(max_length=int(max_seq_length))
