@@ -65,6 +65,11 @@ def _check_int(v: Any, name: str, what: str) -> int:
     return int(v)
 
 
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` without its 1s: two shapes with equal squeezes order the same data alike."""
+    return tuple(d for d in shape if d != 1)
+
+
 def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what: str) -> np.ndarray:
     _check_tensor(tensor, what)
     offset = _check_int(offset, "offset", what)
@@ -88,6 +93,12 @@ def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what:
             if data.ndim > 1 and not tensor.is_contiguous():
                 raise ValueError(f"{what}: tensor '{tensor.name}' is not contiguous; write "
                                  "its view_src or pass raw bytes")
+            if data.ndim > 1 and _squeeze(data.shape) != _squeeze(tensor.ne[::-1]):
+                # same byte count, other shape: a (ne0, ne1) array for ne = [ne0, ne1] would land
+                # transposed; refuse instead of writing a silently wrong layout
+                raise ValueError(f"{what}: array of shape {data.shape} for tensor "
+                                 f"'{tensor.name}' of NumPy shape {tuple(tensor.ne[::-1])} "
+                                 "(ne reversed); reshape it, or pass a 1-D array or raw bytes")
     raw = as_bytes(data)
     n = raw.size if size is None else int(size)
     if n > raw.size:
@@ -101,8 +112,10 @@ def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | N
 
     Args:
         tensor: an allocated tensor.
-        data: a NumPy array of the tensor's dtype (e.g. shape ``ne[::-1]``), or raw bytes / a
-            uint8 array. Bytes are copied as they lie in memory (ggml's raw semantics).
+        data: a NumPy array of the tensor's dtype, or raw bytes / a uint8 array. Bytes are
+            copied as they lie in memory (ggml's raw semantics). A multi-dimensional typed array
+            written whole must have NumPy shape ``ne[::-1]`` (up to dims of size 1); a 1-D
+            one is taken as the flat data.
         offset: byte offset from the tensor's start.
         size: bytes to write (default: all of ``data``). A typed array written at offset 0 must
             cover the whole tensor unless ``size`` is given.
@@ -110,7 +123,7 @@ def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | N
     Raises:
         NotAllocatedError: the tensor has no memory. TypeError: the array's dtype is not the
         tensor's. ValueError: the byte range is outside the tensor, or a whole-tensor write has
-        the wrong byte size.
+        the wrong byte size or (multi-dimensional) another shape than ``ne[::-1]``.
     """
     raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set")
     if raw.size:

@@ -83,3 +83,28 @@ def test_valid_calls_still_work(env):
     td.backend_tensor_copy_async(be, be, b, a)
     be.synchronize()
     np.testing.assert_array_equal(td.backend_tensor_get(a).reshape(-1), VALUES)
+
+
+@pytest.mark.parametrize("shape, ok", [
+    ((2, 3), True), ((1, 2, 3), True), ((2, 1, 3), True), ((6,), True), ((1, 1, 2, 3), True),
+    ((3, 2), False), ((6, 1, 1), False), ((1, 6), False), ((3, 1, 2), False),
+])
+def test_set_refuses_a_typed_array_of_another_layout(env, shape, ok):
+    """A whole-tensor write of a multi-dimensional array must have NumPy shape ``ne[::-1]`` up to
+    size-1 dims: a (ne0, ne1) array for ne = [3, 2] (NumPy (2, 3)) was written transposed,
+    silently. Dims of size 1 do not change the order of the data and are ignored."""
+    be = env[0]
+    ctx = Context(no_alloc=True)
+    t = ctx.new_tensor(Type.F32, [3, 2]).set_name("t")
+    buf = alloc_ctx_tensors_from_buft(ctx, be.get_default_buffer_type())
+    td.backend_tensor_set(t, np.full((2, 3), -1, np.float32))
+    data = np.arange(6, dtype=np.float32).reshape(shape)
+    if ok:
+        td.backend_tensor_set(t, data)
+        np.testing.assert_array_equal(td.backend_tensor_get(t), np.arange(6).reshape(1, 1, 2, 3))
+    else:
+        with pytest.raises(ValueError, match=r"array of shape .* for tensor 't' of NumPy shape "
+                                             r"\(1, 1, 2, 3\)"):
+            td.backend_tensor_set(t, data)
+        np.testing.assert_array_equal(td.backend_tensor_get(t), np.full((1, 1, 2, 3), -1))
+    buf.free()
