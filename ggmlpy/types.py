@@ -151,16 +151,7 @@ _TRAITS: dict[Type, TypeTraits] = {
 
 _FROM_NAME = {tr.name.lower(): ty for ty, tr in _TRAITS.items()}
 
-_FROM_DTYPE = {
-    np.dtype(np.float32): Type.F32,
-    np.dtype(np.float16): Type.F16,
-    np.dtype(np.int8): Type.I8,
-    np.dtype(np.int16): Type.I16,
-    np.dtype(np.int32): Type.I32,
-    np.dtype(np.int64): Type.I64,
-    np.dtype(np.float64): Type.F64,
-    BF16_DTYPE: Type.BF16,
-}
+_FROM_DTYPE = {tr.dtype: ty for ty, tr in _TRAITS.items() if tr.dtype is not None}
 
 
 def row_size(type: Type, n: int) -> int:
@@ -209,6 +200,7 @@ def type_from_name(name: str) -> Type:
     Mirrors looking a name up in ggml's type traits table.
 
     Raises:
+        TypeError: ``name`` is not a str.
         ValueError: no such type (the message lists the known names).
     """
     if not isinstance(name, str):

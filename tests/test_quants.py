@@ -47,6 +47,14 @@ def test_type_traits_and_names():
     assert Type.Q6_K.type_name == "q6_K"
     for t in Type:
         assert ggmlpy.type_from_name(t.type_name.upper()) == t
+        if t.is_quantized:  # block types have no per-element dtype
+            with pytest.raises(TypeError):
+                t.dtype
+        else:  # every plain type is found from its storage dtype
+            assert ggmlpy.type_from_dtype(t.dtype) == t
+    for dt in (np.uint8, np.uint16, np.complex64, np.bool_):
+        with pytest.raises(TypeError, match="no ggml type for NumPy dtype"):
+            ggmlpy.type_from_dtype(dt)
     with pytest.raises(ValueError, match="unknown ggml type name 'q3_k'"):
         ggmlpy.type_from_name("q3_k")
     with pytest.raises(TypeError, match="block-quantized"):
