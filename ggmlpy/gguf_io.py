@@ -195,10 +195,15 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
     if buffer is not None:
         buffer.set_usage(BufferUsage.WEIGHTS)
     mm = reader.data
-    for name, t, ne, start in infos:
-        tt = tensors[name]
-        if tt.nbytes:
-            backend_tensor_set(tt, mm[start:start + tt.nbytes])
+    try:
+        for name, t, ne, start in infos:
+            tt = tensors[name]
+            if tt.nbytes:
+                backend_tensor_set(tt, mm[start:start + tt.nbytes])
+    except BaseException:
+        if buffer is not None:  # a failed load keeps no device memory (nobody else can free it)
+            buffer.free()
+        raise
     return GGUFModel(path, ctx, buffer, tensors, metadata, mtypes, int(reader.alignment))
 
 

@@ -213,3 +213,24 @@ def test_load_argument_errors(tmp_path, cpu):
         ggmlpy.gguf_load(tmp_path / "missing.gguf", cpu)
     with pytest.raises(TypeError, match="Backend or BufferType"):
         ggmlpy.gguf_load(_good_file(tmp_path), "CPU")
+
+
+def test_failed_load_frees_its_buffer(tmp_path, cpu, monkeypatch):
+    """A load that fails while copying tensor data frees the WEIGHTS buffer it allocated (the
+    caller never gets a handle to it, so nobody else could)."""
+    from ggmlpy import gguf_io
+
+    made = []
+    real_alloc, real_set = gguf_io.alloc_ctx_tensors_from_buft, gguf_io.backend_tensor_set
+    monkeypatch.setattr(gguf_io, "alloc_ctx_tensors_from_buft",
+                        lambda ctx, buft: made.append(real_alloc(ctx, buft)) or made[-1])
+
+    def failing_set(t, data):
+        if t.name == "second":
+            raise OSError("read error")
+        real_set(t, data)
+
+    monkeypatch.setattr(gguf_io, "backend_tensor_set", failing_set)
+    with pytest.raises(OSError, match="read error"):
+        ggmlpy.gguf_load(_good_file(tmp_path), cpu)
+    assert len(made) == 1 and made[0].freed
