@@ -187,9 +187,9 @@ def reg_get(i: int) -> Reg:
     """Registration ``i`` (mirrors ``ggml_backend_reg_get``).
 
     Raises:
-        TypeError: ``i`` is not an int. IndexError: out of range.
+        TypeError: ``i`` is not an int (NumPy integers are accepted). IndexError: out of range.
     """
-    check_type("i", i, int, "reg_get")
+    i = check_int("i", i, where="reg_get")
     _ensure_init()
     if not 0 <= i < len(_regs):
         raise IndexError(f"reg index {i} out of range 0..{len(_regs) - 1}")
@@ -262,9 +262,9 @@ def dev_get(i: int) -> Device:
     """Device ``i`` in priority order (mirrors ``ggml_backend_dev_get``).
 
     Raises:
-        TypeError: ``i`` is not an int. IndexError: out of range.
+        TypeError: ``i`` is not an int (NumPy integers are accepted). IndexError: out of range.
     """
-    check_type("i", i, int, "dev_get")
+    i = check_int("i", i, where="dev_get")
     devs = devices()
     if not 0 <= i < len(devs):
         raise IndexError(f"device index {i} out of range 0..{len(devs) - 1}")

@@ -304,3 +304,13 @@ def test_message_stays_one_line_for_multiline_reprs():
     with pytest.raises(TypeError) as ei:
         check_type("x", np.zeros((5, 5)), int, "f")
     assert "\n" not in str(ei.value) and str(ei.value).startswith("f: x must be int, got ndarray ")
+
+
+def test_index_getters_accept_numpy_integers():
+    """reg_get/dev_get take any integer as the other int-taking entry points do (check_int): an
+    index computed with NumPy is not a misuse; bool stays refused (table above)."""
+    assert registry.reg_get(np.int64(0)) is registry.reg_get(0)
+    last = registry.dev_count() - 1
+    assert registry.dev_get(np.int32(last)) is registry.dev_get(last)
+    with pytest.raises(IndexError, match="device index"):
+        registry.dev_get(np.int64(registry.dev_count()))
