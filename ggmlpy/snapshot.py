@@ -292,27 +292,48 @@ class Snapshot:
 
 
 # -- buffer-free notifications -------------------------------------------------------------------
-_free_hooks: dict[int, dict[int, weakref.WeakMethod]] = {}
+# id(buffer) -> (weak reference to the buffer, {id(cache): weak bound method})
+_free_hooks: dict[int, tuple[weakref.ref, dict[int, weakref.WeakMethod]]] = {}
 _hooks_lock = threading.Lock()
+
+
+def _buffer_died(key: int) -> Callable[[weakref.ref], None]:
+    def died(ref: weakref.ref) -> None:
+        with _hooks_lock:
+            entry = _free_hooks.get(key)
+            if entry is not None and entry[0] is ref:
+                del _free_hooks[key]
+    return died
 
 
 def on_buffer_free(buffer: Any, method: Callable[[Any], None]) -> None:
     """Call the bound ``method(buffer)`` when ``buffer`` is freed (see :func:`buffer_freed`).
 
-    Only a weak reference to ``method``'s object is kept, so a dead cache is never called or kept
-    alive. Registering the same bound method twice for one buffer is a no-op.
+    Only weak references are kept (to ``method``'s object and to ``buffer``), so a dead cache is
+    never called or kept alive, and the registration of a buffer garbage-collected without
+    ``free()`` is dropped with it (its id may be reused). Registering the same bound method twice
+    for one buffer is a no-op.
     """
     wm = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    key = id(buffer)
     with _hooks_lock:
-        _free_hooks.setdefault(id(buffer), {})[id(method.__self__)] = wm  # type: ignore[attr-defined]
+        entry = _free_hooks.get(key)
+        if entry is None or entry[0]() is not buffer:
+            entry = (weakref.ref(buffer, _buffer_died(key)), {})
+            _free_hooks[key] = entry
+        entry[1][id(method.__self__)] = wm  # type: ignore[attr-defined]
 
 
 def buffer_freed(buffer: Any) -> None:
     """Called by ``Buffer.free``: bump the generation and call (then forget) every hook
     registered for ``buffer``."""
     bump()
+    key = id(buffer)
     with _hooks_lock:
-        hooks = _free_hooks.pop(id(buffer), None)
+        entry = _free_hooks.get(key)
+        hooks = None
+        if entry is not None and entry[0]() is buffer:
+            hooks = _free_hooks.pop(key)[1]
     if hooks:
         for wm in hooks.values():
             m = wm()

@@ -398,3 +398,31 @@ def test_snapshot_vouches_only_for_its_own_graph():
     g1b = Graph()
     g1b.build_forward_expand(g1.nodes[-1])
     assert snap.matches(g1b)  # same tensors, same state: valid by comparison
+
+
+def test_buffer_free_hooks_die_with_unfreed_buffers():
+    """A buffer garbage-collected without free() takes its free-hook registration with it (before,
+    the registry of hooks kept one entry per such buffer id for the life of the process); a
+    registration still fires when its buffer is freed."""
+    class Cache:
+        def __init__(self):
+            self.seen = []
+
+        def freed(self, buf):
+            self.seen.append(buf)
+
+    class Buf:  # anything weak-referenceable stands for a Buffer here
+        pass
+
+    cache = Cache()
+    before = len(snapshot._free_hooks)
+    for _ in range(100):
+        snapshot.on_buffer_free(Buf(), cache.freed)
+    gc.collect()
+    assert len(snapshot._free_hooks) == before
+    kept = Buf()
+    snapshot.on_buffer_free(kept, cache.freed)
+    snapshot.on_buffer_free(kept, cache.freed)  # same bound method twice: one call
+    snapshot.buffer_freed(kept)
+    assert cache.seen == [kept]
+    assert len(snapshot._free_hooks) == before
