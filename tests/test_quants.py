@@ -223,3 +223,12 @@ def test_f16_bf16_keep_non_finite_as_ggml():
     assert np.isnan(h[0]) and h[1] == -np.inf and h[2] == np.inf and h[3] == np.inf
     b = dequantize(quantize(x, Type.BF16), Type.BF16, [4])
     assert np.isnan(b[0]) and b[1] == -np.inf and b[2] == np.inf and b[3] == np.float32(999424.0)
+
+
+def test_quantize_f64_keeps_values_past_float32():
+    """F64 is stored from the input itself: values outside float32's range (or finer than its
+    precision) are kept, with no overflow warning from a float32 round trip."""
+    x = np.array([[1e300, -2.5, 1 + 2**-40, 5e-324]])
+    with np.errstate(all="raise"):
+        b = quantize(x, Type.F64)
+    np.testing.assert_array_equal(np.frombuffer(b.tobytes(), np.float64), x.ravel())

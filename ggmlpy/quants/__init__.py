@@ -86,7 +86,8 @@ def quantize(array: Any, type: Type) -> np.ndarray:
     i.e. the ``quantize_row_*_ref`` quantizers, and ggml's F16/BF16 conversions).
 
     Args:
-        array: float values (anything ``np.asarray`` takes; converted to float32 first), NumPy
+        array: float values (anything ``np.asarray`` takes; converted to float32 first, except for
+            F64, which stores them as given), NumPy
             shape ``ne[::-1]`` with at least one dimension: the last axis is the row, ``ne[0]``
             elements long, and must be a multiple of ``type.blck_size`` (32 for Q4_0..Q8_0, 256
             for Q4_K/Q5_K/Q6_K).
@@ -109,13 +110,13 @@ def quantize(array: Any, type: Type) -> np.ndarray:
         raise TypeError(f"quantize: array of dtype {a.dtype} is not numeric")
     if a.ndim == 0:
         raise ValueError("quantize: array must have at least one dimension (ne[0] = last axis)")
+    ne0 = a.shape[-1]
+    rows_shape = a.shape[:-1]
+    if t == Type.F64:  # straight from the input: no float32 round trip (values past float32 stay)
+        return np.ascontiguousarray(a, dtype=np.float64).view(np.uint8).reshape(*rows_shape, ne0 * 8)
     x = np.ascontiguousarray(a, dtype=np.float32)
-    ne0 = x.shape[-1]
-    rows_shape = x.shape[:-1]
     if t == Type.F32:
         return x.view(np.uint8).reshape(*rows_shape, ne0 * 4)
-    if t == Type.F64:
-        return np.ascontiguousarray(a, dtype=np.float64).view(np.uint8).reshape(*rows_shape, ne0 * 8)
     if t == Type.F16:
         return fp32_to_fp16(x).view(np.uint8).reshape(*rows_shape, ne0 * 2)
     if t == Type.BF16:
