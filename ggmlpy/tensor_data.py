@@ -24,7 +24,7 @@ from .tensor import Tensor
 __all__ = [
     "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
     "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async",
-    "as_bytes",
+    "as_bytes", "check_array_shape",
 ]
 
 
@@ -70,6 +70,22 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
+def check_array_shape(tensor: Tensor, shape: tuple[int, ...], what: str) -> None:
+    """Refuse a multi-dimensional host array of NumPy ``shape`` as the whole data of ``tensor``
+    unless ``shape`` is ``tensor.ne[::-1]`` up to dims of size 1 (which do not change the order
+    of the data); a 1-D array is always taken as the flat data. Only the shape is compared (the
+    caller checks the element/byte count). Without it, a ``(ne0, ne1)`` array for ``ne = [ne0,
+    ne1]`` (NumPy ``(ne1, ne0)``) of the same size would be written transposed, silently.
+
+    Raises:
+        ValueError: ``"<what>: array of shape ... for tensor '<name>' of NumPy shape ..."``.
+    """
+    if len(shape) > 1 and _squeeze(tuple(shape)) != _squeeze(tensor.ne[::-1]):
+        raise ValueError(f"{what}: array of shape {tuple(shape)} for tensor '{tensor.name}' of "
+                         f"NumPy shape {tuple(tensor.ne[::-1])} (ne reversed); reshape it, or "
+                         "pass a 1-D array or raw bytes")
+
+
 def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what: str) -> np.ndarray:
     _check_tensor(tensor, what)
     offset = _check_int(offset, "offset", what)
@@ -93,12 +109,7 @@ def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what:
             if data.ndim > 1 and not tensor.is_contiguous():
                 raise ValueError(f"{what}: tensor '{tensor.name}' is not contiguous; write "
                                  "its view_src or pass raw bytes")
-            if data.ndim > 1 and _squeeze(data.shape) != _squeeze(tensor.ne[::-1]):
-                # same byte count, other shape: a (ne0, ne1) array for ne = [ne0, ne1] would land
-                # transposed; refuse instead of writing a silently wrong layout
-                raise ValueError(f"{what}: array of shape {data.shape} for tensor "
-                                 f"'{tensor.name}' of NumPy shape {tuple(tensor.ne[::-1])} "
-                                 "(ne reversed); reshape it, or pass a 1-D array or raw bytes")
+            check_array_shape(tensor, data.shape, what)
     raw = as_bytes(data)
     n = raw.size if size is None else int(size)
     if n > raw.size:

@@ -3,6 +3,8 @@ graph input without a value is an error, never a run on leftover memory."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -111,6 +113,24 @@ def test_inputs_key_outside_graph_refused():
     x = np.ones((2, 4), np.float32)
     with pytest.raises(ValueError, match="inputs key 'stranger' is not a tensor of the graph"):
         compare_graph(g, {a: x, b: x, stranger: x}, backend_cpu_init(), backend_cpu_init())
+
+
+@pytest.mark.parametrize("shape, ok", [((2, 4), True), ((8,), True), ((1, 2, 4), True),
+                                       ((4, 2), False), ((2, 2, 2), False)])
+def test_input_array_of_another_layout_refused_before_placing(shape, ok):
+    # before: a (4, 2) array for ne = [4, 2] (NumPy (2, 4)) passed the element count check and
+    # was written flat, i.e. transposed, and both backends agreed on the wrong input
+    g, a, b, out = _add_graph()
+    xa = np.arange(8, dtype=np.float32).reshape(shape)
+    xb = np.ones((2, 4), np.float32)
+    if ok:
+        rep = compare_graph(g, {a: xa, b: xb}, backend_cpu_init(), backend_cpu_init())
+        assert not rep.diverged
+        return
+    with pytest.raises(ValueError, match=r"compare_graph: inputs\['a'\]: array of shape "
+                                         + re.escape(str(shape))):
+        compare_graph(g, {a: xa, b: xb}, backend_cpu_init(), backend_cpu_init())
+    assert not a.is_allocated and not b.is_allocated  # nothing placed before the check
 
 
 def test_all_inputs_given_still_compares_with_real_values():

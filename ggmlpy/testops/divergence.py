@@ -25,7 +25,8 @@ from ..backend_compare import graph_copy, nmse
 from ..graph import Graph, graph_view
 from ..opcodes import VIEW_OPS, Op
 from ..tensor import Tensor
-from ..tensor_data import backend_tensor_copy, backend_tensor_get, backend_tensor_set
+from ..tensor_data import (backend_tensor_copy, backend_tensor_get, backend_tensor_set,
+                           check_array_shape)
 
 __all__ = ["DivergenceReport", "compare_graph", "default_tolerance"]
 
@@ -163,6 +164,7 @@ def _check_inputs(tensors: list[Tensor], inputs: Mapping[Tensor, np.ndarray]) ->
             raise ValueError(f"compare_graph: inputs['{t.name}'] has {a.size} elements (shape "
                              f"{a.shape}), the tensor has {t.nelements} (NumPy shape "
                              f"{tuple(reversed(t.ne))})")
+        check_array_shape(t, a.shape, f"compare_graph: inputs['{t.name}']")
 
 
 def _f64(t: Tensor) -> np.ndarray:
@@ -198,7 +200,8 @@ def compare_graph(graph: Graph, inputs: Mapping[Tensor, np.ndarray], backend1: B
         ValueError: a graph input (a leaf without memory, op NONE, not a view) has no entry in
             ``inputs`` -- it would otherwise run on whatever the new buffer holds; an ``inputs``
             key is not part of ``graph``; an input array's element count differs from the
-            tensor's; a pre-allocated tensor is in memory ``backend1`` cannot use.
+            tensor's, or a multi-dimensional one is not shaped ``ne[::-1]`` (up to size-1 dims);
+            a pre-allocated tensor is in memory ``backend1`` cannot use.
         OutOfMemoryError: a buffer could not be allocated. Backend compute errors propagate.
     """
     where = "compare_graph"
