@@ -219,17 +219,22 @@ class Snapshot:
     stamped after it: that check is one C-speed ``max`` over the node and leaf lists. Only when
     it fails is the recorded state compared (a change back to the recorded values stays valid).
 
+    The version checks vouch only for the graph object the snapshot was taken of (held weakly):
+    for any other graph (a rebuilt one over the same tensors, say) :meth:`matches` compares the
+    state, never the generation.
+
     Attributes:
         generation: the generation read before the state was taken (or last confirmed).
         state: :func:`graph_state` at that time.
     """
 
-    __slots__ = ("generation", "state", "_outside")
+    __slots__ = ("generation", "state", "_outside", "_graph")
 
-    def __init__(self, gen: int, state: tuple, outside: tuple = ()) -> None:
+    def __init__(self, gen: int, state: tuple, outside: tuple = (), graph: Any = None) -> None:
         self.generation = gen
         self.state = state
         self._outside = tuple(weakref.ref(t) for t in outside)
+        self._graph = weakref.ref(graph) if graph is not None else None
 
     @classmethod
     def take(cls, graph: Any) -> Snapshot:
@@ -237,11 +242,18 @@ class Snapshot:
         gen = _generation
         outside = _outside_sources(graph)
         _publish(graph, outside)
-        return cls(gen, graph_state(graph), outside)
+        return cls(gen, graph_state(graph), outside, graph)
+
+    def _of(self, graph: Any) -> bool:
+        g = self._graph
+        return g is not None and g() is graph
 
     def unchanged_since(self, graph: Any) -> bool:
         """True when nothing of ``graph`` was stamped after this snapshot's generation (O(n) at
-        C speed, no allocation). False does not mean changed: see :meth:`matches`."""
+        C speed, no allocation). False does not mean changed: see :meth:`matches`. Always False
+        for a graph other than the one snapshotted (its stamps say nothing about this state)."""
+        if not self._of(graph):
+            return False
         gen = self.generation
         if graph._ver > gen:
             return False
@@ -259,14 +271,16 @@ class Snapshot:
     def matches(self, graph: Any, state: tuple | None = None) -> bool:
         """True when ``graph`` still has the state this snapshot recorded.
 
-        O(1) if no mutation happened in the process since (same generation); else the version
-        check of :meth:`unchanged_since`; else compares a fresh :func:`graph_state` (pass
-        ``state`` to reuse one already computed). On success adopts the current generation.
+        For the snapshotted graph: O(1) if no mutation happened in the process since (same
+        generation); else the version check of :meth:`unchanged_since`. Otherwise (and for any
+        other graph) compares a fresh :func:`graph_state` (pass ``state`` to reuse one already
+        computed). On success adopts the current generation.
         """
         gen = _generation
-        if gen == self.generation:
+        same = self._of(graph)
+        if same and gen == self.generation:
             return True
-        if self.unchanged_since(graph):
+        if same and self.unchanged_since(graph):
             self.generation = gen
             return True
         if state is None:

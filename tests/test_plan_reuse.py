@@ -376,6 +376,30 @@ def test_version_check_sees_every_mutation_kind():
         if name not in ("touch", "extra_flags", "src_map"):  # these leave the state equal
             assert not snap.matches(g), name
 
+
+def test_snapshot_vouches_only_for_its_own_graph():
+    """The generation fast path of a snapshot holds for the graph it was taken of only: another
+    graph (other tensors, same op, shape and positions) with no mutation in between must be
+    compared by state and refused; a second Graph over the very same tensors matches by state."""
+    def build(ctx, k):
+        x = ctx.new_tensor_1d(Type.F32, 8)
+        y = ops.scale(ctx, x, k)
+        g = Graph()
+        g.build_forward_expand(y)
+        return g
+
+    ctx = Context()
+    g1, g2 = build(ctx, 2.0), build(ctx, 3.0)
+    snap = snapshot.Snapshot.take(g1)
+    assert snapshot.generation() == snap.generation  # nothing moved: only identity can tell
+    assert snap.matches(g1) and snap.unchanged_since(g1)
+    assert not snap.unchanged_since(g2)
+    assert not snap.matches(g2)  # before: True (same generation), a plan for g1 reused for g2
+    g1b = Graph()
+    g1b.build_forward_expand(g1.nodes[-1])
+    assert snap.matches(g1b)  # same tensors, same state: valid by comparison
+
+
 def test_buffer_free_hooks_die_with_unfreed_buffers():
     """A buffer garbage-collected without free() takes its free-hook registration with it (before,
     the registry of hooks kept one entry per such buffer id for the life of the process); a
