@@ -411,14 +411,18 @@ def test_reserve_then_alloc_does_not_replan_until_the_graph_grows(be, monkeypatc
     assert all(b.freed for b in bufs)
     assert not any(t.is_allocated for t in g.nodes)   # nothing left pointing into freed memory
     _run_mlp(be, g2, x2, y2, w1v, w2v, 7)
-    # the smaller graph fits the recorded plan (same counts, smaller sizes): no re-plan
-    assert ga.alloc_graph(g) and len(plans) == 2
+    # another graph object: its wiring is not vouched for by g2's snapshot (issue 10 item 2:
+    # ggml reuses the plan on counts and sizes alone), so it is re-planned, but it fits the
+    # buffers already there: no new allocation
+    size = ga.get_buffer_size(0)
+    assert ga.alloc_graph(g) and len(plans) == 3 and ga.get_buffer_size(0) == size
     _run_mlp(be, g, x, y, w1v, w2v, 8)
+    assert ga.alloc_graph(g) and len(plans) == 3   # the same graph again: the plan is reused
     # one more node: the counts differ, so it re-plans
     ctx3 = Context()
     x3, y3 = _mlp(ctx3, w1, w2, 4)
     g3 = _graph(ops.relu(ctx3, y3))
-    assert ga.alloc_graph(g3) and len(plans) == 3
+    assert ga.alloc_graph(g3) and len(plans) == 4
 
 
 def test_multi_buffer_alloc_graph_asks_for_reserve(be):

@@ -264,3 +264,19 @@ def _graph_reference(g, ins, xs):
             v = -a
         val[id(n)] = v
     return val[id(g.nodes[-1])]
+
+
+def test_graphs_built_before_any_allocation_are_not_confused(cpu):
+    """Both wirings built first, then allocated in turn: the second graph must not inherit the
+    first graph's plan because nothing changed in between (the snapshot vouches only for the
+    graph it was taken of)."""
+    x = np.arange(1, N + 1, dtype=np.float32)
+    for first, second in ((False, True), (True, False)):
+        g1, a1, _, _, o1 = _chain(first)
+        g2, a2, _, _, o2 = _chain(second)
+        galloc = GraphAllocator(cpu.get_default_buffer_type())
+        try:
+            np.testing.assert_array_equal(_run(cpu, galloc, g1, a1, o1, x), (6 if first else 8) * x)
+            np.testing.assert_array_equal(_run(cpu, galloc, g2, a2, o2, x), (6 if second else 8) * x)
+        finally:
+            galloc.free()
