@@ -153,6 +153,8 @@ class Scheduler:
         self._prev_leaf_ids: list[int] = []
         self._placed: list[Tensor] = []
         self._ctx = Context()
+        self._op_memo: dict[tuple[int, int], bool] = {}
+        self._buft_memo: dict[tuple[int, BufferType], bool] = {}
         self.is_reset = True
         self.is_alloc = False
 
@@ -227,6 +229,24 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # assignment
 
+    def _op_ok(self, b: int, node: Tensor) -> bool:
+        """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
+        answers are dropped at the next :meth:`split_graph`: a node's sources may change)."""
+        key = (id(node), b)
+        r = self._op_memo.get(key)
+        if r is None:
+            r = self._op_memo[key] = bool(self.backends[b].supports_op(node))
+        return r
+
+    def _buft_ok(self, b: int, buft: BufferType) -> bool:
+        """``backends[b].supports_buft(buft)``, asked once per (backend, buffer type) for the
+        scheduler's life (a device's buffer-type support does not change)."""
+        key = (b, buft)
+        r = self._buft_memo.get(key)
+        if r is None:
+            r = self._buft_memo[key] = bool(self.backends[b].supports_buft(buft))
+        return r
+
     def _bid(self, t: Tensor | None) -> int:
         return -1 if t is None else self._backend_of.get(t, -1)
 
@@ -236,8 +256,8 @@ class Scheduler:
             return -1
         buft = buf.buft
         # a WEIGHTS buffer on a device: any backend that can read it and run the op
-        for i, b in enumerate(self.backends):
-            if b.supports_buft(buft) and b.supports_op(op):
+        for i in range(len(self.backends)):
+            if self._buft_ok(i, buft) and self._op_ok(i, op):
                 return i
         return -1
 
@@ -264,13 +284,13 @@ class Scheduler:
                 sb = self._backend_from_buffer(s, t)
                 if (self.op_offload and sb == len(self.backends) - 1 and s.buffer.is_host()):
                     for i, b in enumerate(self.backends[:-1]):
-                        if b.supports_op(t) and b.offload_op(t):
+                        if self._op_ok(i, t) and b.offload_op(t):
                             return i, "1.off"
                 return sb, "1.wgt"
         return -1, ""
 
     def _set_if_supported(self, node: Tensor, b: int, cause: str) -> None:
-        if self.backends[b].supports_op(node):
+        if self._op_ok(b, node):
             self._backend_of[node] = b
             self._cause[node] = cause
 
@@ -285,7 +305,7 @@ class Scheduler:
             if bid < 0:
                 return False
             buft = self.bufts[bid]
-        return self.backends[b].supports_buft(buft)
+        return self._buft_ok(b, buft)
 
     def split_graph(self, graph: Graph) -> None:
         """Assign backends and build splits without allocating (mirrors ``ggml_backend_sched_split_graph``).
@@ -298,6 +318,7 @@ class Scheduler:
             raise TypeError(f"split_graph: expected a Graph, got {type(graph).__name__}")
         self.is_reset = False
         self._ctx = Context()
+        self._op_memo = {}
         self._copies = {}
         self._graph_inputs = []
         self._user_graph = graph
@@ -306,6 +327,7 @@ class Scheduler:
         self._pass1_assign_preallocated(graph)
         self._pass2_expand_assignments(compute_nodes)
         self._pass3_upgrade_to_higher_prio(compute_nodes)
+        self._pass3b_inplace_writers_follow_memory(compute_nodes)
         self._pass4_assign_remaining_srcs(nodes)
         self._check_view_src_access(nodes)
         src_map, extra_flags = self._pass5_split_and_copy(nodes)
@@ -366,8 +388,8 @@ class Scheduler:
             srcs = [s for s in node.src if s is not None]
             if b < 0:
                 best = -1
-                for i, be in enumerate(self.backends):
-                    if be.supports_op(node):
+                for i in range(len(self.backends)):
+                    if self._op_ok(i, node):
                         n_sup = sum(1 for s in srcs
                                     if (self._bid(s) >= 0 or self._bid(s.view_src) >= 0)
                                     and self._buffer_supported(s, i))
@@ -376,11 +398,59 @@ class Scheduler:
                             bo[node], cause[node] = i, "3.best"
             else:
                 for i in range(b):
-                    if (self.bufts[i] is self.bufts[b] and self.backends[i].supports_op(node)
+                    if (self.bufts[i] is self.bufts[b] and self._op_ok(i, node)
                             and all(self._buffer_supported(s, i) for s in srcs)):
                         bo[node], cause[node] = i, "3.upg"
                         break
 
+
+    def _view_src_buft(self, vs: Tensor) -> BufferType | None:
+        """The buffer type ``vs``'s memory will be in: its buffer's, else the compute buffer type
+        of the backend it is assigned to; None while neither is known."""
+        if vs.buffer is not None:
+            return vs.buffer.buft
+        vb = self._backend_of.get(vs, -1)
+        return None if vb < 0 else self.bufts[vb]
+
+    def _pass3b_inplace_writers_follow_memory(self, compute_nodes: list[Tensor]) -> None:
+        """After pass 3 (not in the seed; ggml's open bug): a node that is not a view op but has a
+        ``view_src`` (an in-place writer such as ``add_inplace``, ``set_1d_inplace``,
+        ``acc_inplace``, ``sqr_inplace``) writes into its ``view_src``'s memory, so it must run
+        on a backend that can access that memory. When its current backend cannot, it moves to
+        the backend that owns the memory (``3.inpl``), or else to the first backend able to
+        access it and run the op; its other sources are then copied in by pass 5.
+
+        Raises:
+            UnsupportedOpError: no backend that can access the memory runs the op, or the user
+                pinned the writer to a backend that cannot access it (at split time, never at
+                compute time).
+        """
+        bo, cause = self._backend_of, self._cause
+        for node in compute_nodes:
+            vs = node.view_src
+            if vs is None:
+                continue
+            buft = self._view_src_buft(vs)
+            b = bo.get(node, -1)
+            if buft is None or (b >= 0 and self._buft_ok(b, buft)):
+                continue
+            if b >= 0 and cause.get(node) == "usr":
+                raise UnsupportedOpError(
+                    f"Scheduler: node '{node.name}' ({node.op.name}) is pinned to "
+                    f"{self.backends[b].name} but writes in place into '{vs.name}', whose memory "
+                    f"is in a {buft.name} buffer that {self.backends[b].name} cannot access")
+            vb = bo.get(vs, -1)
+            order = ([vb] if vb >= 0 else []) + [i for i in range(len(self.backends)) if i != vb]
+            for i in order:
+                if self._buft_ok(i, buft) and self._op_ok(i, node):
+                    bo[node], cause[node] = i, "3.inpl"
+                    break
+            else:
+                raise UnsupportedOpError(
+                    f"Scheduler: node '{node.name}' ({node.op.name}) writes in place into "
+                    f"'{vs.name}', whose memory is in a {buft.name} buffer, and no backend that "
+                    f"can access that buffer supports the op (backends: "
+                    f"{', '.join(be.name for be in self.backends)})")
 
     def _pass4_assign_remaining_srcs(self, nodes: list[Tensor]) -> None:
         """Pass 4 of ``ggml_backend_sched_split_graph``: assign backends to remaining sources from
@@ -397,8 +467,8 @@ class Scheduler:
                 if vb >= 0:
                     bo[node], cause[node] = vb, "4.vsrc"
             if bo.get(node, -1) < 0:
-                for i, be in enumerate(self.backends):
-                    if be.supports_op(node):
+                for i in range(len(self.backends)):
+                    if self._op_ok(i, node):
                         bo[node], cause[node] = i, "4.fallback"
                         break
                 else:
@@ -422,23 +492,27 @@ class Scheduler:
 
 
     def _check_view_src_access(self, nodes: list[Tensor]) -> None:
-        """After pass 4: a node placed on a backend must be able to read its ``view_src``'s buffer.
+        """After pass 4: a node that writes into its ``view_src``'s memory (not a view op) must
+        be on a backend that can access that memory: the ``view_src``'s buffer, or the compute
+        buffer of the backend the ``view_src`` is assigned to.
 
         Raises:
             UnsupportedOpError: a non-view node writes into a view of a tensor in a buffer its
-                backend cannot use.
+                backend cannot use (found at split time, never at compute time).
         """
         bo = self._backend_of
         for node in nodes:
             vs = node.view_src
-            if vs is not None and vs.buffer is not None and node.op not in VIEW_OPS \
-                    and node.op != Op.NONE:
-                be = self.backends[bo[node]]
-                if not be.supports_buft(vs.buffer.buft):
-                    raise UnsupportedOpError(
-                        f"Scheduler: node '{node.name}' ({node.op.name}) writes into a view of "
-                        f"'{vs.name}' in a {vs.buffer.name} buffer that its backend {be.name} "
-                        "cannot access")
+            if vs is None or node.op in VIEW_OPS or node.op == Op.NONE:
+                continue
+            buft = self._view_src_buft(vs)
+            b = bo[node]
+            if buft is not None and not self._buft_ok(b, buft):
+                where = vs.buffer.name if vs.buffer is not None else buft.name
+                raise UnsupportedOpError(
+                    f"Scheduler: node '{node.name}' ({node.op.name}) writes into a view of "
+                    f"'{vs.name}' in a {where} buffer that its backend {self.backends[b].name} "
+                    "cannot access")
 
 
     def _pass5_split_and_copy(self, nodes: list[Tensor]
@@ -516,6 +590,11 @@ class Scheduler:
                     new_srcs[j] = self._copies[key][self.cur_copy]
             if new_srcs is not None:
                 src_map[id(node)] = new_srcs
+        if split is None and nodes:
+            # a graph of views only (ggml: one split over every node, so the allocator still
+            # initialises the views; they compute nothing): on the backend of the first view
+            split = Split(bo[nodes[0]], 0)
+            splits.append(split)
         if split is not None:
             split.i_end = len(nodes)
         self.splits = splits
