@@ -45,6 +45,7 @@ from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback
 from .errors import UnsupportedOpError
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS, Op
+from .sched_reuse import ReuseCache, SplitRecord, park
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -144,7 +145,7 @@ class Scheduler:
         self.splits: list[Split] = []
         self.graph = Graph(0)          # the scheduler's graph: split inputs, copies, nodes
         self._user_graph: Graph | None = None
-        self._views: dict[tuple[int, int, int], Graph] = {}
+        self._views: dict[tuple[int, int, int, int], Graph] = {}
         self._views_of: weakref.ref[Graph] | None = None
         self._chunk_views: dict[tuple[int, int, int], tuple[weakref.ref[Graph], Graph]] = {}
         self._node_ids: list[int] = []
@@ -152,6 +153,9 @@ class Scheduler:
         self._prev_node_ids: list[int] = []
         self._prev_leaf_ids: list[int] = []
         self._placed: list[Tensor] = []
+        self._placement: list[tuple[Tensor, Any, Any]] | None = None  # what the last alloc placed
+        self._pins: dict[Tensor, int] = {}   # set_tensor_backend since the last reset
+        self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
         self._ctx = Context()
         self._op_memo: dict[tuple[int, int], bool] = {}
         self._buft_memo: dict[tuple[int, BufferType], bool] = {}
@@ -208,7 +212,7 @@ class Scheduler:
         """
         if not isinstance(node, Tensor):
             raise TypeError(f"set_tensor_backend: expected a Tensor, got {type(node).__name__}")
-        self._backend_of[node] = self._backend_index(backend)
+        self._backend_of[node] = self._pins[node] = self._backend_index(backend)
         self._cause[node] = "usr"
         self.is_reset = False
 
@@ -621,11 +625,12 @@ class Scheduler:
         if self._views_of is None or self._views_of() is not graph:
             self._views = {}
             self._views_of = weakref.ref(graph)
-        views: dict[tuple[int, int, int], Graph] = {}
+        views: dict[tuple[int, int, int, int], Graph] = {}
         for sp in splits:
-            key = (sp.backend_id, sp.i_start, sp.i_end)
+            key = (sp.backend_id, sp.i_start, sp.i_end, self.cur_copy)  # a view per copy slot
             view = self._views.get(key)
-            if view is None:
+            if view is None or view._nodes != nodes[sp.i_start:sp.i_end]:
+                # (a graph rewired since keeps its node count: compare the nodes themselves)
                 view = graph_view(graph, sp.i_start, sp.i_end)
             views[key] = view
             view.src_map = src_map
@@ -751,13 +756,64 @@ class Scheduler:
         """
         if self.is_alloc:
             raise ValueError("Scheduler.alloc_graph: a graph is already allocated; call reset() first")
+        if not isinstance(graph, Graph):
+            raise TypeError(f"alloc_graph: expected a Graph, got {type(graph).__name__}")
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
+        reuse = self.reuse
+        # the fast path needs a clean state: nothing assigned but the user's pins
+        eligible = len(self._backend_of) == len(self._pins)
+        if eligible:
+            rec = reuse.lookup(graph, self.cur_copy, self._pins)
+            if rec is not None:
+                self._restore(graph, rec)
+                self.is_alloc = True
+                return True
+            snap = reuse.begin(graph, self._pins)
+        else:
+            reuse.clear()
         self.split_graph(graph)
+        recs_before = self.galloc._node_recs  # replaced whenever the allocator plans anew
         if not self._alloc_splits():
+            reuse.clear()
             return False
+        self._placement = [(t, t._buffer, t._offset) for t in self._placed]
+        if eligible:
+            reuse.misses += 1
+            rec = SplitRecord(splits=self.splits, graph=self.graph, node_ids=self._node_ids,
+                              leaf_ids=self._leaf_ids, backend_of=dict(self._backend_of),
+                              cause=dict(self._cause), copies=self._copies,
+                              graph_inputs=self._graph_inputs, views=self._views, ctx=self._ctx,
+                              placement=self._placement)
+            buffers = [b for i in range(len(self.backends)) for b in self.galloc.get_chunk_buffers(i)]
+            reuse.store(snap, self.cur_copy, rec, buffers, self.galloc._node_recs is not recs_before)
         self.is_alloc = True
         return True
+
+    def _restore(self, graph: Graph, rec: SplitRecord) -> None:
+        """The fast path: make ``rec`` (a split + allocation of ``graph`` still valid for this
+        copy slot) the current state, putting its placement back (see :mod:`ggmlpy.sched_reuse`)."""
+        self.reuse.replay(rec)
+        sm, ef = rec.graph._src_map, rec.graph._extra_flags
+        for sp in rec.splits:
+            v = sp.graph
+            if v._src_map is not sm:  # (a view shared with a later split of another slot)
+                v.src_map, v.extra_flags = sm, ef
+        self.is_reset = False
+        self._user_graph = graph
+        self.splits = rec.splits
+        self.graph = rec.graph
+        self._node_ids = self._prev_node_ids = rec.node_ids
+        self._leaf_ids = self._prev_leaf_ids = rec.leaf_ids
+        self._backend_of = dict(rec.backend_of)
+        self._cause = dict(rec.cause)
+        self._copies = rec.copies
+        self._graph_inputs = rec.graph_inputs
+        self._views = rec.views
+        self._views_of = weakref.ref(graph)
+        self._ctx = rec.ctx
+        self._placement = rec.placement
+        self._placed = [t for t, _b, _o in rec.placement]
 
     # ------------------------------------------------------------------------------------------
     # compute
@@ -897,10 +953,17 @@ class Scheduler:
             self._cause = {}
             self._copies = {}
             self._graph_inputs = []
-        for t in self._placed:
-            t.buffer = None
-            t.offset = None
+            self._pins = {}
+        placement = self._placement
+        if placement is not None and self.reuse.holds(placement):
+            park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
+            self.reuse.parked = placement
+        else:
+            for t in self._placed:
+                t.buffer = None
+                t.offset = None
         self._placed = []
+        self._placement = None
         self.is_reset = True
         self.is_alloc = False
 
@@ -908,6 +971,7 @@ class Scheduler:
         """Synchronize, reset and release the compute buffers (mirrors ``ggml_backend_sched_free``)."""
         self.synchronize()
         self.reset()
+        self.reuse.clear()
         self.galloc.free()
 
     # ------------------------------------------------------------------------------------------
