@@ -16,6 +16,15 @@ Differences from ggml, on purpose:
   split sees them fresh (ggml leaves dangling pointers).
 * An eval callback that returns False stops the whole graph (not only the current split) and
   :meth:`graph_compute_async` returns ``Status.ABORTED``.
+* An in-place writer (a non-view node with a ``view_src``, e.g. ``add_inplace``) runs on a
+  backend that can access its ``view_src``'s memory (cause ``3.inpl``, after pass 3), its other
+  operands copied in; where none can run it, :meth:`split_graph` raises (ggml's open bug: it
+  fails at compute time). See :mod:`ggmlpy.sched_assign`.
+* A graph whose only nodes are views gets one split over them (as ggml), so they are placed.
+* The unchanged-graph fast path: ``reset(); alloc_graph(g)`` of the same, unchanged graph (same
+  shapes, op_params, wiring, pins, pre-allocated buffers and compute buffers, by the
+  :mod:`ggmlpy.snapshot` rule) replays the recorded split and placement instead of splitting
+  and planning again (``reuse.hits``/``reuse.misses`` count it). See :mod:`ggmlpy.sched_reuse`.
 * Upstream fixes over the seed are taken: growable split inputs and splits, copy rotation at
   allocation time (``next_copy``), the alloc-twice guard, events recorded after every split and
   the host wait before an input-less split on another backend.
@@ -42,9 +51,9 @@ from ._check import typed_methods as _typed_methods
 from .alloc import GraphAllocator
 from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
                       event_new, event_record, event_synchronize, event_wait)
-from .errors import UnsupportedOpError
 from .graph import Graph, graph_view
-from .opcodes import VIEW_OPS, Op
+from .opcodes import VIEW_OPS
+from .sched_assign import AssignPasses
 from .sched_reuse import ReuseCache, SplitRecord, park
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
@@ -82,7 +91,7 @@ class Split:
     graph: Graph | None = None
 
 
-class Scheduler:
+class Scheduler(AssignPasses):
     """Split a graph across backends and run it (mirrors ``ggml_backend_sched_new``).
 
     Args:
@@ -233,84 +242,6 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # assignment
 
-    def _op_ok(self, b: int, node: Tensor) -> bool:
-        """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
-        answers are dropped at the next :meth:`split_graph`: a node's sources may change)."""
-        key = (id(node), b)
-        r = self._op_memo.get(key)
-        if r is None:
-            r = self._op_memo[key] = bool(self.backends[b].supports_op(node))
-        return r
-
-    def _buft_ok(self, b: int, buft: BufferType) -> bool:
-        """``backends[b].supports_buft(buft)``, asked once per (backend, buffer type) for the
-        scheduler's life (a device's buffer-type support does not change)."""
-        key = (b, buft)
-        r = self._buft_memo.get(key)
-        if r is None:
-            r = self._buft_memo[key] = bool(self.backends[b].supports_buft(buft))
-        return r
-
-    def _bid(self, t: Tensor | None) -> int:
-        return -1 if t is None else self._backend_of.get(t, -1)
-
-    def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
-        buf = t.buffer
-        if buf is None:
-            return -1
-        buft = buf.buft
-        # a WEIGHTS buffer on a device: any backend that can read it and run the op
-        for i in range(len(self.backends)):
-            if self._buft_ok(i, buft) and self._op_ok(i, op):
-                return i
-        return -1
-
-    def _backend_id_from_cur(self, t: Tensor) -> tuple[int, str]:
-        b = self._backend_from_buffer(t, t)
-        if b >= 0:
-            return b, "1.dst"
-        if t.view_src is not None:
-            b = self._backend_from_buffer(t.view_src, t)
-            if b >= 0:
-                return b, "1.vsrc"
-        if t.buffer is not None or (t.view_src is not None and t.view_src.buffer is not None):
-            buf = t.buffer if t.buffer is not None else t.view_src.buffer  # type: ignore[union-attr]
-            raise UnsupportedOpError(
-                f"Scheduler: pre-allocated tensor '{t.name}' ({t.op.name}) is in a {buf.name} "
-                f"buffer that no backend able to run its op can use (if another Scheduler or "
-                f"GraphAllocator placed it, call its reset() or free() first)")
-        if t.flags & Flag.INPUT:
-            return len(self.backends) - 1, "1.inp"
-        if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):
-            for s in t.src:
-                if s is None or s.buffer is None or s.buffer.usage != BufferUsage.WEIGHTS:
-                    continue
-                sb = self._backend_from_buffer(s, t)
-                if (self.op_offload and sb == len(self.backends) - 1 and s.buffer.is_host()):
-                    for i, b in enumerate(self.backends[:-1]):
-                        if self._op_ok(i, t) and b.offload_op(t):
-                            return i, "1.off"
-                return sb, "1.wgt"
-        return -1, ""
-
-    def _set_if_supported(self, node: Tensor, b: int, cause: str) -> None:
-        if self._op_ok(b, node):
-            self._backend_of[node] = b
-            self._cause[node] = cause
-
-    def _buffer_supported(self, t: Tensor, b: int) -> bool:
-        buf = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None else None)
-        if buf is not None:
-            buft = buf.buft
-        else:
-            bid = self._bid(t)
-            if bid < 0 and t.view_src is not None:
-                bid = self._bid(t.view_src)
-            if bid < 0:
-                return False
-            buft = self.bufts[bid]
-        return self._buft_ok(b, buft)
-
     def split_graph(self, graph: Graph) -> None:
         """Assign backends and build splits without allocating (mirrors ``ggml_backend_sched_split_graph``).
 
@@ -338,186 +269,6 @@ class Scheduler:
         self._build_sched_graph(graph, src_map, extra_flags)
         if self.debug:
             self.print_report(verbose=self.debug > 1)
-
-    def _pass1_assign_preallocated(self, graph: Graph) -> None:
-        """Pass 1 of ``ggml_backend_sched_split_graph``: assign backends to ops with pre-allocated
-        inputs. Leafs and nodes that have memory (or whose ``view_src`` has) go to the backend of
-        that buffer (``1.dst``, ``1.vsrc``); user inputs to the CPU (``1.inp``); an op reading
-        weights goes to the weights' backend (``1.wgt``) or, when offloading, to a higher-priority
-        backend that wants it (``1.off``). Existing assignments stay.
-
-        Raises:
-            UnsupportedOpError: a pre-allocated tensor is in a buffer no capable backend can use.
-        """
-        bo, cause = self._backend_of, self._cause
-        for leaf in graph.leafs:
-            if bo.get(leaf, -1) < 0:
-                b, c = self._backend_id_from_cur(leaf)
-                if b >= 0:
-                    bo[leaf], cause[leaf] = b, c
-        for node in graph.nodes:
-            if bo.get(node, -1) < 0:
-                b, c = self._backend_id_from_cur(node)
-                if b >= 0:
-                    bo[node], cause[node] = b, c
-
-
-    def _pass2_expand_assignments(self, compute_nodes: list[Tensor]) -> None:
-        """Pass 2 of ``ggml_backend_sched_split_graph``: expand current backend assignments to
-        unassigned neighbours, in four sweeps: non-CPU backends down then up, then every backend
-        down then up (cause ``2.gpu_down``, ``2.gpu_up``, ``2.down``, ``2.up``). A node only takes
-        a backend that supports it."""
-        bo = self._backend_of
-        cpu = len(self.backends) - 1
-        for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
-                                     (compute_nodes[::-1], True, "2.gpu_up"),
-                                     (compute_nodes, False, "2.down"),
-                                     (compute_nodes[::-1], False, "2.up")):
-            cur = -1
-            for node in order:
-                b = bo.get(node, -1)
-                if b >= 0:
-                    cur = -1 if (skip_cpu and b == cpu) else b
-                elif cur >= 0:
-                    self._set_if_supported(node, cur, tag)
-
-
-    def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:
-        """Pass 3 of ``ggml_backend_sched_split_graph``: upgrade nodes to higher-priority backends
-        with compatible buffer types (cause ``3.upg``), and give each still-unassigned node the
-        backend that supports it and can use the most of its already-placed sources (``3.best``)."""
-        bo, cause = self._backend_of, self._cause
-        for node in compute_nodes:
-            b = bo.get(node, -1)
-            srcs = [s for s in node.src if s is not None]
-            if b < 0:
-                best = -1
-                for i in range(len(self.backends)):
-                    if self._op_ok(i, node):
-                        n_sup = sum(1 for s in srcs
-                                    if (self._bid(s) >= 0 or self._bid(s.view_src) >= 0)
-                                    and self._buffer_supported(s, i))
-                        if n_sup > best:
-                            best = n_sup
-                            bo[node], cause[node] = i, "3.best"
-            else:
-                for i in range(b):
-                    if (self.bufts[i] is self.bufts[b] and self._op_ok(i, node)
-                            and all(self._buffer_supported(s, i) for s in srcs)):
-                        bo[node], cause[node] = i, "3.upg"
-                        break
-
-
-    def _view_src_buft(self, vs: Tensor) -> BufferType | None:
-        """The buffer type ``vs``'s memory will be in: its buffer's, else the compute buffer type
-        of the backend it is assigned to; None while neither is known."""
-        if vs.buffer is not None:
-            return vs.buffer.buft
-        vb = self._backend_of.get(vs, -1)
-        return None if vb < 0 else self.bufts[vb]
-
-    def _pass3b_inplace_writers_follow_memory(self, compute_nodes: list[Tensor]) -> None:
-        """After pass 3 (not in the seed; ggml's open bug): a node that is not a view op but has a
-        ``view_src`` (an in-place writer such as ``add_inplace``, ``set_1d_inplace``,
-        ``acc_inplace``, ``sqr_inplace``) writes into its ``view_src``'s memory, so it must run
-        on a backend that can access that memory. When its current backend cannot, it moves to
-        the backend that owns the memory (``3.inpl``), or else to the first backend able to
-        access it and run the op; its other sources are then copied in by pass 5.
-
-        Raises:
-            UnsupportedOpError: no backend that can access the memory runs the op, or the user
-                pinned the writer to a backend that cannot access it (at split time, never at
-                compute time).
-        """
-        bo, cause = self._backend_of, self._cause
-        for node in compute_nodes:
-            vs = node.view_src
-            if vs is None:
-                continue
-            buft = self._view_src_buft(vs)
-            b = bo.get(node, -1)
-            if buft is None or (b >= 0 and self._buft_ok(b, buft)):
-                continue
-            if b >= 0 and cause.get(node) == "usr":
-                raise UnsupportedOpError(
-                    f"Scheduler: node '{node.name}' ({node.op.name}) is pinned to "
-                    f"{self.backends[b].name} but writes in place into '{vs.name}', whose memory "
-                    f"is in a {buft.name} buffer that {self.backends[b].name} cannot access")
-            vb = bo.get(vs, -1)
-            order = ([vb] if vb >= 0 else []) + [i for i in range(len(self.backends)) if i != vb]
-            for i in order:
-                if self._buft_ok(i, buft) and self._op_ok(i, node):
-                    bo[node], cause[node] = i, "3.inpl"
-                    break
-            else:
-                raise UnsupportedOpError(
-                    f"Scheduler: node '{node.name}' ({node.op.name}) writes in place into "
-                    f"'{vs.name}', whose memory is in a {buft.name} buffer, and no backend that "
-                    f"can access that buffer supports the op (backends: "
-                    f"{', '.join(be.name for be in self.backends)})")
-
-    def _pass4_assign_remaining_srcs(self, nodes: list[Tensor]) -> None:
-        """Pass 4 of ``ggml_backend_sched_split_graph``: assign backends to remaining sources from
-        their destination and view sources (``4.vsrc``, ``4.cur``); a node still unassigned takes
-        the first backend that supports it (``4.fallback``).
-
-        Raises:
-            UnsupportedOpError: no backend supports a node's op.
-        """
-        bo, cause = self._backend_of, self._cause
-        for node in nodes:
-            if node.view_src is not None and bo.get(node, -1) < 0:
-                vb = bo.get(node.view_src, -1)
-                if vb >= 0:
-                    bo[node], cause[node] = vb, "4.vsrc"
-            if bo.get(node, -1) < 0:
-                for i in range(len(self.backends)):
-                    if self._op_ok(i, node):
-                        bo[node], cause[node] = i, "4.fallback"
-                        break
-                else:
-                    srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src if s is not None)
-                    raise UnsupportedOpError(
-                        f"Scheduler: no backend supports op {node.op.name} of node '{node.name}' "
-                        f"({node.type.type_name}, sources {srcs}); backends: "
-                        f"{', '.join(b.name for b in self.backends)}")
-            nb_ = bo[node]
-            for s in node.src:
-                if s is None or bo.get(s, -1) >= 0:
-                    continue
-                if s.view_src is not None:
-                    vb = bo.get(s.view_src, -1)
-                    if vb < 0:
-                        vb = nb_
-                        bo[s.view_src], cause[s.view_src] = nb_, "4.cur"
-                    bo[s], cause[s] = vb, "4.vsrc"
-                else:
-                    bo[s], cause[s] = nb_, "4.cur"
-
-
-    def _check_view_src_access(self, nodes: list[Tensor]) -> None:
-        """After pass 4: a node that writes into its ``view_src``'s memory (not a view op) must
-        be on a backend that can access that memory: the ``view_src``'s buffer, or the compute
-        buffer of the backend the ``view_src`` is assigned to.
-
-        Raises:
-            UnsupportedOpError: a non-view node writes into a view of a tensor in a buffer its
-                backend cannot use (found at split time, never at compute time).
-        """
-        bo = self._backend_of
-        for node in nodes:
-            vs = node.view_src
-            if vs is None or node.op in VIEW_OPS or node.op == Op.NONE:
-                continue
-            buft = self._view_src_buft(vs)
-            b = bo[node]
-            if buft is not None and not self._buft_ok(b, buft):
-                where = vs.buffer.name if vs.buffer is not None else buft.name
-                raise UnsupportedOpError(
-                    f"Scheduler: node '{node.name}' ({node.op.name}) writes into a view of "
-                    f"'{vs.name}' in a {where} buffer that its backend {self.backends[b].name} "
-                    "cannot access")
-
 
     def _pass5_split_and_copy(self, nodes: list[Tensor]
                               ) -> tuple[dict[int, list[Tensor | None]], dict[int, Flag]]:
@@ -620,6 +371,8 @@ class Scheduler:
         sg.extra_flags = extra_flags
         node_ids: list[int] = []
         leaf_ids: list[int] = []
+        sg_nodes: list[Tensor] = []  # plain lists, assigned once below (one stamp, not one per append)
+        sg_leafs: list[Tensor] = []
         # reuse the split graph objects of the previous split of the same graph and ranges, so
         # backends' plan caches (keyed by graph object and placement) hit across evaluations
         if self._views_of is None or self._views_of() is not graph:
@@ -643,27 +396,29 @@ class Scheduler:
                 dep = self._ctx.new_view(inp, inp.type, inp.ne, inp.nb, 0)
                 dep.src = [inp]
                 dep.set_name(f"{inp.name} (dep)")
-                sg.nodes.append(dep)
+                sg_nodes.append(dep)
                 node_ids.append(bo[inp])
-                sg.nodes.append(cpy)
+                sg_nodes.append(cpy)
                 node_ids.append(sp.backend_id)
-            for k in range(sp.i_start, sp.i_end):
-                sg.nodes.append(nodes[k])
-                node_ids.append(bo[nodes[k]])
+            part = nodes[sp.i_start:sp.i_end]
+            sg_nodes.extend(part)
+            node_ids.extend(map(bo.__getitem__, part))
         if n_copies > 1:
             for inp in self._graph_inputs:
                 ib = bo[inp]
                 for cpy in self._copies[(inp, ib)]:
-                    sg.leafs.append(cpy)
+                    sg_leafs.append(cpy)
                     leaf_ids.append(ib)
             for sp in splits:
                 for inp in sp.inputs:
                     for cpy in self._copies[(inp, sp.backend_id)]:
-                        sg.leafs.append(cpy)
+                        sg_leafs.append(cpy)
                         leaf_ids.append(sp.backend_id)
-        for leaf in graph.leafs:
-            sg.leafs.append(leaf)
-            leaf_ids.append(bo.get(leaf, len(self.backends) - 1))
+        cpu = len(self.backends) - 1
+        sg_leafs.extend(graph.leafs)
+        leaf_ids.extend(bo.get(leaf, cpu) for leaf in graph.leafs)
+        sg.nodes = sg_nodes
+        sg.leafs = sg_leafs
         sg.size = max(len(sg.nodes), len(sg.leafs))
         sg._visited = {id(t) for t in sg.nodes} | {id(t) for t in sg.leafs}
         self.graph = sg
