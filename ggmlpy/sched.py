@@ -312,7 +312,7 @@ class Scheduler(AssignPasses):
                 if s is None:
                     continue
                 sb = bo[s]
-                if s.flags & Flag.INPUT and n_copies > 1 and (s, sb) not in self._copies:
+                if n_copies > 1 and s.flags & Flag.INPUT and (s, sb) not in self._copies:
                     copies = []
                     for c in range(n_copies):
                         if c == self.cur_copy:
@@ -702,6 +702,9 @@ class Scheduler(AssignPasses):
 
         Tensors placed by the scheduler's allocator are un-placed (``buffer``/``offset`` None), so
         the graph can be split and allocated again; weights and user-allocated tensors are kept.
+        When the allocation is recorded for the unchanged-graph fast path the un-placing is
+        *parked* (not stamped) so the next ``alloc_graph`` of the same graph can put the same
+        addresses back without invalidating the backends' plans (see :mod:`ggmlpy.sched_reuse`).
         """
         if not self.is_reset:
             self._backend_of = {}

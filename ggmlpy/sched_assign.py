@@ -17,6 +17,9 @@ from .tensor import Flag, Tensor
 
 __all__ = ["AssignPasses"]
 
+_INPUT = int(Flag.INPUT)
+_int_and = int.__and__  # C-level test of IntFlag bits (Flag.__and__ is Python code)
+
 
 class AssignPasses:
     """Passes 1-4 of the seed's split (a mixin: the scheduler provides ``backends``, ``bufts``,
@@ -123,11 +126,22 @@ class AssignPasses:
                 b, c = self._backend_id_from_cur(leaf)
                 if b >= 0:
                     bo[leaf], cause[leaf] = b, c
+        weights = BufferUsage.WEIGHTS
         for node in graph.nodes:
-            if bo.get(node, -1) < 0:
-                b, c = self._backend_id_from_cur(node)
-                if b >= 0:
-                    bo[node], cause[node] = b, c
+            if bo.get(node, -1) >= 0:
+                continue
+            vs = node.view_src
+            if (node._buffer is None and (vs is None or vs._buffer is None)
+                    and not _int_and(node.flags, _INPUT)):
+                # only the weights rule can apply: skip nodes that read no weights (cheaply)
+                for s in node.src:
+                    if s is not None and s._buffer is not None and s._buffer.usage == weights:
+                        break
+                else:
+                    continue
+            b, c = self._backend_id_from_cur(node)
+            if b >= 0:
+                bo[node], cause[node] = b, c
 
 
     def _pass2_expand_assignments(self, compute_nodes: list[Tensor]) -> None:
