@@ -744,7 +744,8 @@ class Scheduler(AssignPasses):
             "op", "backend", "cause", "split"}]}`` where ``cause`` is the rule that placed the
             node: ``usr`` (pinned), ``1.dst``/``1.vsrc`` (its buffer), ``1.inp`` (graph input),
             ``1.wgt``/``1.off`` (next to its weights / offloaded), ``2.gpu_down``, ``2.gpu_up``,
-            ``2.down``, ``2.up`` (expansion sweeps), ``3.best``/``3.upg``, ``4.vsrc``/``4.cur``/
+            ``2.down``, ``2.up`` (expansion sweeps), ``3.best``/``3.upg``, ``3.inpl`` (an in-place
+            writer moved to where its ``view_src``'s memory is), ``4.vsrc``/``4.cur``/
             ``4.fallback``.
         """
         g = self._user_graph
