@@ -237,3 +237,24 @@ def test_random_mutations_then_cached_result_equals_fresh(sim_cpu):
         fresh = Scheduler([sim, cpu])
         _check(_run(fresh, net, X), got)
         fresh.free()
+
+
+def test_two_schedulers_alternating_on_one_graph(sim_cpu):
+    # each scheduler's parked placement comes back only while nobody else placed the graph; the
+    # other scheduler's placements in between are seen (state compare), results stay right
+    sim, cpu = sim_cpu
+    net = Net(sim, cpu)
+    s1 = Scheduler([sim, cpu])
+    s2 = Scheduler([sim, cpu])  # its own compute buffers: other addresses
+    bufs = {s1: set(), s2: set()}
+    for k in range(4):
+        for s in (s1, s2):
+            X = RNG.standard_normal((3, 8)).astype(np.float32)
+            _check(_run(s, net, X), net.ref(X))
+            bufs[s].add(id(net.out.buffer))
+            s.reset()
+            assert net.out.buffer is None
+    assert len(bufs[s1]) == len(bufs[s2]) == 1 and bufs[s1] != bufs[s2]
+    assert s1.reuse.hits == 3 and s2.reuse.hits == 3
+    s1.free()
+    s2.free()
