@@ -76,6 +76,12 @@ def unpark(placement: list[tuple[Any, Any, Any]]) -> None:
             touch(t)
 
 
+def _layout(rec: SplitRecord) -> tuple:
+    """The addresses of a record's placement, position by position (buffer identity, offset);
+    views are left out (they own no memory: a view of the user's input follows its copy slot)."""
+    return tuple((id(b), o) for t, b, o in rec.placement if t.view_src is None)
+
+
 class ReuseCache:
     """The split records of the last graph the scheduler allocated, and their validity.
 
@@ -147,8 +153,11 @@ class ReuseCache:
         ``replanned``: the allocator planned anew, so other slots' placements are stale."""
         if snap is not self._snap:
             return
-        if replanned:
-            self._slots = {}
+        if replanned and self._slots:
+            # another plan: other slots' records stay only when they place every tensor at the
+            # same addresses (then the copy slots of in-flight evaluations are still disjoint)
+            layout = _layout(rec)
+            self._slots = {k: r for k, r in self._slots.items() if _layout(r) == layout}
         self._slots[slot] = rec
         for b in buffers:
             if id(b) not in self._buffers:
