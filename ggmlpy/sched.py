@@ -16,6 +16,15 @@ Differences from ggml, on purpose:
   split sees them fresh (ggml leaves dangling pointers).
 * An eval callback that returns False stops the whole graph (not only the current split) and
   :meth:`graph_compute_async` returns ``Status.ABORTED``.
+* An in-place writer (a non-view node with a ``view_src``, e.g. ``add_inplace``) runs on a
+  backend that can access its ``view_src``'s memory (cause ``3.inpl``, after pass 3), its other
+  operands copied in; where none can run it, :meth:`split_graph` raises (ggml's open bug: it
+  fails at compute time). See :mod:`ggmlpy.sched_assign`.
+* A graph whose only nodes are views gets one split over them (as ggml), so they are placed.
+* The unchanged-graph fast path: ``reset(); alloc_graph(g)`` of the same, unchanged graph (same
+  shapes, op_params, wiring, pins, pre-allocated buffers and compute buffers, by the
+  :mod:`ggmlpy.snapshot` rule) replays the recorded split and placement instead of splitting
+  and planning again (``reuse.hits``/``reuse.misses`` count it). See :mod:`ggmlpy.sched_reuse`.
 * Upstream fixes over the seed are taken: growable split inputs and splits, copy rotation at
   allocation time (``next_copy``), the alloc-twice guard, events recorded after every split and
   the host wait before an input-less split on another backend.
@@ -42,9 +51,10 @@ from ._check import typed_methods as _typed_methods
 from .alloc import GraphAllocator
 from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback, Event, Status,
                       event_new, event_record, event_synchronize, event_wait)
-from .errors import UnsupportedOpError
 from .graph import Graph, graph_view
-from .opcodes import VIEW_OPS, Op
+from .opcodes import VIEW_OPS
+from .sched_assign import AssignPasses
+from .sched_reuse import ReuseCache, SplitRecord, park
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -81,7 +91,7 @@ class Split:
     graph: Graph | None = None
 
 
-class Scheduler:
+class Scheduler(AssignPasses):
     """Split a graph across backends and run it (mirrors ``ggml_backend_sched_new``).
 
     Args:
@@ -144,7 +154,7 @@ class Scheduler:
         self.splits: list[Split] = []
         self.graph = Graph(0)          # the scheduler's graph: split inputs, copies, nodes
         self._user_graph: Graph | None = None
-        self._views: dict[tuple[int, int, int], Graph] = {}
+        self._views: dict[tuple[int, int, int, int], Graph] = {}
         self._views_of: weakref.ref[Graph] | None = None
         self._chunk_views: dict[tuple[int, int, int], tuple[weakref.ref[Graph], Graph]] = {}
         self._node_ids: list[int] = []
@@ -152,7 +162,12 @@ class Scheduler:
         self._prev_node_ids: list[int] = []
         self._prev_leaf_ids: list[int] = []
         self._placed: list[Tensor] = []
+        self._placement: list[tuple[Tensor, Any, Any]] | None = None  # what the last alloc placed
+        self._pins: dict[Tensor, int] = {}   # set_tensor_backend since the last reset
+        self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
         self._ctx = Context()
+        self._op_memo: dict[tuple[int, int], bool] = {}
+        self._buft_memo: dict[tuple[int, BufferType], bool] = {}
         self.is_reset = True
         self.is_alloc = False
 
@@ -206,7 +221,7 @@ class Scheduler:
         """
         if not isinstance(node, Tensor):
             raise TypeError(f"set_tensor_backend: expected a Tensor, got {type(node).__name__}")
-        self._backend_of[node] = self._backend_index(backend)
+        self._backend_of[node] = self._pins[node] = self._backend_index(backend)
         self._cause[node] = "usr"
         self.is_reset = False
 
@@ -227,66 +242,6 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # assignment
 
-    def _bid(self, t: Tensor | None) -> int:
-        return -1 if t is None else self._backend_of.get(t, -1)
-
-    def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
-        buf = t.buffer
-        if buf is None:
-            return -1
-        buft = buf.buft
-        # a WEIGHTS buffer on a device: any backend that can read it and run the op
-        for i, b in enumerate(self.backends):
-            if b.supports_buft(buft) and b.supports_op(op):
-                return i
-        return -1
-
-    def _backend_id_from_cur(self, t: Tensor) -> tuple[int, str]:
-        b = self._backend_from_buffer(t, t)
-        if b >= 0:
-            return b, "1.dst"
-        if t.view_src is not None:
-            b = self._backend_from_buffer(t.view_src, t)
-            if b >= 0:
-                return b, "1.vsrc"
-        if t.buffer is not None or (t.view_src is not None and t.view_src.buffer is not None):
-            buf = t.buffer if t.buffer is not None else t.view_src.buffer  # type: ignore[union-attr]
-            raise UnsupportedOpError(
-                f"Scheduler: pre-allocated tensor '{t.name}' ({t.op.name}) is in a {buf.name} "
-                f"buffer that no backend able to run its op can use (if another Scheduler or "
-                f"GraphAllocator placed it, call its reset() or free() first)")
-        if t.flags & Flag.INPUT:
-            return len(self.backends) - 1, "1.inp"
-        if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):
-            for s in t.src:
-                if s is None or s.buffer is None or s.buffer.usage != BufferUsage.WEIGHTS:
-                    continue
-                sb = self._backend_from_buffer(s, t)
-                if (self.op_offload and sb == len(self.backends) - 1 and s.buffer.is_host()):
-                    for i, b in enumerate(self.backends[:-1]):
-                        if b.supports_op(t) and b.offload_op(t):
-                            return i, "1.off"
-                return sb, "1.wgt"
-        return -1, ""
-
-    def _set_if_supported(self, node: Tensor, b: int, cause: str) -> None:
-        if self.backends[b].supports_op(node):
-            self._backend_of[node] = b
-            self._cause[node] = cause
-
-    def _buffer_supported(self, t: Tensor, b: int) -> bool:
-        buf = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None else None)
-        if buf is not None:
-            buft = buf.buft
-        else:
-            bid = self._bid(t)
-            if bid < 0 and t.view_src is not None:
-                bid = self._bid(t.view_src)
-            if bid < 0:
-                return False
-            buft = self.bufts[bid]
-        return self.backends[b].supports_buft(buft)
-
     def split_graph(self, graph: Graph) -> None:
         """Assign backends and build splits without allocating (mirrors ``ggml_backend_sched_split_graph``).
 
@@ -298,6 +253,7 @@ class Scheduler:
             raise TypeError(f"split_graph: expected a Graph, got {type(graph).__name__}")
         self.is_reset = False
         self._ctx = Context()
+        self._op_memo = {}
         self._copies = {}
         self._graph_inputs = []
         self._user_graph = graph
@@ -306,140 +262,13 @@ class Scheduler:
         self._pass1_assign_preallocated(graph)
         self._pass2_expand_assignments(compute_nodes)
         self._pass3_upgrade_to_higher_prio(compute_nodes)
+        self._pass3b_inplace_writers_follow_memory(compute_nodes)
         self._pass4_assign_remaining_srcs(nodes)
         self._check_view_src_access(nodes)
         src_map, extra_flags = self._pass5_split_and_copy(nodes)
         self._build_sched_graph(graph, src_map, extra_flags)
         if self.debug:
             self.print_report(verbose=self.debug > 1)
-
-    def _pass1_assign_preallocated(self, graph: Graph) -> None:
-        """Pass 1 of ``ggml_backend_sched_split_graph``: assign backends to ops with pre-allocated
-        inputs. Leafs and nodes that have memory (or whose ``view_src`` has) go to the backend of
-        that buffer (``1.dst``, ``1.vsrc``); user inputs to the CPU (``1.inp``); an op reading
-        weights goes to the weights' backend (``1.wgt``) or, when offloading, to a higher-priority
-        backend that wants it (``1.off``). Existing assignments stay.
-
-        Raises:
-            UnsupportedOpError: a pre-allocated tensor is in a buffer no capable backend can use.
-        """
-        bo, cause = self._backend_of, self._cause
-        for leaf in graph.leafs:
-            if bo.get(leaf, -1) < 0:
-                b, c = self._backend_id_from_cur(leaf)
-                if b >= 0:
-                    bo[leaf], cause[leaf] = b, c
-        for node in graph.nodes:
-            if bo.get(node, -1) < 0:
-                b, c = self._backend_id_from_cur(node)
-                if b >= 0:
-                    bo[node], cause[node] = b, c
-
-
-    def _pass2_expand_assignments(self, compute_nodes: list[Tensor]) -> None:
-        """Pass 2 of ``ggml_backend_sched_split_graph``: expand current backend assignments to
-        unassigned neighbours, in four sweeps: non-CPU backends down then up, then every backend
-        down then up (cause ``2.gpu_down``, ``2.gpu_up``, ``2.down``, ``2.up``). A node only takes
-        a backend that supports it."""
-        bo = self._backend_of
-        cpu = len(self.backends) - 1
-        for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
-                                     (compute_nodes[::-1], True, "2.gpu_up"),
-                                     (compute_nodes, False, "2.down"),
-                                     (compute_nodes[::-1], False, "2.up")):
-            cur = -1
-            for node in order:
-                b = bo.get(node, -1)
-                if b >= 0:
-                    cur = -1 if (skip_cpu and b == cpu) else b
-                elif cur >= 0:
-                    self._set_if_supported(node, cur, tag)
-
-
-    def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:
-        """Pass 3 of ``ggml_backend_sched_split_graph``: upgrade nodes to higher-priority backends
-        with compatible buffer types (cause ``3.upg``), and give each still-unassigned node the
-        backend that supports it and can use the most of its already-placed sources (``3.best``)."""
-        bo, cause = self._backend_of, self._cause
-        for node in compute_nodes:
-            b = bo.get(node, -1)
-            srcs = [s for s in node.src if s is not None]
-            if b < 0:
-                best = -1
-                for i, be in enumerate(self.backends):
-                    if be.supports_op(node):
-                        n_sup = sum(1 for s in srcs
-                                    if (self._bid(s) >= 0 or self._bid(s.view_src) >= 0)
-                                    and self._buffer_supported(s, i))
-                        if n_sup > best:
-                            best = n_sup
-                            bo[node], cause[node] = i, "3.best"
-            else:
-                for i in range(b):
-                    if (self.bufts[i] is self.bufts[b] and self.backends[i].supports_op(node)
-                            and all(self._buffer_supported(s, i) for s in srcs)):
-                        bo[node], cause[node] = i, "3.upg"
-                        break
-
-
-    def _pass4_assign_remaining_srcs(self, nodes: list[Tensor]) -> None:
-        """Pass 4 of ``ggml_backend_sched_split_graph``: assign backends to remaining sources from
-        their destination and view sources (``4.vsrc``, ``4.cur``); a node still unassigned takes
-        the first backend that supports it (``4.fallback``).
-
-        Raises:
-            UnsupportedOpError: no backend supports a node's op.
-        """
-        bo, cause = self._backend_of, self._cause
-        for node in nodes:
-            if node.view_src is not None and bo.get(node, -1) < 0:
-                vb = bo.get(node.view_src, -1)
-                if vb >= 0:
-                    bo[node], cause[node] = vb, "4.vsrc"
-            if bo.get(node, -1) < 0:
-                for i, be in enumerate(self.backends):
-                    if be.supports_op(node):
-                        bo[node], cause[node] = i, "4.fallback"
-                        break
-                else:
-                    srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src if s is not None)
-                    raise UnsupportedOpError(
-                        f"Scheduler: no backend supports op {node.op.name} of node '{node.name}' "
-                        f"({node.type.type_name}, sources {srcs}); backends: "
-                        f"{', '.join(b.name for b in self.backends)}")
-            nb_ = bo[node]
-            for s in node.src:
-                if s is None or bo.get(s, -1) >= 0:
-                    continue
-                if s.view_src is not None:
-                    vb = bo.get(s.view_src, -1)
-                    if vb < 0:
-                        vb = nb_
-                        bo[s.view_src], cause[s.view_src] = nb_, "4.cur"
-                    bo[s], cause[s] = vb, "4.vsrc"
-                else:
-                    bo[s], cause[s] = nb_, "4.cur"
-
-
-    def _check_view_src_access(self, nodes: list[Tensor]) -> None:
-        """After pass 4: a node placed on a backend must be able to read its ``view_src``'s buffer.
-
-        Raises:
-            UnsupportedOpError: a non-view node writes into a view of a tensor in a buffer its
-                backend cannot use.
-        """
-        bo = self._backend_of
-        for node in nodes:
-            vs = node.view_src
-            if vs is not None and vs.buffer is not None and node.op not in VIEW_OPS \
-                    and node.op != Op.NONE:
-                be = self.backends[bo[node]]
-                if not be.supports_buft(vs.buffer.buft):
-                    raise UnsupportedOpError(
-                        f"Scheduler: node '{node.name}' ({node.op.name}) writes into a view of "
-                        f"'{vs.name}' in a {vs.buffer.name} buffer that its backend {be.name} "
-                        "cannot access")
-
 
     def _pass5_split_and_copy(self, nodes: list[Tensor]
                               ) -> tuple[dict[int, list[Tensor | None]], dict[int, Flag]]:
@@ -483,7 +312,7 @@ class Scheduler:
                 if s is None:
                     continue
                 sb = bo[s]
-                if s.flags & Flag.INPUT and n_copies > 1 and (s, sb) not in self._copies:
+                if n_copies > 1 and s.flags & Flag.INPUT and (s, sb) not in self._copies:
                     copies = []
                     for c in range(n_copies):
                         if c == self.cur_copy:
@@ -516,6 +345,11 @@ class Scheduler:
                     new_srcs[j] = self._copies[key][self.cur_copy]
             if new_srcs is not None:
                 src_map[id(node)] = new_srcs
+        if split is None and nodes:
+            # a graph of views only (ggml: one split over every node, so the allocator still
+            # initialises the views; they compute nothing): on the backend of the first view
+            split = Split(bo[nodes[0]], 0)
+            splits.append(split)
         if split is not None:
             split.i_end = len(nodes)
         self.splits = splits
@@ -537,16 +371,19 @@ class Scheduler:
         sg.extra_flags = extra_flags
         node_ids: list[int] = []
         leaf_ids: list[int] = []
+        sg_nodes: list[Tensor] = []  # plain lists, assigned once below (one stamp, not one per append)
+        sg_leafs: list[Tensor] = []
         # reuse the split graph objects of the previous split of the same graph and ranges, so
         # backends' plan caches (keyed by graph object and placement) hit across evaluations
         if self._views_of is None or self._views_of() is not graph:
             self._views = {}
             self._views_of = weakref.ref(graph)
-        views: dict[tuple[int, int, int], Graph] = {}
+        views: dict[tuple[int, int, int, int], Graph] = {}
         for sp in splits:
-            key = (sp.backend_id, sp.i_start, sp.i_end)
+            key = (sp.backend_id, sp.i_start, sp.i_end, self.cur_copy)  # a view per copy slot
             view = self._views.get(key)
-            if view is None:
+            if view is None or view._nodes != nodes[sp.i_start:sp.i_end]:
+                # (a graph rewired since keeps its node count: compare the nodes themselves)
                 view = graph_view(graph, sp.i_start, sp.i_end)
             views[key] = view
             view.src_map = src_map
@@ -559,27 +396,29 @@ class Scheduler:
                 dep = self._ctx.new_view(inp, inp.type, inp.ne, inp.nb, 0)
                 dep.src = [inp]
                 dep.set_name(f"{inp.name} (dep)")
-                sg.nodes.append(dep)
+                sg_nodes.append(dep)
                 node_ids.append(bo[inp])
-                sg.nodes.append(cpy)
+                sg_nodes.append(cpy)
                 node_ids.append(sp.backend_id)
-            for k in range(sp.i_start, sp.i_end):
-                sg.nodes.append(nodes[k])
-                node_ids.append(bo[nodes[k]])
+            part = nodes[sp.i_start:sp.i_end]
+            sg_nodes.extend(part)
+            node_ids.extend(map(bo.__getitem__, part))
         if n_copies > 1:
             for inp in self._graph_inputs:
                 ib = bo[inp]
                 for cpy in self._copies[(inp, ib)]:
-                    sg.leafs.append(cpy)
+                    sg_leafs.append(cpy)
                     leaf_ids.append(ib)
             for sp in splits:
                 for inp in sp.inputs:
                     for cpy in self._copies[(inp, sp.backend_id)]:
-                        sg.leafs.append(cpy)
+                        sg_leafs.append(cpy)
                         leaf_ids.append(sp.backend_id)
-        for leaf in graph.leafs:
-            sg.leafs.append(leaf)
-            leaf_ids.append(bo.get(leaf, len(self.backends) - 1))
+        cpu = len(self.backends) - 1
+        sg_leafs.extend(graph.leafs)
+        leaf_ids.extend(bo.get(leaf, cpu) for leaf in graph.leafs)
+        sg.nodes = sg_nodes
+        sg.leafs = sg_leafs
         sg.size = max(len(sg.nodes), len(sg.leafs))
         sg._visited = {id(t) for t in sg.nodes} | {id(t) for t in sg.leafs}
         self.graph = sg
@@ -672,13 +511,64 @@ class Scheduler:
         """
         if self.is_alloc:
             raise ValueError("Scheduler.alloc_graph: a graph is already allocated; call reset() first")
+        if not isinstance(graph, Graph):
+            raise TypeError(f"alloc_graph: expected a Graph, got {type(graph).__name__}")
         self.cur_copy = self.next_copy
         self.next_copy = (self.next_copy + 1) % self.n_copies
+        reuse = self.reuse
+        # the fast path needs a clean state: nothing assigned but the user's pins
+        eligible = len(self._backend_of) == len(self._pins)
+        if eligible:
+            rec = reuse.lookup(graph, self.cur_copy, self._pins)
+            if rec is not None:
+                self._restore(graph, rec)
+                self.is_alloc = True
+                return True
+            snap = reuse.begin(graph, self._pins)
+        else:
+            reuse.clear()
         self.split_graph(graph)
+        recs_before = self.galloc._node_recs  # replaced whenever the allocator plans anew
         if not self._alloc_splits():
+            reuse.clear()
             return False
+        self._placement = [(t, t._buffer, t._offset) for t in self._placed]
+        if eligible:
+            reuse.misses += 1
+            rec = SplitRecord(splits=self.splits, graph=self.graph, node_ids=self._node_ids,
+                              leaf_ids=self._leaf_ids, backend_of=dict(self._backend_of),
+                              cause=dict(self._cause), copies=self._copies,
+                              graph_inputs=self._graph_inputs, views=self._views, ctx=self._ctx,
+                              placement=self._placement)
+            buffers = [b for i in range(len(self.backends)) for b in self.galloc.get_chunk_buffers(i)]
+            reuse.store(snap, self.cur_copy, rec, buffers, self.galloc._node_recs is not recs_before)
         self.is_alloc = True
         return True
+
+    def _restore(self, graph: Graph, rec: SplitRecord) -> None:
+        """The fast path: make ``rec`` (a split + allocation of ``graph`` still valid for this
+        copy slot) the current state, putting its placement back (see :mod:`ggmlpy.sched_reuse`)."""
+        self.reuse.replay(rec)
+        sm, ef = rec.graph._src_map, rec.graph._extra_flags
+        for sp in rec.splits:
+            v = sp.graph
+            if v._src_map is not sm:  # (a view shared with a later split of another slot)
+                v.src_map, v.extra_flags = sm, ef
+        self.is_reset = False
+        self._user_graph = graph
+        self.splits = rec.splits
+        self.graph = rec.graph
+        self._node_ids = self._prev_node_ids = rec.node_ids
+        self._leaf_ids = self._prev_leaf_ids = rec.leaf_ids
+        self._backend_of = dict(rec.backend_of)
+        self._cause = dict(rec.cause)
+        self._copies = rec.copies
+        self._graph_inputs = rec.graph_inputs
+        self._views = rec.views
+        self._views_of = weakref.ref(graph)
+        self._ctx = rec.ctx
+        self._placement = rec.placement
+        self._placed = [t for t, _b, _o in rec.placement]
 
     # ------------------------------------------------------------------------------------------
     # compute
@@ -812,16 +702,26 @@ class Scheduler:
 
         Tensors placed by the scheduler's allocator are un-placed (``buffer``/``offset`` None), so
         the graph can be split and allocated again; weights and user-allocated tensors are kept.
+        When the allocation is recorded for the unchanged-graph fast path the un-placing is
+        *parked* (not stamped) so the next ``alloc_graph`` of the same graph can put the same
+        addresses back without invalidating the backends' plans (see :mod:`ggmlpy.sched_reuse`).
         """
         if not self.is_reset:
             self._backend_of = {}
             self._cause = {}
             self._copies = {}
             self._graph_inputs = []
-        for t in self._placed:
-            t.buffer = None
-            t.offset = None
+            self._pins = {}
+        placement = self._placement
+        if placement is not None and self.reuse.holds(placement):
+            park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
+            self.reuse.parked = placement
+        else:
+            for t in self._placed:
+                t.buffer = None
+                t.offset = None
         self._placed = []
+        self._placement = None
         self.is_reset = True
         self.is_alloc = False
 
@@ -829,6 +729,7 @@ class Scheduler:
         """Synchronize, reset and release the compute buffers (mirrors ``ggml_backend_sched_free``)."""
         self.synchronize()
         self.reset()
+        self.reuse.clear()
         self.galloc.free()
 
     # ------------------------------------------------------------------------------------------
@@ -843,7 +744,8 @@ class Scheduler:
             "op", "backend", "cause", "split"}]}`` where ``cause`` is the rule that placed the
             node: ``usr`` (pinned), ``1.dst``/``1.vsrc`` (its buffer), ``1.inp`` (graph input),
             ``1.wgt``/``1.off`` (next to its weights / offloaded), ``2.gpu_down``, ``2.gpu_up``,
-            ``2.down``, ``2.up`` (expansion sweeps), ``3.best``/``3.upg``, ``4.vsrc``/``4.cur``/
+            ``2.down``, ``2.up`` (expansion sweeps), ``3.best``/``3.upg``, ``3.inpl`` (an in-place
+            writer moved to where its ``view_src``'s memory is), ``4.vsrc``/``4.cur``/
             ``4.fallback``.
         """
         g = self._user_graph

@@ -253,9 +253,6 @@ def test_fake_capture_records_without_running_and_keeps_the_graph_until_the_stre
 
 
 @pytest.mark.model
-@pytest.mark.xfail(strict=True, reason="the scheduler makes new input-copy tensors on every "
-                   "split_graph, so the snapshot rule (tensor identities) rebuilds every plan and "
-                   "nothing is replayed; passes once sched.py reuses its copies")
 def test_minilm_on_the_fake_gpu_replays_in_one_launch_with_equal_results(model_dir, monkeypatch):
     import importlib.util  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415

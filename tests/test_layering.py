@@ -34,6 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.tensor_data",),
     ("ggmlpy.gallocr",),
     ("ggmlpy.alloc",),
+    ("ggmlpy.sched_reuse", "ggmlpy.sched_assign"),
     ("ggmlpy.sched",),
     ("ggmlpy.backends.fastpath",),
     ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda_kernels"),

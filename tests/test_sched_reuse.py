@@ -1,0 +1,260 @@
+"""The scheduler's unchanged-graph fast path (issue 11 item 3, issue 10 items 1-2 scheduler side).
+
+``reset(); alloc_graph(g)`` of the same, unchanged graph replays the recorded split and placement
+(``sched.reuse.hits``); every mutation a split or placement depends on makes it split again
+(``sched.reuse.misses``) and the result is the fresh graph's result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ggmlpy as gp
+from ggmlpy import Context, Graph, Type
+from ggmlpy.alloc import alloc_ctx_tensors_from_buft
+from ggmlpy.backend import BufferUsage, Status, backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.sim_runtime import sim_reg
+from ggmlpy.sched import Scheduler
+
+RNG = np.random.default_rng(99)
+
+
+@pytest.fixture(scope="module")
+def sim_cpu():
+    reg = sim_reg(1, latency_us=0.0)
+    return reg.devices[0].init_backend(), gp.backend_cpu_init()
+
+
+def _weight(backend, arr, name):
+    c = Context()
+    t = c.new_tensor_2d(Type.F32, arr.shape[1], arr.shape[0]).set_name(name)
+    alloc_ctx_tensors_from_buft(c, backend.get_default_buffer_type()).set_usage(BufferUsage.WEIGHTS)
+    backend_tensor_set(t, arr)
+    return t
+
+
+class Net:
+    """x [8, 3] -> h = W_sim x (SIM0) -> y = scale(h, 2) -> z = W_cpu y (CPU) -> out = z + x[:6]."""
+
+    def __init__(self, sim, cpu):
+        self.Ws = RNG.standard_normal((6, 8)).astype(np.float32)
+        self.Wc = RNG.standard_normal((6, 6)).astype(np.float32)
+        self.ws, self.wc = _weight(sim, self.Ws, "ws"), _weight(cpu, self.Wc, "wc")
+        ctx = self.ctx = Context()
+        self.x = ctx.new_tensor_2d(Type.F32, 8, 3).set_name("x").set_input()
+        self.h = gp.mul_mat(ctx, self.ws, self.x).set_name("h")
+        self.y = gp.scale(ctx, self.h, 2.0).set_name("y")
+        self.z = gp.mul_mat(ctx, self.wc, self.y).set_name("z")
+        self.xv = gp.view_2d(ctx, self.x, 6, 3, self.x.nb[1], 0).set_name("xv")
+        self.out = gp.add(ctx, self.z, self.xv).set_name("out").set_output()
+        self.g = Graph()
+        self.g.build_forward_expand(self.out)
+
+    def ref(self, X, s=2.0, xv=None):
+        h = X.astype(np.float64) @ self.Ws.T.astype(np.float64)
+        z = (s * h) @ self.Wc.T.astype(np.float64)
+        return z + (X[:, :6] if xv is None else xv)
+
+
+def _run(sched, net, X, graph=None):
+    g = net.g if graph is None else graph
+    sched.reset()
+    assert sched.alloc_graph(g)
+    backend_tensor_set(net.x, X)
+    assert sched.graph_compute(g) == Status.SUCCESS
+    return backend_tensor_get(net.out)[0, 0]
+
+
+def _check(got, want):
+    # two float32 GEMMs of K <= 8 against float64
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_unchanged_graph_takes_the_fast_path(sim_cpu, parallel):
+    sim, cpu = sim_cpu
+    net = Net(sim, cpu)
+    sched = Scheduler([sim, cpu], parallel=parallel)
+    n_slots = sched.get_n_copies()
+    for k in range(3 * n_slots):
+        X = RNG.standard_normal((3, 8)).astype(np.float32)
+        _check(_run(sched, net, X), net.ref(X))
+        assert sched.get_n_splits() == 2
+    # one split per copy slot, then only replays
+    assert (sched.reuse.misses, sched.reuse.hits) == (n_slots, 2 * n_slots)
+    sched.reset()
+    assert net.out.buffer is None and net.h.buffer is None  # reset still un-places
+    sched.free()
+
+
+def _mutations(net, sim, cpu):
+    """(name, mutate(net, sched) -> new expected-result function) for every kind of change."""
+
+    def op_params(sched):
+        net.y.op_params[0] = 3.0
+        return lambda X: net.ref(X, s=3.0)
+
+    def rewire(sched):
+        # same node count, same sizes: out reads a different (already computed) tensor
+        xv2 = gp.view_2d(net.ctx, net.x, 6, 3, net.x.nb[1], 8).set_name("xv2")
+        net.out.src[1] = xv2
+        net.g.nodes[net.g.nodes.index(net.xv)] = xv2
+        return lambda X: net.ref(X, xv=X[:, 2:8])
+
+    def new_view(sched):
+        # the issue's shape of fault: same buffer and offset, other ne
+        idx = net.g.nodes.index(net.xv)
+        v = gp.view_2d(net.ctx, net.x, 6, 3, net.x.nb[1], 0)
+        vv = gp.scale(net.ctx, v, -1.0)
+        net.g.nodes[idx] = v
+        net.g.nodes.insert(idx + 1, vv)
+        net.out.src[1] = vv
+        return lambda X: net.ref(X, xv=-X[:, :6])
+
+    def pin(sched):
+        sched.set_tensor_backend(net.y, cpu)
+        return None  # same values, other placement
+
+    def weight_buffer(sched):
+        # the CPU weight moves to a new buffer with new values
+        Wc2 = RNG.standard_normal((6, 6)).astype(np.float32)
+        c = Context()
+        w2 = c.new_tensor_2d(Type.F32, 6, 6)
+        buf = alloc_ctx_tensors_from_buft(c, cpu.get_default_buffer_type())
+        buf.set_usage(BufferUsage.WEIGHTS)
+        backend_tensor_set(w2, Wc2)
+        net.wc.buffer, net.wc.offset = w2.buffer, w2.offset
+        net.Wc = Wc2
+        net._keep = (c, w2, buf)
+        return lambda X: net.ref(X)
+
+    def compute_buffer_freed(sched):
+        # a bigger graph reserved through the same scheduler grows (frees) the compute buffers
+        ctx = Context()
+        big = ctx.new_tensor_1d(Type.F32, 1 << 16).set_input()
+        g2 = Graph()
+        g2.build_forward_expand(gp.sum(ctx, gp.scale(ctx, big, 1.0)).set_output())
+        assert sched.reserve(g2)
+        return lambda X: net.ref(X)
+
+    return [("op_params", op_params), ("rewire", rewire), ("new_view", new_view), ("pin", pin),
+            ("weight_buffer", weight_buffer), ("compute_buffer_freed", compute_buffer_freed)]
+
+
+@pytest.mark.parametrize("kind", ["op_params", "rewire", "new_view", "pin", "weight_buffer",
+                                  "compute_buffer_freed"])
+def test_every_mutation_kind_invalidates_the_fast_path(sim_cpu, kind):
+    sim, cpu = sim_cpu
+    net = Net(sim, cpu)
+    sched = Scheduler([sim, cpu])
+    X = RNG.standard_normal((3, 8)).astype(np.float32)
+    _check(_run(sched, net, X), net.ref(X))
+    _check(_run(sched, net, X), net.ref(X))
+    assert (sched.reuse.misses, sched.reuse.hits) == (1, 1)
+    sched.reset()
+    mutate = dict(_mutations(net, sim, cpu))[kind]
+    want = mutate(sched) or net.ref
+    assert sched.alloc_graph(net.g)
+    assert (sched.reuse.misses, sched.reuse.hits) == (2, 1)  # split again
+    backend_tensor_set(net.x, X)
+    assert sched.graph_compute(net.g) == Status.SUCCESS
+    _check(backend_tensor_get(net.out)[0, 0], want(X))
+    if kind == "pin":
+        assert sched.get_tensor_backend(net.y) is cpu
+        sched.reset()
+        sched.set_tensor_backend(net.y, cpu)  # the same pin again: replayed
+        assert sched.alloc_graph(net.g)
+        assert (sched.reuse.misses, sched.reuse.hits) == (2, 2)
+        assert sched.get_tensor_backend(net.y) is cpu
+    else:
+        _check(_run(sched, net, X), want(X))  # and the new state is replayed
+        assert (sched.reuse.misses, sched.reuse.hits) == (2, 2)
+    sched.free()
+
+
+def test_other_graph_object_is_split_again(sim_cpu):
+    sim, cpu = sim_cpu
+    net = Net(sim, cpu)
+    sched = Scheduler([sim, cpu])
+    X = RNG.standard_normal((3, 8)).astype(np.float32)
+    _check(_run(sched, net, X), net.ref(X))
+    g2 = Graph()
+    g2.build_forward_expand(net.out)
+    _check(_run(sched, net, X, graph=g2), net.ref(X))
+    assert (sched.reuse.misses, sched.reuse.hits) == (2, 0)
+
+
+def test_other_wiring_same_sizes_is_not_reused():
+    # issue 10 item 2 through the scheduler: n2 = n1 + n0 vs n2 = n1 + n1, same node count and
+    # per-position sizes; the second must give 8a, not the first graph's 12a
+    cpu = gp.backend_cpu_init()
+    sched = Scheduler([cpu])
+    ctx = Context()
+    a = ctx.new_tensor_1d(Type.F32, 16).set_name("a").set_input()
+    n0 = gp.scale(ctx, a, 2.0).set_name("n0")
+    n1 = gp.scale(ctx, n0, 2.0).set_name("n1")
+    n2 = gp.add(ctx, n1, n0).set_name("n2").set_output()
+    g = Graph()
+    g.build_forward_expand(n2)
+    A = np.arange(16, dtype=np.float32)
+    for want in (6 * A, 6 * A):
+        sched.reset()
+        assert sched.alloc_graph(g)
+        backend_tensor_set(a, A)
+        sched.graph_compute(g)
+        np.testing.assert_array_equal(backend_tensor_get(n2).ravel(), want)
+    n2.src[1] = n1  # rewired: n2 = n1 + n1 = 8a
+    sched.reset()
+    assert sched.alloc_graph(g)
+    backend_tensor_set(a, A)
+    sched.graph_compute(g)
+    np.testing.assert_array_equal(backend_tensor_get(n2).ravel(), 8 * A)
+    assert (sched.reuse.misses, sched.reuse.hits) == (2, 1)
+
+
+def test_random_mutations_then_cached_result_equals_fresh(sim_cpu):
+    sim, cpu = sim_cpu
+    rng = np.random.default_rng(5)
+    for trial in range(12):
+        net = Net(sim, cpu)
+        sched = Scheduler([sim, cpu])
+        X = rng.standard_normal((3, 8)).astype(np.float32)
+        _run(sched, net, X)
+        sched.reset()
+        kinds = _mutations(net, sim, cpu)
+        name, mutate = kinds[rng.integers(len(kinds))]
+        want = mutate(sched) or net.ref
+        got = _run(sched, net, X) if name != "pin" else None
+        if got is None:  # the pin must survive into the alloc: no reset in between
+            assert sched.alloc_graph(net.g)
+            backend_tensor_set(net.x, X)
+            sched.graph_compute(net.g)
+            got = backend_tensor_get(net.out)[0, 0]
+        _check(got, want(X))
+        # a fresh scheduler on the mutated graph agrees
+        sched.free()
+        fresh = Scheduler([sim, cpu])
+        _check(_run(fresh, net, X), got)
+        fresh.free()
+
+
+def test_two_schedulers_alternating_on_one_graph(sim_cpu):
+    # each scheduler's parked placement comes back only while nobody else placed the graph; the
+    # other scheduler's placements in between are seen (state compare), results stay right
+    sim, cpu = sim_cpu
+    net = Net(sim, cpu)
+    s1 = Scheduler([sim, cpu])
+    s2 = Scheduler([sim, cpu])  # its own compute buffers: other addresses
+    bufs = {s1: set(), s2: set()}
+    for k in range(4):
+        for s in (s1, s2):
+            X = RNG.standard_normal((3, 8)).astype(np.float32)
+            _check(_run(s, net, X), net.ref(X))
+            bufs[s].add(id(net.out.buffer))
+            s.reset()
+            assert net.out.buffer is None
+    assert len(bufs[s1]) == len(bufs[s2]) == 1 and bufs[s1] != bufs[s2]
+    assert s1.reuse.hits == 3 and s2.reuse.hits == 3
+    s1.free()
+    s2.free()
