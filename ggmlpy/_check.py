@@ -8,11 +8,13 @@ it for a count is a mistake). This module imports nothing from ggmlpy, so any la
 
 from __future__ import annotations
 
+import argparse
 import math
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["check_type", "check_int", "check_number", "check_str", "check_bool",
+__all__ = ["OneLineArgumentParser", "check_type", "check_int", "check_number", "check_str", "check_bool",
            "check_optional", "check_str_sequence", "describe", "typed_args", "typed_functions",
            "typed_methods"]
 
@@ -295,3 +297,14 @@ def typed_methods(cls: type, names: Any) -> None:
             setattr(cls, name, classmethod(typed_args(fn.__func__, where)))
         elif getattr(fn, "__wrapped_checks__", None) is None:
             setattr(cls, name, typed_args(fn, where))
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors are one line on stderr,
+    ``"<prog without 'python -m '>: <message> (see --help)"``, and exit status 2, like every other
+    error of the command line."""
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        name = self.prog.replace("python -m ", "")
+        print(f"{name}: {' '.join(str(message).split())} (see --help)", file=sys.stderr)
+        raise SystemExit(2)

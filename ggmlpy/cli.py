@@ -7,18 +7,17 @@ error the user can fix (the message is one line on stderr).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 
-from ._check import check_str_sequence
+from ._check import OneLineArgumentParser, check_str_sequence
 
 __all__ = ["main"]
 
 
 def _cmd_devices(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m ggmlpy devices",
+    p = OneLineArgumentParser(prog="python -m ggmlpy devices",
                                 description="List the devices ggmlpy can use, in priority order.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)

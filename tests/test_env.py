@@ -162,3 +162,15 @@ def test_test_backend_ops_backend_excluded_by_backends_env(clean_env, capsys):
     assert main(["-b", "SIM3", "-o", "ADD"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "GGMLPY_BACKENDS=CPU leaves it out" in err
+
+
+def test_devices_usage_error_is_one_line():
+    """`devices --bogus`: one line on stderr naming the command, exit 2 (README: one line)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "ggmlpy", "devices", "--bogus"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "ggmlpy devices: unrecognized arguments: --bogus (see --help)"]
