@@ -95,7 +95,7 @@ def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr):
 def test_mul_mat_row_blocks_cover_every_row_and_tail():
     # M not a multiple of the row block: the last block is short; every column must be written
     k = 64
-    m = typeconv.ROW_BLOCK_ELEMS // k * 2 + 3
+    m = max(typeconv.MIN_BLOCK_ROWS, typeconv.ROW_BLOCK_ELEMS // k) * 2 + 3
     rng = np.random.default_rng(5)
     ctx = Context(no_alloc=True)
     a = ctx.new_tensor(Type.Q8_0, (k, m))

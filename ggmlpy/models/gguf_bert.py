@@ -279,7 +279,7 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
     try:
         reader = gguf.GGUFReader(str(path), "r")
     except Exception as e:  # noqa: BLE001 - gguf-py raises ValueError/struct.error/...
-        raise GGUFError(f"{path}: not a readable GGUF file: {e}") from None
+        raise GGUFError(str(path), f"not a readable GGUF file: {e}") from None
     arch = _field(reader, "general.architecture")
     if arch != _ARCH:
         raise ValueError(f"{path}: architecture {arch!r}, expected 'bert'")

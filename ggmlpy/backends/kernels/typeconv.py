@@ -29,7 +29,7 @@ import numpy as np
 from ...types import Type
 from .common import F32, is_numpy
 
-__all__ = ["FLOAT_TYPES", "QUANT_TYPES", "CONVERTIBLE", "ROW_BLOCK_ELEMS", "bf16_bits",
+__all__ = ["FLOAT_TYPES", "QUANT_TYPES", "CONVERTIBLE", "ROW_BLOCK_ELEMS", "MIN_BLOCK_ROWS", "bf16_bits",
            "to_f32", "from_f32", "rows_ok", "host_quantizable"]
 
 #: element types with a per-element dtype that the conversion kernels read and write
@@ -40,11 +40,14 @@ QUANT_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
 #: every type :func:`to_f32` reads and :func:`from_f32` writes (the latter: quantized on NumPy only)
 CONVERTIBLE = FLOAT_TYPES + QUANT_TYPES
 
-#: elements of float32 produced per dequantization chunk (and per MUL_MAT row block): 32K floats
-#: = 128 KiB, measured best of 4K..512K for Q8_0/Q4_0/Q4_K/F16 weights of 384..1536 columns on
-#: this 2-core machine (scripts/bench_quant.py --row-block); bigger chunks fall out of L2 and
-#: gguf-py's temporaries (several per element) grow with them.
-ROW_BLOCK_ELEMS = 1 << 15
+#: elements of float32 produced per dequantization chunk: 128K floats = 512 KiB, inside L2.
+#: gguf-py's dequantizers reach their plateau from ~24K elements (Q8_0 ~700, Q4_0 ~430, Q5_0,
+#: Q4_K, Q6_K ~300 Melem/s on this 2-core machine; 6K-element chunks are 2.5x slower).
+ROW_BLOCK_ELEMS = 1 << 17
+#: fewest weight rows per MUL_MAT row block: narrower blocks make each GEMM write a thin strided
+#: slice of dst, which BLAS does badly (measured N=2048, K=384, M=1536 with an F16 weight: 32-row
+#: blocks 25x, 85-row blocks 2-3x the time of 256-row blocks; 256-row blocks match one F32 GEMM)
+MIN_BLOCK_ROWS = 256
 
 
 def host_quantizable(t: Type, xp: Any) -> bool:
