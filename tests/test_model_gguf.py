@@ -91,16 +91,22 @@ def test_embeddings_from_gguf_meet_the_accuracy_thresholds(ggufs, fixture, schem
     assert wbytes < {"f16": 46e6, "q8_0": 25e6, "q4_k_m": 22e6}[scheme]
 
 
-@pytest.mark.parametrize("device,ngl", [("SIM0", -1), ("SIM0", 3)])
-def test_gguf_model_on_sim_and_split_matches_the_cpu(ggufs, fixture, device, ngl):
+@pytest.fixture(scope="module")
+def short_q8(ggufs, fixture):
+    """The 3 shortest fixture sentences and their CPU embeddings from the Q8_0 file (the device
+    tests compare placements, not accuracy: short inputs keep them fast)."""
+    sentences = sorted(fixture[0], key=len)[:3]
+    with BertModel.load(ggufs["q8_0"]["path"]) as m:
+        return sentences, m.encode(sentences)
+
+
+@pytest.mark.parametrize("ngl", [-1, 3])
+def test_gguf_model_on_sim_and_split_matches_the_cpu(ggufs, short_q8, ngl):
     from ggmlpy.backends.sim_runtime import sim_reg
 
-    sentences, _, _ = fixture
-    path = ggufs["q8_0"]["path"]
-    with BertModel.load(path) as m:
-        cpu = m.encode(sentences)
+    sentences, cpu = short_q8
     dev = sim_reg(1).devices[0]
-    with BertModel.load(path, device=dev, n_gpu_layers=ngl) as m:
+    with BertModel.load(ggufs["q8_0"]["path"], device=dev, n_gpu_layers=ngl, max_batch=4) as m:
         got = m.encode(sentences)
         assert m.n_splits >= (2 if ngl == 3 else 1)
     np.testing.assert_allclose(got, cpu, rtol=0, atol=1e-5)
