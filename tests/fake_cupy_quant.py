@@ -78,6 +78,7 @@ def emulate_elements(t: Type, blocks: np.ndarray, j: np.ndarray) -> np.ndarray:
 
 
 def q_plus_m(q: np.ndarray, d: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``q*d + m`` in float32, two roundings (the kernels' ``__fadd_rn(__fmul_rn(q, d), m)``)."""
     return q.astype(_F) * d + m
 
 

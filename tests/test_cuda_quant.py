@@ -18,7 +18,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from ggmlpy import ops
+pytest.importorskip("gguf")  # the CPU reference dequantizes the legacy types with gguf-py
+
+from ggmlpy import ops  # noqa: E402
 from ggmlpy.alloc import alloc_ctx_tensors
 from ggmlpy.backend import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends import cuda_quant
@@ -129,9 +131,17 @@ def _graph_on(backend, t: Type, seed: int):
 
 
 @pytest.mark.parametrize("t", QTYPES + [Type.F16, Type.BF16])
-@pytest.mark.parametrize("where", ["sim", "fakecuda"])
+@pytest.mark.parametrize("where", ["sim", "fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, where):
-    dev = sim_reg(1).devices[0] if where == "sim" else fake_cuda_reg(1).devices[0]
+    if where == "cuda":
+        from ggmlpy.backends.cupy_runtime import cuda_reg
+
+        reg = cuda_reg()
+        if not reg.devices:
+            pytest.skip(f"no CUDA device: {reg.unavailable_reason}")
+        dev = reg.devices[0]
+    else:
+        dev = sim_reg(1).devices[0] if where == "sim" else fake_cuda_reg(1).devices[0]
     be = dev.init_backend()
     launches = fake_cupy_quant.LAUNCHES[0]
     try:
@@ -142,13 +152,14 @@ def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, where):
         assert fake_cupy_quant.LAUNCHES[0] >= launches + 3
     cpu = backend_cpu_init()
     want = _graph_on(cpu, t, int(t))
-    # fake CuPy quantizing is refused (host-only quantizer): then it has one output fewer
-    if where == "fakecuda" and t.is_quantized:
+    # CuPy quantizing is refused (host-only quantizer): then it has one output fewer
+    if where != "sim" and t.is_quantized:
         assert len(got) == 3 and len(want) == 4
     else:
         assert len(got) == len(want)
-    # dequantized values are bit-identical; GEMMs agree to float32 rounding
+    # dequantized values are bit-identical; GEMMs agree to float32 rounding (K = 256 terms of
+    # magnitude <= 1: another BLAS's summation order moves results by ~1e-6 relative)
     mm_g, mm_w = got[0].view(np.float32), want[0].view(np.float32)
-    np.testing.assert_allclose(mm_g, mm_w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(mm_g, mm_w, rtol=1e-5, atol=1e-4)
     for a, b in zip(got[1:], want[1:]):
         np.testing.assert_array_equal(a, b)

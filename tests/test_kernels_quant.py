@@ -259,3 +259,16 @@ def test_copy_support_is_refused_where_the_kernel_cannot_run():
                                    ctx.new_tensor(Type.Q8_0, (32, 2))), fake_xp)
     assert supports_op(ops.cpy(ctx, ctx.new_tensor(Type.Q8_0, (32, 2)),
                                ctx.new_tensor(Type.F32, (32, 2))), fake_xp)
+
+
+def test_cpy_between_same_block_type_of_other_shape_copies_the_bytes():
+    # a reshaping copy within one block type is ggml's memcpy, not dequantize + quantize
+    rng = np.random.default_rng(11)
+    ctx = Context(no_alloc=True)
+    src = ctx.new_tensor(Type.Q4_K, (512, 2))
+    dst = ctx.new_tensor(Type.Q4_K, (256, 4))
+    out = ops.cpy(ctx, src, dst)
+    raw = rng.integers(0, 256, src.nbytes, dtype=np.uint8)
+    raw.reshape(-1, 144)[:, :4] = np.array([0.01, 0.01], np.float16).view(np.uint8)  # finite d, dmin
+    (r,) = _run(ctx, [out], {src: raw})
+    np.testing.assert_array_equal(r, raw)

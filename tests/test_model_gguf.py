@@ -136,3 +136,32 @@ def test_bad_gguf_files_give_one_clear_error(tmp_path):
     junk.write_bytes(b"GGUF" + b"\x00" * 10)
     with pytest.raises(GGUFError, match="junk.gguf.*not a readable GGUF"):
         read_bert_gguf(junk)
+
+
+def test_f16_token_types_and_biases_in_a_file_are_read_as_f32(ggufs, short_q8, tmp_path):
+    # another converter may store the element-wise tensors as F16: they are widened on load
+    from ggmlpy import backend_cpu_init, backend_tensor_get, gguf_load
+    from ggmlpy.quants import dequantize
+
+    src = gguf_load(ggufs["q8_0"]["path"], backend_cpu_init())
+    try:
+        tensors = {}
+        for name, t in src.tensors.items():
+            raw = np.asarray(backend_tensor_get(t)).reshape(-1).view(np.uint8)
+            vals = dequantize(raw, t.type, list(t.ne))
+            if name.startswith("token_types") or name.endswith(".bias"):
+                tensors[name] = vals.astype(np.float16)
+            else:
+                tensors[name] = t
+        out = tmp_path / "f16-bias.gguf"
+        gguf_save(out, tensors, src.metadata, types=src.metadata_types)
+    finally:
+        src.free()
+    _, _, w = read_bert_gguf(out)
+    assert w["embeddings.token_type_embeddings.weight"].type == Type.F32
+    assert w["encoder.layer.0.attention.self.query.bias"].type == Type.F32
+    sentences, cpu = short_q8
+    with BertModel.load(out) as m:
+        got = m.encode(sentences)
+    # biases rounded to F16: the embeddings move by far less than the Q8_0 quantization itself
+    assert _cos_min(got, cpu) >= 0.9999

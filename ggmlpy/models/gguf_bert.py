@@ -1,7 +1,7 @@
 """A sentence-transformers BERT (all-MiniLM-L6-v2) as a GGUF file: convert, and read back.
 
-:func:`convert` writes llama.cpp's BERT layout, so files from llama.cpp's own
-``convert_hf_to_gguf.py`` load here and ours load there: architecture ``bert`` with the keys of
+:func:`convert` writes llama.cpp's BERT layout (meant to be interchangeable with files from
+llama.cpp's ``convert_hf_to_gguf.py``; not tested against one): architecture ``bert`` with the keys of
 ``gguf.Keys`` (``bert.context_length``, ``bert.embedding_length``, ``bert.feed_forward_length``,
 ``bert.block_count``, ``bert.attention.head_count``, ``bert.attention.layer_norm_epsilon``,
 ``bert.attention.causal = false``, ``bert.pooling_type``), tensor names from
@@ -255,7 +255,7 @@ def _field(reader: Any, key: str, default: Any = None) -> Any:
 
 
 def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[str, TypedWeight]]:
-    """Read a BERT GGUF (ours or llama.cpp's) for :class:`~ggmlpy.models.bert.BertModel`.
+    """Read a BERT GGUF (ours; llama.cpp's uses the same names) for :class:`~ggmlpy.models.bert.BertModel`.
 
     Returns:
         ``(config, tokenizer, weights)``: the config from the ``bert.*`` keys (and ``ggmlpy.*``
@@ -325,6 +325,12 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
                              "which ggmlpy does not know") from None
         ne = tuple(int(n) for n in rt.shape)
         data = np.asarray(rt.data).reshape(-1).view(np.uint8)
+        if t != Type.F32 and (all(n == 1 for n in ne[1:]) or rt.name.startswith("token_types")):
+            # used by element-wise ops (ADD/MUL), which compute F32/F16 only: stored as F32
+            from ..quants import dequantize  # noqa: PLC0415
+
+            data = dequantize(data, t, list(ne)).reshape(-1).view(np.uint8)
+            t = Type.F32
         weights[hf] = TypedWeight(t, ne, data)
     missing = sorted(set(by_gguf.values()) - set(weights))
     if missing:

@@ -112,8 +112,12 @@ def _k_copy(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     block types through :func:`_k_convert`)."""
     a = srcs[0]
     if _converting(node.src[0].type) or _converting(node.type):
-        if node.src[0].type == node.type and node.type.is_quantized and a.shape == dst.shape:
-            return copy_into(xp, dst, a)  # same block type, same rows: the bytes as they are
+        if node.src[0].type == node.type and node.type.is_quantized:
+            # same block type: the bytes as they are (ggml's memcpy), never a re-quantization
+            if a.shape == dst.shape:
+                return copy_into(xp, dst, a)
+            if c_contig(a) and c_contig(dst):
+                return partial(xp.copyto, dst.reshape(-1), a.reshape(-1))
         return _k_convert(xp, node, dst, a)
     need_f32 = (a.dtype != dst.dtype and a.dtype != F32 and dst.dtype != F32
                 and (a.dtype.kind == "f" or dst.dtype.kind == "f"))
