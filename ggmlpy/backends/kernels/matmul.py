@@ -4,10 +4,11 @@ and OUT_PROD. F16 operands are computed in float32; the result is F32.
 MUL_MAT also takes a BF16 or block-quantized ``src0`` (the weight, NumPy shape ``(A3, A2, M, K)``)
 with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1`` without converting the whole weight:
 
-* NumPy (CPU, SIM): the weight is converted in row blocks of
-  ``R = max(MIN_BLOCK_ROWS, ROW_BLOCK_ELEMS // K)`` rows (256 rows of a 384-wide weight: 384 KiB
-  of float32, inside L2; :mod:`.typeconv` has the measurements), each followed by its GEMM
-  ``dst[..., r:r+R] = b @ a_blk^T``. Nothing is kept between calls, so a write to the
+* NumPy (CPU, SIM): the weight is converted in row blocks of 2-4 MiB of float32
+  (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
+  each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T``. Blocks are that large because
+  thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks
+  (every MiniLM matrix) is one block, so no temporary ever exceeds ~4 MiB whatever the weight. Nothing is kept between calls, so a write to the
   weight is seen by the next call (no converted copy to invalidate); the price is one conversion
   of the weight per call, ``M*K`` elements, next to ``N*M*K`` multiply-adds.
 * CuPy: the whole weight is dequantized on the device into a float32 temporary by one RawKernel
@@ -25,7 +26,7 @@ from ...tensor import Tensor
 from ...types import Type
 from .common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from .registry import Step, kernel
-from .typeconv import MIN_BLOCK_ROWS, QUANT_TYPES, ROW_BLOCK_ELEMS, rows_ok, to_f32
+from .typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def _converted_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step
     A3, A2, M = a.shape[0], a.shape[1], a.shape[2]
     B3, B2 = b.shape[0], b.shape[1]
     r3, r2 = B3 // A3, B2 // A2
-    R = max(1, min(M, max(MIN_BLOCK_ROWS, ROW_BLOCK_ELEMS // max(K, 1))))
+    R = block_rows(M, K)
     # one job per (i3, i2, row block): (weight rows, batch slice of b/dst, dst columns)
     jobs = []
     for i3 in range(A3):

@@ -29,7 +29,8 @@ import numpy as np
 from ...types import Type
 from .common import F32, is_numpy
 
-__all__ = ["FLOAT_TYPES", "QUANT_TYPES", "CONVERTIBLE", "ROW_BLOCK_ELEMS", "MIN_BLOCK_ROWS", "bf16_bits",
+__all__ = ["FLOAT_TYPES", "QUANT_TYPES", "CONVERTIBLE", "ROW_BLOCK_ELEMS", "MIN_BLOCK_ROWS",
+           "DEQUANT_CHUNK_ELEMS", "block_rows", "bf16_bits",
            "to_f32", "from_f32", "rows_ok", "host_quantizable"]
 
 #: element types with a per-element dtype that the conversion kernels read and write
@@ -40,14 +41,30 @@ QUANT_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
 #: every type :func:`to_f32` reads and :func:`from_f32` writes (the latter: quantized on NumPy only)
 CONVERTIBLE = FLOAT_TYPES + QUANT_TYPES
 
-#: elements of float32 produced per dequantization chunk: 128K floats = 512 KiB, inside L2.
-#: gguf-py's dequantizers reach their plateau from ~24K elements (Q8_0 ~700, Q4_0 ~430, Q5_0,
-#: Q4_K, Q6_K ~300 Melem/s on this 2-core machine; 6K-element chunks are 2.5x slower).
-ROW_BLOCK_ELEMS = 1 << 17
-#: fewest weight rows per MUL_MAT row block: narrower blocks make each GEMM write a thin strided
-#: slice of dst, which BLAS does badly (measured N=2048, K=384, M=1536 with an F16 weight: 32-row
-#: blocks 25x, 85-row blocks 2-3x the time of 256-row blocks; 256-row blocks match one F32 GEMM)
+#: float32 elements per dequantization chunk (32K = 128 KiB, inside L2): gguf-py's dequantizers
+#: reach their plateau from ~24K elements (Q8_0 ~700, Q4_0 ~430, Q5_0/Q4_K/Q6_K ~300 Melem/s on
+#: this 2-core machine) and fall 2-10x when a call covers a whole 1536 x 384 weight (their
+#: temporaries leave the cache).
+DEQUANT_CHUNK_ELEMS = 1 << 15
+#: float32 elements of weight per MUL_MAT block (512K = 2 MiB): each block is dequantized chunk by
+#: chunk into one buffer, then multiplied with one GEMM. Blocks are as large as this because a
+#: GEMM writing a thin column slice of dst is slow: interleaved runs (N=1024, K=384, M=1536, F16
+#: weight) gave 256-column blocks 3.7x, 512 2.1x, 768 1.0x the time of one F32 GEMM, and
+#: (K=1536, M=384) 96 columns 2x, 192 1.25x. Measured on a shared 2-core machine (load ~12).
+ROW_BLOCK_ELEMS = 1 << 19
+#: fewest weight rows per MUL_MAT block (see :data:`ROW_BLOCK_ELEMS`)
 MIN_BLOCK_ROWS = 256
+
+
+def block_rows(M: int, K: int) -> int:
+    """Rows of an ``M x K`` weight per MUL_MAT block: ``per = max(MIN_BLOCK_ROWS,
+    ROW_BLOCK_ELEMS // K)`` rounded so the blocks are balanced and none is thinner than ``per``
+    (``floor(M / per)`` blocks of ``ceil(M / n)`` rows; so between ``per`` and ``2 * per`` rows).
+    A weight of fewer than ``2 * per`` rows is one block (MiniLM's 384 x 1536 matrices: 2.4 MB of
+    float32, still dequantized in cache-sized chunks)."""
+    per = max(MIN_BLOCK_ROWS, ROW_BLOCK_ELEMS // max(K, 1))
+    n_blocks = max(1, M // per)
+    return max(1, -(-M // n_blocks))
 
 
 def host_quantizable(t: Type, xp: Any) -> bool:
@@ -124,7 +141,7 @@ def _host_dequantize(t: Type, x: np.ndarray, ne0: int) -> np.ndarray:
     rows = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
     n = rows.shape[0]
     out = np.empty((n, ne0), F32)
-    step = max(1, ROW_BLOCK_ELEMS // max(ne0, 1))
+    step = max(1, DEQUANT_CHUNK_ELEMS // max(ne0, 1))
     nblk_row = ne0 // t.blck_size
     for r in range(0, n, step):
         blk = np.ascontiguousarray(rows[r:r + step]).reshape(-1, t.type_size)
