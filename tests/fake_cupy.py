@@ -38,6 +38,7 @@ from functools import partial
 
 import numpy as np
 
+import fake_cupy_quant
 from ggmlpy import special
 from ggmlpy.backends import cupy_runtime
 
@@ -623,6 +624,8 @@ class _FakeRawKernel:
             _run_row_norm(int(grid[0]), args)
         elif self.name == "ggmlpy_soft_max":
             _run_soft_max(int(grid[0]), args)
+        elif self.name.startswith("ggmlpy_dequant_"):  # backends/cuda_quant.py
+            fake_cupy_quant.run_dequant(self.name, args)
         else:
             raise NotImplementedError(self.name)
 

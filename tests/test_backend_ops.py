@@ -239,7 +239,7 @@ def test_support_mode_table_and_markdown(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "| op | types | CPU |"
     assert "| MUL_MAT | f16/f32 | yes |" in out
-    assert "| MUL_MAT | q8_0/f32 | no |" in out
+    assert "| MUL_MAT | q8_0/f32 | yes |" in out
 
 
 def test_cli_test_mode_exit_status_and_json(capsys):

@@ -26,6 +26,7 @@ from ggmlpy.graph import Graph
 from ggmlpy.opcodes import VIEW_OPS, Op
 
 from fake_cupy import FakeCupy
+from ggmlpy.types import Type
 
 
 def _cupy_without_device():
@@ -81,9 +82,12 @@ def test_every_case_compiles_over_real_cupy_views_without_device_work(monkeypatc
                 offs += root.view_offs
                 root = root.view_src
             slot = slots.setdefault(id(root), len(slots))
-            if t.type.is_quantized:
-                return None
-            return view(t.ne[::-1], t.type.dtype, t.nb[::-1], slot, offs)
+            if t.type.is_quantized:  # raw rows, as cupy_runtime.array gives them
+                row = t.type.row_size(t.ne[0])
+                return view((t.ne[3], t.ne[2], t.ne[1], row), np.uint8,
+                            (t.nb[3], t.nb[2], t.nb[1], 1), slot, offs)
+            dt = np.uint16 if t.type == Type.BF16 else t.type.dtype
+            return view(t.ne[::-1], dt, t.nb[::-1], slot, offs)
 
         for node in g.nodes:
             if node.op == Op.NONE or node.op in VIEW_OPS or node.is_empty():

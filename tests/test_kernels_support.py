@@ -43,12 +43,16 @@ def test_unsupported_type_combinations():
     bf = ctx.new_tensor(Type.BF16, (32, 4))
     i = ctx.new_tensor(Type.I32, (32, 4))
     idx = ctx.new_tensor(Type.I32, (2,))
-    assert not _sup(ops.mul_mat(ctx, q, a))              # quantized weights
-    assert not _sup(ops.mul_mat(ctx, q4, a))
-    assert not _sup(ops.get_rows(ctx, q, idx))
-    assert not _sup(ops.cpy(ctx, a, ctx.new_tensor(Type.Q8_0, (32, 4))))
-    assert not _sup(ops.add(ctx, bf, bf))                # BF16 is not implemented
-    assert not _sup(ops.cpy(ctx, a, ctx.new_tensor(Type.BF16, (32, 4))))
+    assert _sup(ops.mul_mat(ctx, q, a))                  # quantized weights (issue 12)
+    assert _sup(ops.mul_mat(ctx, q4, a))
+    assert not _sup(ops.mul_mat(ctx, a, q))              # ... but never quantized activations
+    assert not _sup(ops.mul_mat(ctx, q, ctx.new_tensor(Type.F16, (32, 4))))
+    assert _sup(ops.get_rows(ctx, q, idx))
+    assert _sup(ops.cpy(ctx, a, ctx.new_tensor(Type.Q8_0, (32, 4))))
+    assert not _sup(ops.cpy(ctx, i, ctx.new_tensor(Type.Q8_0, (32, 4))))
+    assert not _sup(ops.add(ctx, bf, bf))                # BF16 arithmetic is not implemented
+    assert not _sup(ops.add(ctx, q, q))                  # nor on block types
+    assert _sup(ops.cpy(ctx, a, ctx.new_tensor(Type.BF16, (32, 4))))
     assert not _sup(ops.add(ctx, i, i))                  # integer arithmetic is not implemented
     assert not _sup(ops.norm(ctx, ctx.new_tensor(Type.F16, (32, 4)), 1e-5))  # CPU: F32 only
     assert not _sup(ops.soft_max(ctx, ctx.new_tensor(Type.F16, (32, 4))))
@@ -77,7 +81,7 @@ def test_cpu_backend_refuses_unsupported_node():
     ctx = Context()
     q = ctx.new_tensor(Type.Q8_0, (32, 2))
     a = ctx.new_tensor(Type.F32, (32, 3))
-    out = ops.mul_mat(ctx, q, a)
+    out = ops.mul_mat(ctx, a, q)  # quantized activations: no kernel
     buf = alloc_ctx(ctx)
     try:
         g = Graph()

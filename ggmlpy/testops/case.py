@@ -201,13 +201,12 @@ class TestCase:
 
 
 def _raw_init(rng: np.random.Generator, t: Tensor, lo: float, hi: float) -> np.ndarray:
-    """Raw bytes for BF16 and block-quantized tensors holding finite values: BF16 = the top half
-    of float32 uniforms in ``[lo, hi)``; Q8_0/Q4_0 blocks = an f16 scale in [0.001, 0.02) (so
-    values stay near [-1, 1]) followed by random quants."""
+    """Raw bytes for BF16 and block-quantized tensors holding uniform values in ``[lo, hi)``:
+    BF16 = the top half of float32 uniforms; block types = those uniforms quantized with ggml's
+    reference quantizer (as ggml's ``init_tensor_uniform`` does), so every block is well formed."""
+    x = rng.uniform(lo, hi, size=t.nelements).astype(np.float32)
     if t.type == Type.BF16:
-        x = rng.uniform(lo, hi, size=t.nelements).astype(np.float32)
         return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    nblk = t.nbytes // t.type.type_size
-    d = rng.uniform(0.001, 0.02, size=nblk).astype(np.float16).view(np.uint8).reshape(nblk, 2)
-    qs = rng.integers(0, 256, size=(nblk, t.type.type_size - 2), dtype=np.uint8)
-    return np.concatenate([d, qs], axis=1).reshape(-1)
+    from ..quants import quantize  # noqa: PLC0415 - the optional gguf extra, block types only
+
+    return quantize(x.reshape(t.ne[::-1]), t.type).reshape(-1)

@@ -15,6 +15,7 @@ from .case import Builder, TestCase
 from .cases_elementwise import elementwise_cases
 from .cases_layout import layout_cases
 from .cases_nn import _fa_case, _mm_case, nn_cases
+from .cases_types import type_cases
 
 __all__ = ["all_cases", "perf_cases", "family_counts", "type_coverage_cases"]
 
@@ -76,34 +77,5 @@ def perf_cases() -> list[TestCase]:
 
 
 def type_coverage_cases() -> list[TestCase]:
-    """Cases in types the NumPy kernels do not compute (BF16, Q8_0, Q4_0), as ggml lists every
-    type: they show up as "not supported" in test mode and fill the support table. A backend that
-    supports them is compared like any other case (no float64 reference for these types)."""
-    BF16, Q8, Q4, F32 = Type.BF16, Type.Q8_0, Type.Q4_0, Type.F32
-    cases: list[TestCase] = []
-    for t in (BF16, Q8, Q4):
-        for n in (1, 8):
-            cases.append(_mm_case(t, F32, 16, n, 256))
-        def build_g(b: Builder, t=t) -> Tensor:
-            from .case import init_ints
-            idx = b.new(Type.I32, [5, 1, 1], init=init_ints(0, 10))
-            return ops.get_rows(b.ctx, b.new(t, [64, 10, 1, 1]), idx)
-        cases.append(TestCase("GET_ROWS", {"type": t, "n": 64, "m": 10, "r": 5, "be1": 1,
-                                           "be2": 1, "v": 0}, build_g, max_nmse=0.0))
-        for src, dst in ((F32, t), (t, F32)):
-            def build_c(b: Builder, src=src, dst=dst) -> Tensor:
-                return ops.cpy(b.ctx, b.new(src, [256, 4, 1, 1]), b.new(dst, [256, 4, 1, 1]))
-            # one quantisation step of error on values in [-1, 1] (ggml's estimate, rounded up)
-            thr = 1e-6 if dst == F32 else 1e-3
-            cases.append(TestCase("CPY", {"type_src": src, "type_dst": dst, "ne": [256, 4, 1, 1],
-                                          "permute_src": [0, 1, 2, 3]}, build_c, max_nmse=thr))
-    for name, fn in (("ADD", ops.add), ("MUL", ops.mul)):
-        def build_b(b: Builder, fn=fn) -> Tensor:
-            return fn(b.ctx, b.new(BF16, [10, 5, 4, 3]), b.new(BF16, [10, 5, 4, 3]))
-        cases.append(TestCase(name, {"type": BF16, "ne": [10, 5, 4, 3], "nr": [1, 1, 1, 1],
-                                     "perm1": 0}, build_b))
-    def build_u(b: Builder) -> Tensor:
-        return ops.gelu(b.ctx, b.new(BF16, [128, 2, 2, 2]))
-    cases.append(TestCase("GELU", {"type": BF16, "ne_a": [128, 2, 2, 2], "v": 0}, build_u,
-                          family="UNARY"))
-    return cases
+    """The cases over ggml's element types (:func:`.cases_types.type_cases`)."""
+    return type_cases()

@@ -158,7 +158,17 @@ def _root(t: Tensor) -> Tensor:
 
 
 def _as_f64(t: Tensor) -> np.ndarray:
-    return np.asarray(backend_tensor_get(t)).astype(np.float64)
+    """A tensor's values in float64; BF16 and block types are decoded (ggml compares them after
+    ``to_float``, not as raw bytes)."""
+    data = np.asarray(backend_tensor_get(t))
+    if t.type.is_quantized or t.type == Type.BF16:
+        if t.type.is_quantized and not t.is_contiguous():
+            raise ValueError(f"cannot compare the non-contiguous {t.type.type_name} tensor "
+                             f"'{t.name}'")
+        from ..quants import dequantize  # noqa: PLC0415
+
+        return dequantize(data.reshape(-1).view(np.uint8), t.type, t.ne).astype(np.float64)
+    return data.astype(np.float64)
 
 
 def _written_roots(graph: Graph) -> set[int]:

@@ -12,7 +12,9 @@ Contract (used by ggmlpy/backends/plan.py for every backend):
 Layout: one module per op family (:mod:`.elementwise`, :mod:`.unary` (UNARY, GLU), :mod:`.layout`
 (copies, REPEAT, CONCAT, SET/ACC, GET_ROWS, PAD, ARANGE, TIMESTEP_EMBEDDING), :mod:`.reduce`,
 :mod:`.norm`, :mod:`.matmul`, :mod:`.attention` (DIAG_MASK, SOFT_MAX, FLASH_ATTN_EXT),
-:mod:`.rope`), helpers in :mod:`.common`. Each kernel is registered once, with its support
+:mod:`.rope`), helpers in :mod:`.common`, type conversion (F16, BF16, block-quantized rows
+to and from float32, on the host or with :mod:`ggmlpy.backends.cuda_quant` on the device) in
+:mod:`.typeconv`. Each kernel is registered once, with its support
 predicate, in :mod:`.registry`: ``@kernel(Op.ADD, supports=pred)`` where ``pred(node, xp) -> bool``
 may depend on the array module, so a runtime can declare its own gaps. That registry is the only
 statement of op support; the README's support table is generated from it

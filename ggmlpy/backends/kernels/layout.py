@@ -1,5 +1,9 @@
 """Copy and layout kernels: DUP/CPY/CONT (with type conversion), REPEAT, CONCAT, SET, ACC,
 GET_ROWS, PAD, and the generators ARANGE and TIMESTEP_EMBEDDING.
+
+DUP/CPY/CONT convert between F32, F16, BF16 and every block-quantized type (through float32;
+into a block type with ggml's reference quantizers, bit-exact, host only); GET_ROWS gathers rows
+of an F32/F16/BF16/quantized tensor and dequantizes only those rows (:mod:`.typeconv`).
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ from ...types import Type
 from .common import (F32, FLOATS, PLAIN, as_strided, c_contig, copy_into, src_of, sup_f32,
                      tile_views, tiles)
 from .registry import Kernel, Step, kernel
+from .typeconv import CONVERTIBLE, bf16_bits, from_f32, host_quantizable, rows_ok, to_f32
 
 
 # ---------------------------------------------------------------------------------------------
 # support
+
+
+def _converting(t: Type) -> bool:
+    return t == Type.BF16 or t.is_quantized
 
 
 def _sup_copy(node: Tensor, xp: Any) -> bool:
@@ -26,6 +35,13 @@ def _sup_copy(node: Tensor, xp: Any) -> bool:
     ok = (Type.F32, Type.F16, Type.I32)
     if a is None or a.nelements != node.nelements:
         return False
+    if _converting(a.type) or _converting(node.type):
+        # through float32: F32/F16/BF16 <-> every block type; block rows must be whole blocks
+        if a.type not in CONVERTIBLE or node.type not in CONVERTIBLE:
+            return False
+        if not (rows_ok(a) and rows_ok(node)) or not host_quantizable(node.type, xp):
+            return False
+        return not node.type.is_quantized or node.is_contiguous()
     if a.type == node.type:
         return a.type in PLAIN
     return a.type in ok and node.type in ok
@@ -55,8 +71,8 @@ def _sup_get_rows(node: Tensor, xp: Any) -> bool:
     a, b = src_of(node, 0), src_of(node, 1)
     if a is None or b is None or b.type != Type.I32:
         return False
-    if a.type in (Type.F32, Type.F16):
-        ok_t = node.type in FLOATS
+    if a.type in CONVERTIBLE:
+        ok_t = node.type in FLOATS and rows_ok(a)
     elif a.type == Type.I32:
         ok_t = node.type == Type.I32
     else:
@@ -72,11 +88,37 @@ def _sup_arange(node: Tensor, xp: Any) -> bool:
 # kernels
 
 
-@kernel(Op.DUP, Op.CPY, Op.CONT, supports=_sup_copy)
+def _k_convert(xp: Any, node: Tensor, dst: Any, a: Any) -> Step:
+    """A copy where either side is BF16 or block-quantized: src0 -> float32 in logical order,
+    reshaped to dst's ``ne``, -> dst's type (ggml's ``to_float`` then ``from_float``)."""
+    ta, td = node.src[0].type, node.type
+    ne0_a = node.src[0].ne[0]
+    shape = node.ne[::-1]
+    copyto = xp.copyto
+    d_bits = bf16_bits(xp, dst) if td == Type.BF16 else dst
+
+    def run() -> None:
+        x = to_f32(xp, ta, a, ne0_a)
+        if x.shape != shape:
+            x = x.reshape(shape)  # logical row-major order (copies a non-contiguous view)
+        copyto(d_bits, from_f32(xp, td, x), casting="unsafe")
+    return run
+
+
+@kernel(Op.DUP, Op.CPY, Op.CONT, supports=_sup_copy, any_type=True)
 def _k_copy(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     """DUP / CONT / CPY: copy src0 into dst in logical row-major order, converting the type
-    (through float32 when neither side is float32; f32 -> i32 truncates toward zero)."""
+    (through float32 when neither side is float32; f32 -> i32 truncates toward zero; BF16 and
+    block types through :func:`_k_convert`)."""
     a = srcs[0]
+    if _converting(node.src[0].type) or _converting(node.type):
+        if node.src[0].type == node.type and node.type.is_quantized:
+            # same block type: the bytes as they are (ggml's memcpy), never a re-quantization
+            if a.shape == dst.shape:
+                return copy_into(xp, dst, a)
+            if c_contig(a) and c_contig(dst):
+                return partial(xp.copyto, dst.reshape(-1), a.reshape(-1))
+        return _k_convert(xp, node, dst, a)
     need_f32 = (a.dtype != dst.dtype and a.dtype != F32 and dst.dtype != F32
                 and (a.dtype.kind == "f" or dst.dtype.kind == "f"))
     copyto = xp.copyto
@@ -171,11 +213,24 @@ kernel(Op.SET, supports=_sup_set_acc)(_k_region(False))
 kernel(Op.ACC, supports=_sup_set_acc)(_k_region(True))
 
 
-@kernel(Op.GET_ROWS, supports=_sup_get_rows)
+@kernel(Op.GET_ROWS, supports=_sup_get_rows, any_type=True)
 def _k_get_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     a, idx = srcs[0], srcs[1]          # a (A3, A2, R, n); idx (1, A3, A2, r) int32
     A3, A2 = a.shape[0], a.shape[1]
     copyto = xp.copyto
+    ta = node.src[0].type
+    if _converting(ta):
+        # gather the selected rows (raw bytes / bf16 bits), then convert only those rows
+        ne0 = node.src[0].ne[0]
+        if A3 == 1 and A2 == 1:
+            a2, i1 = a[0, 0], idx[0, 0, 0]
+            take = xp.take
+            return lambda: copyto(dst[0, 0], to_f32(xp, ta, take(a2, i1, axis=0), ne0),
+                                  casting="unsafe")
+        j3 = xp.arange(A3).reshape(A3, 1, 1)
+        j2 = xp.arange(A2).reshape(1, A2, 1)
+        ii_q = idx[0]
+        return lambda: copyto(dst, to_f32(xp, ta, a[j3, j2, ii_q], ne0), casting="unsafe")
     if A3 == 1 and A2 == 1:
         a2, i1, d2 = a[0, 0], idx[0, 0, 0], dst[0, 0]
         if a.dtype == dst.dtype and c_contig(d2):

@@ -1,5 +1,19 @@
 """Matrix products: MUL_MAT (``dst = b @ a^T`` with ggml's block-repeat broadcast over dims 2/3)
 and OUT_PROD. F16 operands are computed in float32; the result is F32.
+
+MUL_MAT also takes a BF16 or block-quantized ``src0`` (the weight, NumPy shape ``(A3, A2, M, K)``)
+with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1`` without converting the whole weight:
+
+* NumPy (CPU, SIM): the weight is converted in row blocks of 2-4 MiB of float32
+  (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
+  each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T``. Blocks are that large because
+  thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks
+  (every MiniLM matrix) is one block, so no temporary ever exceeds ~4 MiB whatever the weight. Nothing is kept between calls, so a write to the
+  weight is seen by the next call (no converted copy to invalidate); the price is one conversion
+  of the weight per call, ``M*K`` elements, next to ``N*M*K`` multiply-adds.
+* CuPy: the whole weight is dequantized on the device into a float32 temporary by one RawKernel
+  launch (:mod:`ggmlpy.backends.cuda_quant`) and multiplied by cuBLAS (ggml-cuda likewise converts
+  src0 into a pool buffer per call for its cuBLAS path). F16 weights are cast on the device.
 """
 
 from __future__ import annotations
@@ -12,6 +26,7 @@ from ...tensor import Tensor
 from ...types import Type
 from .common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from .registry import Step, kernel
+from .typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -22,7 +37,11 @@ def _sup_mul_mat(node: Tensor, xp: Any) -> bool:
     a, b = src_of(node, 0), src_of(node, 1)
     if a is None or b is None or node.type != Type.F32:
         return False
-    if a.type not in FLOATS or b.type not in FLOATS:
+    if node.op == Op.MUL_MAT and (a.type in QUANT_TYPES or a.type == Type.BF16):
+        # ggml: quantized/BF16 weights with F32 activations; weight rows contiguous
+        if b.type != Type.F32 or not rows_ok(a) or a.nb[0] != a.type.type_size:
+            return False
+    elif a.type not in FLOATS or b.type not in FLOATS:
         return False
     if node.op == Op.MUL_MAT:
         shape_ok = (a.ne[0] == b.ne[0] and node.ne == (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
@@ -91,9 +110,51 @@ def _matmul_step(xp: Any, a: Any, b: Any, dst: Any) -> Step:
     return run
 
 
-@kernel(Op.MUL_MAT, supports=_sup_mul_mat)
+def _converted_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step:
+    """MUL_MAT with a weight ``a`` of type ``ta`` (F16, BF16 or a block type) that is converted to
+    float32 before its GEMM: in row blocks on NumPy, whole on the device (see the module doc)."""
+    matmul = xp.matmul
+    b32 = b.dtype == F32
+
+    if not is_numpy(xp):
+        def run_dev() -> None:
+            a32 = to_f32(xp, ta, a, K)
+            aT, bv, dv = _mm_views(xp, a32, b if b32 else as_f32(xp, b), dst)
+            if aT.ndim == 2 and c_contig(dv) and (aT.flags.f_contiguous or c_contig(aT)):
+                xp.dot(bv, aT, out=dv)
+            else:
+                matmul(bv, aT, out=dv)
+        return run_dev
+
+    A3, A2, M = a.shape[0], a.shape[1], a.shape[2]
+    B3, B2 = b.shape[0], b.shape[1]
+    r3, r2 = B3 // A3, B2 // A2
+    R = block_rows(M, K)
+    # one job per (i3, i2, row block): (weight rows, batch slice of b/dst, dst columns)
+    jobs = []
+    for i3 in range(A3):
+        for i2 in range(A2):
+            sl = (slice(i3 * r3, (i3 + 1) * r3), slice(i2 * r2, (i2 + 1) * r2))
+            for r in range(0, M, R):
+                a_blk = a[i3:i3 + 1, i2:i2 + 1, r:r + R]
+                jobs.append((a_blk, sl, dst[sl][..., r:r + R]))
+
+    def run() -> None:
+        b_f32 = b if b32 else b.astype(F32)  # F16 activations: converted once per call
+        for a_blk, sl, d_blk in jobs:
+            w = to_f32(xp, ta, a_blk, K)  # (1, 1, rows, K) float32, cache-sized
+            aT, bv, dv = _mm_views(xp, w, b_f32[sl], d_blk)
+            matmul(bv, aT, out=dv)
+    return run
+
+
+@kernel(Op.MUL_MAT, supports=_sup_mul_mat, any_type=True)
 def _k_mul_mat(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
-    return _matmul_step(xp, srcs[0], srcs[1], dst)
+    ta = node.src[0].type
+    a, b = srcs[0], srcs[1]
+    if ta == Type.F32:
+        return _matmul_step(xp, a, b, dst)
+    return _converted_step(xp, ta, a, b, dst, node.src[0].ne[0])
 
 
 @kernel(Op.OUT_PROD, supports=_sup_mul_mat)

@@ -50,12 +50,14 @@ _NO_COMPUTE = (Op.NONE, Op.RESHAPE, Op.VIEW, Op.PERMUTE, Op.TRANSPOSE)
 
 @dataclass(frozen=True)
 class KernelEntry:
-    """One registered kernel: the op, the factory ``make(xp, node, dst, srcs)`` and the predicate
-    ``supports(node, xp)``."""
+    """One registered kernel: the op, the factory ``make(xp, node, dst, srcs)``, the predicate
+    ``supports(node, xp)`` and ``any_type``: True when the predicate itself decides on BF16 and
+    block-quantized tensors (otherwise the registry refuses them before asking it)."""
 
     op: Op
     make: Kernel
     supports: Predicate
+    any_type: bool = False
 
 
 def _check_predicate(supports: Any, ops: tuple[Op, ...]) -> None:
@@ -80,8 +82,12 @@ class KernelRegistry:
         self._entries: dict[Op, KernelEntry] = {}
         self._overrides: dict[Op, list[KernelEntry]] = {}
 
-    def kernel(self, *ops: Op, supports: Predicate) -> Callable[[Kernel], Kernel]:
+    def kernel(self, *ops: Op, supports: Predicate,
+               any_type: bool = False) -> Callable[[Kernel], Kernel]:
         """Decorator registering a kernel factory for ``ops`` with predicate ``supports``.
+
+        ``any_type=True`` declares that the predicate checks BF16 and block-quantized sources and
+        destinations itself (GET_ROWS, the copies, MUL_MAT); other kernels never see them.
 
         Returns the factory unchanged. Raises TypeError when an op is not an :class:`Op` or the
         predicate does not take ``(node, xp)``, ValueError when no op is given, an op computes
@@ -105,7 +111,7 @@ class KernelRegistry:
             for op in ops:
                 if op in self._entries:
                     raise ValueError(f"kernel(): {op.name} already has a kernel")
-                self._entries[op] = KernelEntry(op, make, supports)
+                self._entries[op] = KernelEntry(op, make, supports, any_type)
             return make
         return register
 
@@ -196,10 +202,11 @@ class KernelRegistry:
         (mirrors ``ggml_backend_supports_op``).
 
         NONE and the view ops (RESHAPE, VIEW, PERMUTE, TRANSPOSE) compute nothing and are
-        supported for any type. Quantized and BF16 tensors are never supported by the compute
-        kernels. Otherwise the op's predicate decides, given ``node`` and ``xp``; a predicate that
-        raises ValueError/TypeError/IndexError on a malformed node means "not supported". An
-        override (:meth:`override`) whose predicate says yes makes the node supported first."""
+        supported for any type. Quantized and BF16 tensors are refused unless the kernel was
+        registered with ``any_type=True``. Otherwise the op's predicate decides, given ``node``
+        and ``xp``; a predicate that raises ValueError/TypeError/IndexError on a malformed node
+        means "not supported". An override (:meth:`override`) whose predicate says yes makes the
+        node supported first."""
         op = node.op
         if op in _NO_COMPUTE:
             return True
@@ -208,11 +215,12 @@ class KernelRegistry:
             return False
         if e is not self._entries.get(op):
             return True  # an override's predicate already said yes
-        if node.type.is_quantized or node.type == Type.BF16:
-            return False
-        for s in node.src:
-            if s is not None and (s.type.is_quantized or s.type == Type.BF16):
+        if not e.any_type:
+            if node.type.is_quantized or node.type == Type.BF16:
                 return False
+            for s in node.src:
+                if s is not None and (s.type.is_quantized or s.type == Type.BF16):
+                    return False
         try:
             return bool(e.supports(node, xp))
         except (ValueError, TypeError, IndexError):
@@ -223,10 +231,10 @@ class KernelRegistry:
 REGISTRY = KernelRegistry()
 
 
-def kernel(*ops: Op, supports: Predicate) -> Callable[[Kernel], Kernel]:
+def kernel(*ops: Op, supports: Predicate, any_type: bool = False) -> Callable[[Kernel], Kernel]:
     """``@kernel(Op.ADD, supports=pred)``: register a kernel in :data:`REGISTRY` (see
     :meth:`KernelRegistry.kernel`)."""
-    return REGISTRY.kernel(*ops, supports=supports)
+    return REGISTRY.kernel(*ops, supports=supports, any_type=any_type)
 
 
 def compile_node(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step | None:

