@@ -8,6 +8,7 @@ variable                   accepted value
 ``GGMLPY_SIM_LATENCY_US``  finite number >= 0: microseconds per SIM launch and copy
 ``GGMLPY_SIM_MEMORY_MB``   finite number > 0: MiB of memory per SIM device
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
+``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
 ``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
 ``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
 ``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
@@ -32,7 +33,7 @@ import re
 from .errors import GgmlpyError
 
 __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
-           "SCHED_DEBUG", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
+           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
            "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
@@ -43,6 +44,7 @@ SIM_DEVICES = "GGMLPY_SIM_DEVICES"
 SIM_LATENCY_US = "GGMLPY_SIM_LATENCY_US"
 SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
+PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
 FIXTURES = "GGMLPY_FIXTURES"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
 RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
@@ -51,7 +53,8 @@ RAY_CPUS = "GGMLPY_RAY_CPUS"
 RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
-KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, FIXTURES,
+KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, PRECISE_KERNELS,
+         FIXTURES,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -250,6 +253,22 @@ def ray_requested() -> bool:
     return (n is not None and n > 0) or (ray_address() is not None and n != 0)
 
 
+def precise_kernels() -> bool:
+    """``GGMLPY_PRECISE_KERNELS`` as a bool (False when unset): True selects the float64
+    reference formulations of the CPU's GELU/GELU_ERF and NORM kernels (ggml's double sums; the
+    test referee) instead of the float32 fast paths. Read when a plan is built.
+
+    Raises:
+        EnvError: a value other than 0 or 1.
+    """
+    v = _raw(PRECISE_KERNELS)
+    if v is None:
+        return False
+    if v not in ("0", "1"):
+        raise EnvError(PRECISE_KERNELS, v, "0 or 1")
+    return v == "1"
+
+
 def validate() -> None:
     """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
     order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
@@ -258,6 +277,7 @@ def validate() -> None:
     sim_latency_us()
     sim_memory_mb()
     sched_debug()
+    precise_kernels()
     ray_devices()
     ray_address()
     ray_timeout_s()
