@@ -98,6 +98,34 @@ def test_plans_reused_for_repeated_shapes(models, monkeypatch) -> None:
     assert len(builds) == n0               # the same shape again: no new plan
 
 
+def test_plans_kept_per_shape_across_a_stream_of_shapes(models, monkeypatch) -> None:
+    # 3 batch shapes interleaved: (3, 40), (2, 16), (1, 8) tokens; the scheduler keeps the split
+    # views of every graph (not only the last one), so each shape's plan is built once
+    from ggmlpy.backends import cpu
+
+    bucketed, _ = models
+    builds = []
+    real = cpu.build_plan
+
+    def counting(*a, **kw):
+        builds.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(cpu, "build_plan", counting)
+    stream = [_sentences(3, seed=31, lo=30, hi=34), _sentences(2, seed=32, lo=10, hi=13),
+              _sentences(1, seed=33, lo=2, hi=4)]
+    shapes = {(len(s), bucketed._bucket_length(max(len(t) for t in bucketed.token_ids(s))))
+              for s in stream}
+    assert len(shapes) == 3
+    firsts = [bucketed.encode(s) for s in stream]   # the largest first: no buffer growth later
+    n_first = len(builds)
+    for _ in range(2):
+        for s, want in zip(stream, firsts):
+            assert np.array_equal(bucketed.encode(s), want)
+    assert len(builds) == n_first              # later passes reuse every shape's plan
+    assert bucketed.sched._views_by_graph      # the per-graph view cache holds them
+
+
 def test_compute_buffer_grows_to_largest_shape_seen(model_dir: Path) -> None:
     from ggmlpy.models.bert import BertModel
 
