@@ -236,3 +236,38 @@ def test_precise_kernels_variable_rejects(monkeypatch, value):
     monkeypatch.setenv(env.PRECISE_KERNELS, value)
     with pytest.raises(env.EnvError, match="GGMLPY_PRECISE_KERNELS"):
         env.validate()
+
+
+# ---------------------------------------------------------------------------------------------
+# MUL_MAT: batched products with a transposed src0 view (attention) go through copy + NN
+
+
+@pytest.mark.parametrize("L", [8, 31, 32, 48])
+@pytest.mark.parametrize("pattern", ["kq", "kqv"])
+def test_batched_mul_mat_with_transposed_views(L, pattern, monkeypatch):
+    from ggmlpy.backends.kernels import matmul
+
+    calls = []
+    real = matmul._matmul_nn
+    monkeypatch.setattr(matmul, "_matmul_nn", lambda *a: (calls.append(1), real(*a)))
+    rng = np.random.default_rng(L)
+    d, nh, S = 8, 3, 2
+    ctx = Context()
+    qkv = ctx.new_tensor(Type.F32, (d * nh, L, S))           # [H, L, S] like BERT's Q/K/V
+    kq_in = ctx.new_tensor(Type.F32, (L, L, nh, S))
+    x = ops.permute(ctx, ops.reshape_4d(ctx, qkv, d, nh, L, S), 0, 2, 1, 3)   # [d, L, nh, S]
+    X = uniform(rng, qkv.ne[::-1], -1, 1)
+    xn = X.astype(np.float64).reshape(S, L, nh, d).transpose(0, 2, 1, 3)        # (S, nh, L, d)
+    if pattern == "kq":
+        out = ops.mul_mat(ctx, x, x)                          # src0 viewed transposed per head
+        ref = xn @ xn.swapaxes(-1, -2)
+        inputs = {qkv: X}
+    else:
+        vt = ops.cont(ctx, ops.transpose(ctx, x))             # [L, d, nh, S] contiguous
+        out = ops.mul_mat(ctx, vt, kq_in)                     # src0^T is an F-order view
+        K = uniform(rng, kq_in.ne[::-1], 0, 1)
+        ref = K.astype(np.float64) @ xn
+        inputs = {qkv: X, kq_in: K}
+    (got,) = run_graph(ctx, [out], inputs)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * L)
+    assert bool(calls) == (L >= matmul.NN_MIN_ROWS)
