@@ -228,10 +228,17 @@ def run_workload(sentences: Sequence[str], tools: list[_Tool], repeats: int) -> 
                                                       / g.result["first_call_s"])
     ref = embs.get("sentence_transformers", embs.get("numpy"))
     if ref is not None:
+        tag = "st" if "sentence_transformers" in embs else "numpy"
         for name, e in embs.items():
             if e is not ref:
-                section[name]["max_abs_diff_vs_" + ("st" if "sentence_transformers" in embs
-                                                     else "numpy")] = float(np.max(np.abs(e - ref)))
+                # full-precision floats (about 2e-7 here): a summary rounding them to a few
+                # decimals shows 0.0; the cosine and the row count make the check explicit
+                e64, r64 = e.astype(np.float64), ref.astype(np.float64)
+                cos = np.sum(e64 * r64, axis=1) / (np.linalg.norm(e64, axis=1)
+                                                   * np.linalg.norm(r64, axis=1))
+                section[name]["max_abs_diff_vs_" + tag] = float(np.max(np.abs(e64 - r64)))
+                section[name]["min_cosine_vs_" + tag] = float(np.min(cos))
+                section[name]["rows_compared"] = int(e.shape[0])
     return section
 
 def _ensure_sim(device: str) -> None:
