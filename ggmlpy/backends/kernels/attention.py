@@ -1,7 +1,7 @@
 """Soft-max and attention kernels: DIAG_MASK_INF/ZERO, SOFT_MAX (mask and ALiBi) and FLASH_ATTN_EXT
 (an exact float32 softmax; ggml's CPU accumulates in f16 when V is F16).
 
-SOFT_MAX without ALiBi (``max_bias == 0``) on NumPy runs :func:`ggmlpy.backends.fastpath.soft_max`
+SOFT_MAX without ALiBi (``max_bias == 0``) runs :func:`ggmlpy.backends.fastpath.soft_max`
 straight in the destination (scale, mask, max, exp, one reciprocal per row and a multiply, no
 temporaries of the input's size); ggml's tiling broadcast of the mask over dims 2/3 is given to
 it as stride-0 views. Rows sum to 1 within float32 rounding as with the divide.
@@ -19,8 +19,7 @@ from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
 from .. import fastpath
-from .common import (F32, FLOATS, as_f32, as_strided, copy_into, is_numpy, src_of,
-                     sup_f32_same)
+from .common import F32, FLOATS, as_f32, as_strided, copy_into, src_of, sup_f32_same
 from .registry import Kernel, Step, kernel
 
 
@@ -119,7 +118,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     X3, X2, X1, X0 = a.shape
     s32 = F32(scale)
     exp, divide = xp.exp, xp.divide
-    fast = is_numpy(xp) and max_bias == 0.0
+    fast = max_bias == 0.0
     if mask is None and fast:
         return partial(fastpath.soft_max, xp, a, None, scale, dst)
     if mask is None:

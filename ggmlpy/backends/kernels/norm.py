@@ -3,15 +3,16 @@
 Accumulation policy. ggml's CPU accumulates these sums in double. RMS_NORM, L2_NORM and
 GROUP_NORM do the same here. NORM (LayerNorm, the hot one in BERT-style encoders) has two forms:
 
-* default, NumPy: :func:`ggmlpy.backends.fastpath.norm`, float32 throughout: the row mean with
+* default (any array module; CUDA's fused kernel, when registered, overrides it):
+  :func:`ggmlpy.backends.fastpath.norm`, float32 throughout: the row mean with
   NumPy's pairwise summation (relative error about ``log2(n) * 6e-8``), the centred values
   written once into the destination, their sum of squares as a float32 dot product per row
   (``einsum``; error at most ``n * 6e-8`` relative, typically ``sqrt(n) * 6e-8``) and one
   in-place scale: four passes, no temporaries of the input's size. For MiniLM's rows of 384 the
   outputs move by about 1e-6 relative against the double sums; test-backend-ops' NMSE
   tolerance (1e-7) and the model's 1e-5 embedding tolerance hold with a wide margin;
-* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built), and CuPy: the mean and the variance
-  summed in float64 as ggml does, the centred values in float32 (the referee).
+* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built): the mean and the variance summed in
+  float64 as ggml does, the centred values in float32 (the referee).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ... import env
 from ...opcodes import Op
 from ...tensor import Tensor
 from .. import fastpath
-from .common import F32, F64, alias, is_numpy, sup_f32_same
+from .common import F32, F64, alias, sup_f32_same
 from .registry import Step, kernel
 
 
@@ -33,7 +34,7 @@ def _k_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     eps = float(node.op_params[0])
     a = srcs[0]
     n = a.shape[-1]
-    if is_numpy(xp) and not env.precise_kernels():
+    if not env.precise_kernels():
         return partial(fastpath.norm, xp, a, eps, dst)
     sm, copyto, sqrt = xp.sum, xp.copyto, xp.sqrt
 
