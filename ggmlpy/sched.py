@@ -43,6 +43,7 @@ import logging
 import os
 import sys
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,8 @@ log = logging.getLogger("ggmlpy.sched")
 
 MAX_BACKENDS = 16
 MAX_COPIES = 4
+#: user graphs whose split-graph views the scheduler keeps (least recently split dropped first)
+VIEW_CACHE_GRAPHS = 64
 
 
 def _debug_level() -> int:
@@ -156,6 +159,9 @@ class Scheduler(AssignPasses):
         self._user_graph: Graph | None = None
         self._views: dict[tuple[int, int, int, int], Graph] = {}
         self._views_of: weakref.ref[Graph] | None = None
+        # the split views of every recently split user graph (bounded LRU, graphs held weakly),
+        # so each batch shape keeps its views and the backends' plan caches hit across shapes
+        self._views_by_graph: OrderedDict[int, tuple[weakref.ref[Graph], dict]] = OrderedDict()
         self._chunk_views: dict[tuple[int, int, int], tuple[weakref.ref[Graph], Graph]] = {}
         self._node_ids: list[int] = []
         self._leaf_ids: list[int] = []
@@ -376,7 +382,8 @@ class Scheduler(AssignPasses):
         # reuse the split graph objects of the previous split of the same graph and ranges, so
         # backends' plan caches (keyed by graph object and placement) hit across evaluations
         if self._views_of is None or self._views_of() is not graph:
-            self._views = {}
+            kept = self._views_by_graph.get(id(graph))
+            self._views = kept[1] if kept is not None and kept[0]() is graph else {}
             self._views_of = weakref.ref(graph)
         views: dict[tuple[int, int, int, int], Graph] = {}
         for sp in splits:
@@ -390,6 +397,7 @@ class Scheduler(AssignPasses):
             view.extra_flags = extra_flags
             sp.graph = view
         self._views = views
+        self._keep_views(graph, views)
         for sp in splits:
             for inp in sp.inputs:
                 cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
@@ -544,6 +552,19 @@ class Scheduler(AssignPasses):
             reuse.store(snap, self.cur_copy, rec, buffers, self.galloc._node_recs is not recs_before)
         self.is_alloc = True
         return True
+
+    def _keep_views(self, graph: Graph, views: dict) -> None:
+        gid, cache = id(graph), self._views_by_graph
+        kept = cache.get(gid)
+        if kept is not None and kept[0]() is graph:
+            ref = kept[0]
+        else:
+            ref = weakref.ref(graph, lambda r: cache.pop(gid) if cache.get(gid, (None,))[0] is r
+                              else None)
+        cache[gid] = (ref, views)
+        cache.move_to_end(gid)
+        while len(cache) > VIEW_CACHE_GRAPHS:
+            cache.popitem(last=False)
 
     def _restore(self, graph: Graph, rec: SplitRecord) -> None:
         """The fast path: make ``rec`` (a split + allocation of ``graph`` still valid for this
