@@ -137,40 +137,50 @@ for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "r
 del _name
 
 
-def _tensor_state(t: Any) -> tuple:
+def _tensor_state(t: Any, ref: Callable[[Any], Any]) -> tuple:
     vs = t.view_src
-    return (id(t), t.op, t.type, t.ne, t.nb, tuple(t.op_params), id(vs) if vs is not None else 0,
+    return (t.op, t.type, t.ne, t.nb, tuple(t.op_params), ref(vs) if vs is not None else None,
             t.view_offs, id(t._buffer) if t._buffer is not None else 0, t._offset)
 
 
 def graph_state(graph: Any) -> tuple:
     """The compact state of ``graph`` a cache depends on: for every node, leaf and source (each
-    tensor once) :func:`_tensor_state`, then per node the ids of its sources as the graph
+    tensor once, in visiting order) :func:`_tensor_state`, then per node its sources as the graph
     resolves them (``graph.node_srcs``) and its flags (``graph.tensor_flags``).
 
-    Only ids and scalars are stored: no tensor, graph or buffer is kept alive.
+    Tensors are named by their position in that visiting order, not by identity, so the state
+    says which position feeds which node (the wiring) and two graph objects built the same way
+    over the same weights and buffers have equal states: a plan made for one is valid for the
+    other (every cache keys on positions: the allocator's records, the plans' steps). A view
+    source outside the graph is named by its identity. Only positions, ids and scalars are
+    stored: no tensor, graph or buffer is kept alive.
     """
     out: list[Any] = []
-    seen: set[int] = set()
+    pos: dict[int, int] = {}
     add = out.append
     node_srcs = graph.node_srcs
     flags = graph.tensor_flags
+
+    def ref(t: Any) -> Any:
+        p = pos.get(id(t))
+        return p if p is not None else ("id", id(t))
+
+    def visit(t: Any) -> None:
+        pos[id(t)] = len(pos)
+        add(_tensor_state(t, ref))
+        add(flags(t))
+
     for n in graph.leafs:
-        seen.add(id(n))
-        add(_tensor_state(n))
-        add(flags(n))
+        visit(n)
     for n in graph.nodes:
-        if id(n) not in seen:
-            seen.add(id(n))
-            add(_tensor_state(n))
+        if id(n) not in pos:
+            visit(n)
         srcs = node_srcs(n)
-        add(tuple(id(s) for s in srcs))
-        add(flags(n))
         for s in srcs:
-            if s is not None and id(s) not in seen:
-                seen.add(id(s))
-                add(_tensor_state(s))
-                add(flags(s))
+            if s is not None and id(s) not in pos:
+                visit(s)
+        add(tuple(-1 if s is None else pos[id(s)] for s in srcs))
+        add(flags(n))
     return tuple(out)
 
 
@@ -286,6 +296,12 @@ class Snapshot:
         if state is None:
             state = graph_state(graph)
         if state == self.state:
+            if same:
+                # the state matched by position: tensors that took the place of recorded ones
+                # (rewired sources, new views) must stamp their changes from now on too
+                outside = _outside_sources(graph)
+                _publish(graph, outside)
+                self._outside = tuple(weakref.ref(t) for t in outside)
             self.generation = gen
             return True
         return False

@@ -280,3 +280,22 @@ def test_graphs_built_before_any_allocation_are_not_confused(cpu):
             np.testing.assert_array_equal(_run(cpu, galloc, g2, a2, o2, x), (6 if second else 8) * x)
         finally:
             galloc.free()
+
+
+def test_a_graph_built_the_same_way_reuses_the_plan_other_wiring_does_not(cpu, monkeypatch):
+    """The snapshot names tensors by position: a new graph object built the same way over the
+    same inputs keeps the recorded plan (ggml's reuse, without a re-plan), a same-size graph
+    with other edges is re-planned; both compute the right values."""
+    galloc = GraphAllocator(cpu.get_default_buffer_type())
+    plans = []
+    orig = galloc._plan
+    monkeypatch.setattr(galloc, "_plan", lambda *a: (plans.append(1), orig(*a))[1])
+    x = np.arange(1, N + 1, dtype=np.float32)
+    try:
+        for k, (wire, factor, n_plans) in enumerate(((False, 8, 1), (False, 8, 1), (True, 6, 2),
+                                                     (True, 6, 2), (False, 8, 3))):
+            g, a, _, _, n2 = _chain(wire)
+            np.testing.assert_array_equal(_run(cpu, galloc, g, a, n2, x), factor * x)
+            assert len(plans) == n_plans, k
+    finally:
+        galloc.free()
