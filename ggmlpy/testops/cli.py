@@ -19,23 +19,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from .._check import check_str_sequence
+from .._check import OneLineArgumentParser, check_str_sequence
 
 __all__ = ["main"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line on stderr (exit status 2), like every other
-    error of this command."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"test-backend-ops: {' '.join(message.split())} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="python -m ggmlpy test-backend-ops",
+    p = OneLineArgumentParser(
+        prog="python -m ggmlpy test-backend-ops", error_name="test-backend-ops",
         description="Compare every op across backends against the CPU backend (test), time "
                     "them (perf), or list which backend supports what (support).")
     p.add_argument("mode_pos", nargs="?", choices=("test", "perf", "support"),
