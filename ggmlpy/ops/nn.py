@@ -92,12 +92,18 @@ def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """
     fn = "mul_mat"
     _args(ctx, fn, a=a, b=b)
-    _require(a.ne[0] == b.ne[0], fn, "a.ne0 == b.ne0 (shared K)", a, b)
+    _require_batched_pair(fn, a, b, k_dim=0)
+    result = ctx.new_tensor(Type.F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
+    return _op(result, Op.MUL_MAT, [int(Prec.DEFAULT), 0], [a, b])
+
+
+def _require_batched_pair(fn: str, a: Tensor, b: Tensor, k_dim: int) -> None:
+    """The shape rules MUL_MAT and OUT_PROD share: the shared K in dimension ``k_dim`` of both,
+    a's batch dims 2 and 3 dividing b's (block-repeat broadcast), a not transposed."""
+    _require(a.ne[k_dim] == b.ne[k_dim], fn, f"a.ne{k_dim} == b.ne{k_dim} (shared K)", a, b)
     _require(_divides(a.ne[2], b.ne[2]), fn, "b.ne2 % a.ne2 == 0", a, b)
     _require(_divides(a.ne[3], b.ne[3]), fn, "b.ne3 % a.ne3 == 0", a, b)
     _require(not a.is_transposed(), fn, "a not transposed (a.nb0 <= a.nb1)", a)
-    result = ctx.new_tensor(Type.F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
-    return _op(result, Op.MUL_MAT, [int(Prec.DEFAULT), 0], [a, b])
 
 
 def _set_prec(a: Tensor, prec: Prec | int, op: Op, slot: int, fn: str) -> Tensor:
@@ -134,10 +140,7 @@ def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """
     fn = "out_prod"
     _args(ctx, fn, a=a, b=b)
-    _require(a.ne[1] == b.ne[1], fn, "a.ne1 == b.ne1 (shared K)", a, b)
-    _require(_divides(a.ne[2], b.ne[2]), fn, "b.ne2 % a.ne2 == 0", a, b)
-    _require(_divides(a.ne[3], b.ne[3]), fn, "b.ne3 % a.ne3 == 0", a, b)
-    _require(not a.is_transposed(), fn, "a not transposed (a.nb0 <= a.nb1)", a)
+    _require_batched_pair(fn, a, b, k_dim=1)
     result = ctx.new_tensor(Type.F32, (a.ne[0], b.ne[0], b.ne[2], b.ne[3]))
     return _op(result, Op.OUT_PROD, [], [a, b])
 
