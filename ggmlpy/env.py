@@ -9,6 +9,7 @@ variable                   accepted value
 ``GGMLPY_SIM_MEMORY_MB``   finite number > 0: MiB of memory per SIM device
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
 ``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
+``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
 ``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
 ``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
 ``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
@@ -33,7 +34,7 @@ import re
 from .errors import GgmlpyError
 
 __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
-           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
+           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
            "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
@@ -45,6 +46,7 @@ SIM_LATENCY_US = "GGMLPY_SIM_LATENCY_US"
 SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
 PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
+JIT = "GGMLPY_JIT"
 FIXTURES = "GGMLPY_FIXTURES"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
 RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
@@ -54,7 +56,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, PRECISE_KERNELS,
-         FIXTURES,
+         JIT, FIXTURES,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -269,6 +271,21 @@ def precise_kernels() -> bool:
     return v == "1"
 
 
+def jit_enabled() -> bool:
+    """``GGMLPY_JIT`` as a bool (True when unset): False keeps the CPU on its NumPy kernels even
+    when Numba is installed (:mod:`ggmlpy.backends.cpu_jit`). Read when a plan is built.
+
+    Raises:
+        EnvError: a value other than 0 or 1.
+    """
+    v = _raw(JIT)
+    if v is None:
+        return True
+    if v not in ("0", "1"):
+        raise EnvError(JIT, v, "0 or 1")
+    return v == "1"
+
+
 def validate() -> None:
     """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
     order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
@@ -278,6 +295,7 @@ def validate() -> None:
     sim_memory_mb()
     sched_debug()
     precise_kernels()
+    jit_enabled()
     ray_devices()
     ray_address()
     ray_timeout_s()

@@ -3,7 +3,8 @@
 Memory is host NumPy ``uint8`` arrays aligned to 64 bytes; tensors are exposed to kernels as NumPy
 views shaped ``ne[::-1]`` with strides ``nb[::-1]`` (no copies). ``graph_compute`` is synchronous:
 it resolves the graph once into a :class:`~ggmlpy.backends.plan.Plan` (ggml's ``graph_plan``),
-caches it while the graph and its allocation are unchanged, and runs it.
+caches it while the graph and its allocation are unchanged, and runs it. Large nodes run on
+``n_threads`` threads (ggml's ``n_threads``; :mod:`ggmlpy.backends.cpu_threads`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import uuid
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ from ..errors import OutOfMemoryError
 from ..graph import Graph
 from .. import tensor as _tensor_module
 from ..tensor import Tensor
-from . import kernels
+from . import cpu_threads, kernels
 from .plan import Plan, PlanCache, build_plan
 
 __all__ = ["HostBuffer", "CPUBufferType", "CPUBackend", "CPUDevice", "cpu_buffer_type",
@@ -165,9 +166,52 @@ class CPUBackend(Backend):
     def __init__(self, device: CPUDevice) -> None:
         super().__init__(device)
         self._plans = PlanCache(self._build_plan)
+        self._n_threads = cpu_threads.default_n_threads()
+        self._pool = cpu_threads.Pool(self._n_threads)
+
+    @property
+    def n_threads(self) -> int:
+        """Threads a node of a computed graph may run on (>= 1); see :meth:`set_n_threads`."""
+        return self._n_threads
+
+    def set_n_threads(self, n_threads: int) -> None:
+        """Run large nodes on ``n_threads`` threads (mirrors ``ggml_backend_cpu_set_n_threads``).
+
+        The default is the thread count of NumPy's BLAS (``OPENBLAS_NUM_THREADS`` /
+        ``OMP_NUM_THREADS``), capped at the core count (1 without ``threadpoolctl``). With more
+        than one thread, BLAS is held at one thread while a plan runs and GEMMs are split like
+        the other ops (:mod:`ggmlpy.backends.cpu_threads`). Plans built before are dropped.
+
+        Raises:
+            ValueError: ``n_threads`` is not an int >= 1.
+        """
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise ValueError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
+        if n_threads != self._n_threads:
+            self._pool.close()
+            self._n_threads = n_threads
+            self._pool = cpu_threads.Pool(n_threads)
+            self._plans.clear()
+
+    def _compile_node(self, xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Any:
+        step = kernels.compile_node(xp, node, dst, srcs)
+        if step is None or self._n_threads < 2:
+            return step
+        parts = cpu_threads.split_step(xp, node, dst, srcs, self._n_threads, kernels.compile_node)
+        if parts is None:
+            return step
+        return partial(self._pool.run, parts)
 
     def _build_plan(self, graph: Graph) -> Plan:
-        return build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op)
+        return build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
+                          self._compile_node)
+
+    def _run(self, plan: Plan) -> None:
+        if self._n_threads > 1:
+            with cpu_threads.blas_single_thread():
+                plan.run()
+        else:
+            plan.run()
 
     # plan hooks of the backend contract (facades: Backend.graph_plan_*) -------------------------
     def _graph_plan_create(self, graph: Graph) -> Plan:
@@ -175,16 +219,19 @@ class CPUBackend(Backend):
         return self._build_plan(graph)
 
     def _graph_plan_compute(self, plan: Plan) -> Status:
-        # synchronous: runs on the calling thread
+        # synchronous: runs on the calling thread (and the backend's worker threads)
         plan.check_live(self.name)
-        plan.run()
+        self._run(plan)
         return Status.SUCCESS
 
     def _graph_compute(self, graph: Graph) -> Status:
         plan = self._plans.get(graph)
         plan.check_live(self.name)
-        plan.run()
+        self._run(plan)
         return Status.SUCCESS
+
+    def _free(self) -> None:
+        self._pool.close()
 
 
 def _is_host_tensor(t: Tensor) -> bool:

@@ -146,7 +146,9 @@ def launch_plan(runtime: Any, stream: Any, plan: Plan, stats: ReplayStats, repla
 
 
 def build_plan(graph: Graph, xp: Any, backend_name: str,
-               can_read: Callable[[Tensor], bool], supports: Callable[[Tensor], bool]) -> Plan:
+               can_read: Callable[[Tensor], bool], supports: Callable[[Tensor], bool],
+               compile_node: Callable[[Any, Tensor, Any, list[Any]], Step | None] | None = None,
+               ) -> Plan:
     """Resolve ``graph`` into a :class:`Plan` for array module ``xp``.
 
     Args:
@@ -155,6 +157,9 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
         backend_name: used in error messages.
         can_read: whether this backend can access a tensor's buffer directly.
         supports: the backend's ``supports_op``.
+        compile_node: ``compile_node(xp, node, dst, srcs) -> Step | None``; by default the
+            kernel registry's (:func:`ggmlpy.backends.kernels.compile_node`). The CPU backend
+            passes one that splits large nodes over its threads.
 
     Raises:
         NotAllocatedError: a node or source has no memory, or lives in a buffer this backend
@@ -164,6 +169,7 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     steps: list[Step] = []
     nodes: list[Tensor] = []
     buffers: dict[int, Buffer] = {}
+    compile_node = compile_node or kernels.compile_node
     for node in graph.nodes:
         if node.op == Op.NONE or node.op in VIEW_OPS or node.is_empty():
             continue
@@ -178,7 +184,7 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
             if t is not None:
                 b = tensor_buffer(t)
                 buffers[id(b)] = b
-        step = kernels.compile_node(xp, node, dst, srcs)
+        step = compile_node(xp, node, dst, srcs)
         if step is not None:
             steps.append(step)
             nodes.append(node)

@@ -4,7 +4,9 @@
 SOFT_MAX without ALiBi (``max_bias == 0``) runs :func:`ggmlpy.backends.fastpath.soft_max`
 straight in the destination (scale, mask, max, exp, one reciprocal per row and a multiply, no
 temporaries of the input's size); ggml's tiling broadcast of the mask over dims 2/3 is given to
-it as stride-0 views. Rows sum to 1 within float32 rounding as with the divide.
+it as stride-0 views. Rows sum to 1 within float32 rounding as with the divide. With Numba (the
+``jit`` extra), C-contiguous float32 operands go to :func:`ggmlpy.backends.cpu_jit.soft_max`
+instead: one multithreaded kernel, float64 sums.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
-from .. import fastpath
-from .common import F32, FLOATS, as_f32, as_strided, copy_into, src_of, sup_f32_same
+from .. import cpu_jit, fastpath
+from .common import F32, FLOATS, as_f32, as_strided, copy_into, src_of, sup_f32_same, use_jit
 from .registry import Kernel, Step, kernel
 
 
@@ -119,6 +121,8 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     s32 = F32(scale)
     exp, divide = xp.exp, xp.divide
     fast = max_bias == 0.0
+    if fast and use_jit(xp, a, dst, *(() if mask is None else (mask,))):
+        return partial(cpu_jit.soft_max, a, mask, scale, dst)
     if mask is None and fast:
         return partial(fastpath.soft_max, xp, a, None, scale, dst)
     if mask is None:

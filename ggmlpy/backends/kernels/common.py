@@ -57,6 +57,24 @@ def ufunc_step(xp: Any, fn: Any, *args: Any, out: Any) -> Step:
     return partial(fn, *args, out=out)
 
 
+#: smallest tensor (elements) worth a compiled kernel for ops NumPy does in one ufunc call
+JIT_MIN_ELEMENTS = 4096
+
+
+def use_jit(xp: Any, *arrays: Any, min_elements: int = 0) -> bool:
+    """True when a NumPy kernel should call :mod:`ggmlpy.backends.cpu_jit`: the array module is
+    NumPy, Numba is usable (``GGMLPY_JIT`` not 0), every array is a C-contiguous float32 ndarray
+    and the first holds at least ``min_elements`` elements. Read at plan build."""
+    from .. import cpu_jit  # noqa: PLC0415 - Numba is imported on first use only
+
+    if not is_numpy(xp) or not arrays or arrays[0].size < min_elements:
+        return False
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or a.dtype != F32 or not a.flags.c_contiguous:
+            return False
+    return cpu_jit.available()
+
+
 def same_memory(x: Any, y: Any) -> bool:
     """True when two views start at the same address with the same layout (in-place aliasing)."""
     try:

@@ -24,8 +24,8 @@ from functools import partial
 from ... import env
 from ...opcodes import Op
 from ...tensor import Tensor
-from .. import fastpath
-from .common import F32, F64, alias, sup_f32_same
+from .. import cpu_jit, fastpath
+from .common import F32, F64, alias, sup_f32_same, use_jit
 from .registry import Step, kernel
 
 
@@ -35,6 +35,8 @@ def _k_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     a = srcs[0]
     n = a.shape[-1]
     if not env.precise_kernels():
+        if use_jit(xp, a, dst):
+            return partial(cpu_jit.norm, a.reshape(-1, n), eps, dst.reshape(-1, n))
         return partial(fastpath.norm, xp, a, eps, dst)
     sm, copyto, sqrt = xp.sum, xp.copyto, xp.sqrt
 

@@ -6,8 +6,9 @@ looks it up in an f16 table).
 
 GELU_ERF precision policy:
 
-* NumPy, F32 in and out (the default): the float32 branch-free formula
-  :func:`ggmlpy.special.gelu_erf_f32`, written straight into the destination in cache-sized
+* NumPy, F32 in and out (the default): with Numba (the ``jit`` extra, ``GGMLPY_JIT`` not 0)
+  :func:`ggmlpy.backends.cpu_jit.gelu_erf` (one multithreaded pass, same bound); without, the
+  float32 branch-free formula :func:`ggmlpy.special.gelu_erf_f32`, written straight into the destination in cache-sized
   chunks; error ``<= GELU_ERF_F32_BOUND * max(1, |x|)`` (2e-7, checked on a dense grid), about
   4x faster than the float64 path. ``GELU`` (tanh form) on F32 is also computed in chunks into
   the destination (same formula and rounding as the reference, fewer passes over memory).
@@ -30,8 +31,9 @@ from ... import env, special
 from ...opcodes import GluOp, Op, UnaryOp
 from ...tensor import Tensor
 from ...types import Type
+from .. import cpu_jit
 from .common import (F32, F64, FLOATS, as_f32, c_contig, flatten_ew, is_numpy, src_of,
-                     sup_same_float, ufunc_step)
+                     sup_same_float, ufunc_step, use_jit)
 from .registry import Step, kernel
 
 
@@ -187,6 +189,8 @@ def _fast_f32_step(op: UnaryOp, a: Any, dst: Any) -> Step | None:
     if not (c_contig(a) and c_contig(dst)):
         return None
     if op == UnaryOp.GELU_ERF and not env.precise_kernels():
+        if use_jit(np, a, dst):
+            return partial(cpu_jit.gelu_erf, a, dst)
         return partial(special.gelu_erf_f32, a, dst)
     if op == UnaryOp.GELU:
         return partial(_gelu_tanh_f32_into, a, dst)

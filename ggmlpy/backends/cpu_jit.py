@@ -1,0 +1,398 @@
+"""Numba-compiled CPU kernels (the optional ``jit`` extra): GELU_ERF, masked SOFT_MAX, NORM and
+row-broadcast binary ops, each one vectorized pass over memory.
+
+NumPy evaluates these kernels as a chain of whole-array ufunc calls (GELU_ERF: ~20 passes, a
+masked softmax: 7); here each is one loop that LLVM vectorizes (AVX2/AVX-512 where the CPU has
+it). The NumPy formulations in :mod:`ggmlpy.backends.fastpath` and :mod:`ggmlpy.special` stay
+the fallback (no Numba, or ``GGMLPY_JIT=0``) and the test referee.
+
+Single-threaded by design: the BLAS GEMMs between these kernels leave OpenBLAS's worker threads
+spinning for a while, and a multithreaded Numba kernel (``parallel=True``, OpenMP or workqueue
+layer) launched then competes with them for the cores: measured on a 2-core machine, a
+row-broadcast add right after a 2-thread GEMM took 2.7-5 ms multithreaded against 0.15 ms on
+one thread (``scripts/bench_jit.py`` reports both kernels' rates).
+
+Accuracy. ``exp`` is evaluated in float64 as ``q(y/128)^128`` with ``q`` the degree-13 Taylor
+polynomial (relative error below 3e-9 on ``[-104, 0]``): a formulation without calls into libm,
+so the loops vectorize. Intermediates are float64, results are rounded once to float32, and
+results below float32's smallest normal number are flushed to zero (subnormal operands make the
+next GEMM up to 13x slower; the flush moves a value by less than 1.2e-38):
+
+* :func:`gelu_erf` ``max(x, 0) - 0.5|x| erfc(|x|/sqrt 2)`` with Abramowitz & Stegun 7.1.26 for
+  ``erfc``: error <= ``GELU_ERF_F32_BOUND * max(1, |x|)`` (2e-7, the bound of
+  :func:`ggmlpy.special.gelu_erf_f32`; measured 1.27e-7); NaN propagates, ``+inf -> +inf``,
+  ``-inf -> 0``.
+* :func:`soft_max` ``softmax(x * scale + mask)`` per row (``x * scale + mask`` in float32 as
+  ggml, the exponentials and their sum in float64); a row of only ``-inf`` gives NaN, as in ggml.
+* :func:`norm` ggml's NORM with float64 mean and variance (as ggml's ``ggml_float`` sums).
+* :func:`binary` ADD/SUB/MUL/DIV of float32 rows with a same-shape or one-row (bias) operand:
+  IEEE float32 results, identical to NumPy's.
+
+When the output is the input (the allocator computes in place whenever it can) each kernel runs
+a variant that names one array only: with two names for one memory LLVM's run-time overlap check
+fails and the loop runs scalar (4-5x slower).
+
+Compilation happens on first use of each kernel (0.3-0.9 s) and is cached on disk (Numba's
+``cache=True``: ``__pycache__`` beside this file, or Numba's user cache directory when that is
+read-only), so later processes load the machine code in milliseconds. Calls are synchronous on
+the calling thread and release the GIL.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import env
+
+__all__ = ["available", "reason", "gelu_erf", "soft_max", "norm", "binary", "BINARY_OPS"]
+
+#: ``binary`` op codes
+BINARY_OPS = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
+
+_state: dict[str, Any] = {}
+
+
+def _build() -> dict[str, Any]:
+    """Compile-on-first-call dispatchers for every kernel, or the reason Numba is unusable."""
+    try:
+        import numba
+        from numba import njit
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
+        return {"reason": f"numba is not importable ({type(e).__name__}: {e})"}
+
+    # no 'nnan'/'ninf': NaN and inf must propagate as in ggml; 'contract' allows FMAs,
+    # 'reassoc' lets LLVM vectorize the reductions
+    fm = {"contract", "arcp", "nsz", "reassoc"}
+    opts = dict(fastmath=fm, cache=True, nogil=True, error_model="numpy")
+
+    @njit(inline="always", **opts)
+    def exp_nonpos(y):  # exp(y) for y <= 0 (float64); NaN stays NaN, y < -104 -> ~1e-45
+        r = (-104.0 if y < -104.0 else y) * 0.0078125
+        p = 1.0 / 6227020800.0
+        p = p * r + 1.0 / 479001600.0
+        p = p * r + 1.0 / 39916800.0
+        p = p * r + 1.0 / 3628800.0
+        p = p * r + 1.0 / 362880.0
+        p = p * r + 1.0 / 40320.0
+        p = p * r + 1.0 / 5040.0
+        p = p * r + 1.0 / 720.0
+        p = p * r + 1.0 / 120.0
+        p = p * r + 1.0 / 24.0
+        p = p * r + 1.0 / 6.0
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        p = p * p
+        p = p * p
+        p = p * p
+        p = p * p
+        p = p * p
+        p = p * p
+        return p * p
+
+    P = 0.3275911 * math.sqrt(0.5)
+    F32_TINY = float(np.finfo(np.float32).tiny)
+
+    @njit(inline="always", **opts)
+    def gelu1(v):
+        a = abs(v)
+        a = 30.0 if a > 30.0 else a              # NaN passes through
+        t = 1.0 / (1.0 + P * a)
+        q = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
+            -1.453152027 + t * 1.061405429))))
+        c = 0.5 * a * q * exp_nonpos(-0.5 * a * a)
+        r = (0.0 if v < 0.0 else v) - c          # NaN passes through
+        return 0.0 if abs(r) < F32_TINY else r   # no float32 subnormals (they slow BLAS 10x)
+
+    def gelu_body(x, out):
+        for i in range(x.size):
+            out[i] = np.float32(gelu1(np.float64(x[i])))
+
+    def gelu_inplace_body(x):  # one array: LLVM vectorizes without a runtime overlap check
+        for i in range(x.size):
+            x[i] = np.float32(gelu1(np.float64(x[i])))
+
+    @njit(inline="always", fastmath=fm | {"nnan"}, cache=True, nogil=True,
+          error_model="numpy")
+    def row_max(v, n):  # vectorized max; a NaN in the row reaches the output through the sum
+        mx = -np.inf
+        for j in range(n):
+            mx = max(mx, v[j])
+        return mx
+
+    @njit(inline="always", **opts)
+    def softmax_row(orow, X0):  # orow holds x*scale+mask; softmax in place
+        mxd = np.float64(row_max(orow, X0))
+        s = 0.0
+        for j in range(X0):
+            e = exp_nonpos(np.float64(orow[j]) - mxd)
+            e = 0.0 if e < F32_TINY else e  # no float32 subnormals
+            orow[j] = np.float32(e)
+            s += e
+        inv = 1.0 / s
+        for j in range(X0):
+            orow[j] = np.float32(orow[j] * inv)
+
+    def softmax_body(x, m, has_mask, scale, out):
+        X3, X2, X1, X0 = x.shape
+        M3, M2 = m.shape[0], m.shape[1]
+        for r in range(X3 * X2 * X1):
+            i3 = r // (X2 * X1)
+            i2 = (r // X1) % X2
+            i1 = r % X1
+            xr = x[i3, i2, i1]
+            orow = out[i3, i2, i1]
+            if has_mask:
+                mr = m[i3 % M3, i2 % M2, i1]
+                for j in range(X0):
+                    orow[j] = xr[j] * scale + mr[j]
+            else:
+                for j in range(X0):
+                    orow[j] = xr[j] * scale
+            softmax_row(orow, X0)
+
+    def softmax_inplace_body(x, m, has_mask, scale):
+        X3, X2, X1, X0 = x.shape
+        M3, M2 = m.shape[0], m.shape[1]
+        for r in range(X3 * X2 * X1):
+            i3 = r // (X2 * X1)
+            i2 = (r // X1) % X2
+            i1 = r % X1
+            orow = x[i3, i2, i1]
+            if has_mask:
+                mr = m[i3 % M3, i2 % M2, i1]
+                for j in range(X0):
+                    orow[j] = orow[j] * scale + mr[j]
+            else:
+                for j in range(X0):
+                    orow[j] = orow[j] * scale
+            softmax_row(orow, X0)
+
+    @njit(inline="always", **opts)
+    def mean_rstd(xr, n, eps):
+        s = 0.0
+        for j in range(n):
+            s += xr[j]
+        mean = s / n
+        s2 = 0.0
+        for j in range(n):
+            d = xr[j] - mean
+            s2 += d * d
+        return mean, 1.0 / math.sqrt(s2 / n + eps)
+
+    def norm_body(x, eps, out):
+        R, n = x.shape
+        for r in range(R):
+            xr = x[r]
+            orow = out[r]
+            mean, rstd = mean_rstd(xr, n, eps)
+            for j in range(n):
+                orow[j] = np.float32((xr[j] - mean) * rstd)
+
+    def norm_inplace_body(x, eps):
+        R, n = x.shape
+        for r in range(R):
+            xr = x[r]
+            mean, rstd = mean_rstd(xr, n, eps)
+            for j in range(n):
+                xr[j] = np.float32((xr[j] - mean) * rstd)
+
+    def binary_body(a, b, out, op):
+        R, n = a.shape
+        bcast = b.shape[0] == 1
+        for r in range(R):
+            ar = a[r]
+            br = b[0] if bcast else b[r]
+            orow = out[r]
+            if op == 0:
+                for j in range(n):
+                    orow[j] = ar[j] + br[j]
+            elif op == 1:
+                for j in range(n):
+                    orow[j] = ar[j] - br[j]
+            elif op == 2:
+                for j in range(n):
+                    orow[j] = ar[j] * br[j]
+            else:
+                for j in range(n):
+                    orow[j] = ar[j] / br[j]
+
+    def binary_inplace_body(a, b, op):  # a (op)= b: two arrays, so LLVM's overlap check passes
+        R, n = a.shape
+        bcast = b.shape[0] == 1
+        for r in range(R):
+            ar = a[r]
+            br = b[0] if bcast else b[r]
+            if op == 0:
+                for j in range(n):
+                    ar[j] += br[j]
+            elif op == 1:
+                for j in range(n):
+                    ar[j] -= br[j]
+            elif op == 2:
+                for j in range(n):
+                    ar[j] *= br[j]
+            else:
+                for j in range(n):
+                    ar[j] /= br[j]
+
+    k: dict[str, Any] = {"numba": numba}
+    for name, body in (("gelu", gelu_body), ("gelu_inplace", gelu_inplace_body),
+                       ("softmax", softmax_body), ("softmax_inplace", softmax_inplace_body),
+                       ("norm", norm_body), ("norm_inplace", norm_inplace_body),
+                       ("binary", binary_body), ("binary_inplace", binary_inplace_body)):
+        k[name] = njit(**opts)(body)
+    return k
+
+
+def _kernels() -> dict[str, Any]:
+    k = _state.get("k")
+    if k is None:
+        k = _state["k"] = _build()  # a race builds it twice: harmless
+    return k
+
+
+def available() -> bool:
+    """True when the compiled kernels can be used: Numba imports and ``GGMLPY_JIT`` is not 0.
+    Read when a plan is built (a plan keeps the kernels it was built with).
+
+    Raises:
+        EnvError: ``GGMLPY_JIT`` is malformed.
+    """
+    return env.jit_enabled() and "reason" not in _kernels()
+
+
+def reason() -> str | None:
+    """Why the compiled kernels are not used (None when :func:`available`)."""
+    if not env.jit_enabled():
+        return f"{env.JIT}=0"
+    return _kernels().get("reason")
+
+
+def _call(name: str, size: int, *args: Any) -> None:
+    _kernels()[name](*args)
+
+
+def _check_f32_c(fn: str, **arrays: Any) -> None:
+    for name, a in arrays.items():
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+            got = (f"{a.dtype} {'C-contiguous' if a.flags.c_contiguous else 'strided'}"
+                   if isinstance(a, np.ndarray) else type(a).__name__)
+            raise ValueError(f"cpu_jit.{fn}: {name} must be a C-contiguous float32 ndarray, "
+                             f"got {got}")
+
+
+def gelu_erf(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """*Sync*: exact-erf GELU (``ggml_gelu_erf``) of float32 ``x`` into ``out`` (any shape,
+    both C-contiguous, ``out`` may be ``x``); error <= 2e-7 * max(1, |x|) (module docstring).
+
+    Raises:
+        ValueError: a non-float32 or non-C-contiguous array, or shapes differ.
+    """
+    _check_f32_c("gelu_erf", x=x, out=out)
+    if x.shape != out.shape:
+        raise ValueError(f"cpu_jit.gelu_erf: out shape {out.shape} != x shape {x.shape}")
+    if _same(x, out):
+        _call("gelu_inplace", x.size, out.reshape(-1))
+    else:
+        _call("gelu", x.size, x.reshape(-1), out.reshape(-1))
+    return out
+
+
+def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarray) -> np.ndarray:
+    """*Sync*: ``softmax(x * scale + mask)`` over the last axis (``ggml_soft_max_ext`` with
+    ``max_bias == 0``).
+
+    Args:
+        x: float32 C-contiguous, NumPy shape ``(X3, X2, X1, X0)`` (ggml ``ne = [X0, X1, X2, X3]``).
+        mask: None, or float32 C-contiguous ``(M3, M2, M1, X0)`` with ``M1 >= X1`` and
+            ``M2``/``M3`` dividing ``X2``/``X3``: row ``i1`` of ``x[i3, i2]`` adds mask row
+            ``mask[i3 % M3, i2 % M2, i1]`` (ggml's broadcast of the mask).
+        scale: multiplies ``x`` before the mask is added (float32 arithmetic, as ggml).
+        out: float32 C-contiguous, ``x``'s shape (may be ``x``).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: layouts, dtypes or shapes as above violated.
+    """
+    _check_f32_c("soft_max", x=x, out=out)
+    if x.ndim != 4 or out.shape != x.shape:
+        raise ValueError(f"cpu_jit.soft_max: x must be 4-D and out of its shape, got "
+                         f"{x.shape} and {out.shape}")
+    if mask is None:
+        m, has = np.zeros((1, 1, 1, 1), np.float32), False
+    else:
+        _check_f32_c("soft_max", mask=mask)
+        X3, X2, X1, X0 = x.shape
+        if (mask.ndim != 4 or mask.shape[3] != X0 or mask.shape[2] < X1
+                or X2 % mask.shape[1] or X3 % mask.shape[0]):
+            raise ValueError(f"cpu_jit.soft_max: mask {mask.shape} does not broadcast to rows "
+                             f"of x {x.shape}")
+        m, has = mask, True
+    if _same(x, out):
+        _call("softmax_inplace", x.size, out, m, has, np.float32(scale))
+    else:
+        _call("softmax", x.size, x, m, has, np.float32(scale), out)
+    return out
+
+
+def norm(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
+    """*Sync*: ``(x - mean) / sqrt(var + eps)`` per row (``ggml_norm``), float64 statistics.
+
+    Args:
+        x: float32 C-contiguous ``(R, n)`` (ggml ``ne = [n, R]``).
+        eps: added to the variance.
+        out: float32 C-contiguous ``(R, n)`` (may be ``x``).
+
+    Raises:
+        ValueError: layouts, dtypes or shapes violated.
+    """
+    _check_f32_c("norm", x=x, out=out)
+    if x.ndim != 2 or out.shape != x.shape:
+        raise ValueError(f"cpu_jit.norm: x must be 2-D and out of its shape, got {x.shape} "
+                         f"and {out.shape}")
+    if _same(x, out):
+        _call("norm_inplace", x.size, out, float(eps))
+    else:
+        _call("norm", x.size, x, float(eps), out)
+    return out
+
+
+def binary(op: str, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """*Sync*: ``out = a (op) b`` for float32 rows, ``b`` one row broadcast over ``a``'s rows
+    (a bias) or of ``a``'s shape (``ggml_add``/``sub``/``mul``/``div`` in those layouts).
+
+    Args:
+        op: ``"add"``, ``"subtract"``, ``"multiply"`` or ``"divide"``.
+        a: float32 C-contiguous ``(R, n)``.
+        b: float32 C-contiguous ``(1, n)`` or ``(R, n)``.
+        out: float32 C-contiguous ``(R, n)``; may be ``a`` or ``b`` (element-wise in place).
+
+    Raises:
+        ValueError: unknown op; layouts, dtypes or shapes violated.
+    """
+    if op not in BINARY_OPS:
+        raise ValueError(f"cpu_jit.binary: op must be one of {sorted(BINARY_OPS)}, got {op!r}")
+    _check_f32_c("binary", a=a, b=b, out=out)
+    if (a.ndim != 2 or out.shape != a.shape or b.ndim != 2 or b.shape[1] != a.shape[1]
+            or b.shape[0] not in (1, a.shape[0])):
+        raise ValueError(f"cpu_jit.binary: shapes a {a.shape}, b {b.shape}, out {out.shape} "
+                         f"are not (R, n), (1 or R, n), (R, n)")
+    code = BINARY_OPS[op]
+    if _same(out, a):
+        _call("binary_inplace", a.size, out, b, code)
+    elif _same(out, b) and code in (0, 2) and b.shape == a.shape:  # commutative: out += a
+        _call("binary_inplace", a.size, out, a, code)
+    else:
+        _call("binary", a.size, a, b, out, code)
+    return out
+
+
+def _same(x: np.ndarray, y: np.ndarray) -> bool:
+    return (x is y or (x.__array_interface__["data"][0] == y.__array_interface__["data"][0]
+                       and x.shape == y.shape and x.strides == y.strides))

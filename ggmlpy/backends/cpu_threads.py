@@ -1,0 +1,300 @@
+"""Multithreaded plan steps for the CPU backend (ggml's ``n_threads``: each node split over threads).
+
+ggml's CPU backend runs every node on ``n_threads`` threads, each computing a slice of the rows.
+The NumPy backend does the same for the nodes where it pays: at plan build time a large enough
+node of a splittable op is compiled once per slice of its destination's outermost non-trivial
+axis (NumPy axes 0-2, i.e. ggml dims 3-1; rows are never cut), each slice reading the matching
+slices of its sources, and the step runs the slices on a :class:`Pool`: the calling thread
+computes the first one while ``n_threads - 1`` worker threads compute the others (NumPy and the
+Numba kernels release the GIL, so the slices really run at once).
+
+BLAS threads. While a threaded plan runs, the BLAS libraries NumPy loaded (OpenBLAS, MKL, BLIS,
+found by ``threadpoolctl``) are held at one thread and MUL_MAT is split like the other ops: a
+2-thread OpenBLAS leaves its worker spinning after each GEMM, and that spinning thread then
+competes with the slices of the next node for the cores (measured on a 2-core machine: a
+row-broadcast add right after a 2-thread GEMM took 3.4 ms instead of 0.2 ms). The BLAS setting
+is restored when the plan returns. Without ``threadpoolctl`` (the ``jit`` extra) the backend
+runs with one thread (plans are then exactly the unthreaded ones).
+
+Splittable ops (:data:`SPLIT_OPS`): element-wise (ADD, SUB, MUL, DIV with a source that is
+either sliced alike or broadcast along the split axis; SCALE; UNARY; same-shape CPY/DUP/CONT),
+row-wise (NORM, RMS_NORM, L2_NORM, SOFT_MAX without ALiBi, its mask sliced alike or broadcast)
+and MUL_MAT (split over the batch dims, or over the rows of ``src1`` with ``src0`` shared).
+Each slice computes exactly what the whole node computes for those rows, with the same kernel;
+BLAS may block a GEMM of fewer rows differently, so MUL_MAT results can differ in the last
+float32 bits from an unsplit product (as ggml's own results differ with ``n_threads``).
+
+Thresholds: a node is split when its destination has at least :data:`MIN_ELEMENTS` elements
+(MUL_MAT: at least :data:`MIN_MACS` multiply-adds); below that the hand-off to a worker thread
+(~40-80 us on a VM) costs more than it saves.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..opcodes import Op
+from ..tensor import Tensor
+
+__all__ = ["Pool", "default_n_threads", "split_step", "blas_single_thread", "SPLIT_OPS",
+           "MIN_ELEMENTS", "MIN_MACS"]
+
+Step = Callable[[], None]
+Compile = Callable[[Any, Tensor, Any, list[Any]], "Step | None"]
+
+#: destination elements from which an element-wise or row-wise node is split
+MIN_ELEMENTS = 1 << 16
+#: multiply-adds from which a MUL_MAT node is split
+MIN_MACS = 1 << 22
+
+_ELEMENTWISE = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
+_SAME_SHAPE = (Op.SCALE, Op.UNARY, Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.CPY, Op.DUP, Op.CONT)
+#: ops :func:`split_step` may split
+SPLIT_OPS = frozenset((*_ELEMENTWISE, *_SAME_SHAPE, Op.SOFT_MAX, Op.MUL_MAT))
+
+
+def default_n_threads() -> int:
+    """Threads a new CPU backend uses: the thread count of the BLAS library NumPy loaded (so
+    ``OPENBLAS_NUM_THREADS``/``OMP_NUM_THREADS`` govern both), capped at ``os.cpu_count()``;
+    1 without ``threadpoolctl``."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return 1
+    blas = [i.get("num_threads", 1) for i in threadpool_info() if i.get("user_api") == "blas"]
+    return max(1, min(max(blas, default=1), os.cpu_count() or 1))
+
+
+_blas_ctl: list[Any] = []
+_blas_lock = threading.Lock()
+_blas_depth = [0]
+_blas_saved: list[int] = []
+
+
+def _blas_libs() -> list[Any]:
+    if not _blas_ctl:
+        try:
+            from threadpoolctl import ThreadpoolController
+            libs = [c for c in ThreadpoolController().lib_controllers if c.user_api == "blas"]
+        except Exception:  # noqa: BLE001 - no threadpoolctl, or it cannot inspect this process
+            libs = []
+        _blas_ctl.append(libs)
+    return _blas_ctl[0]
+
+
+@contextmanager
+def blas_single_thread() -> Iterator[None]:
+    """Hold every BLAS library NumPy loaded at one thread for the ``with`` body (nested and
+    concurrent uses share one hold; the outermost restores the previous counts). A no-op
+    without ``threadpoolctl``."""
+    libs = _blas_libs()
+    if not libs:
+        yield
+        return
+    with _blas_lock:
+        if _blas_depth[0] == 0:
+            _blas_saved[:] = [c.num_threads for c in libs]
+            for c in libs:
+                c.set_num_threads(1)
+        _blas_depth[0] += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_depth[0] -= 1
+            if _blas_depth[0] == 0:
+                for c, n in zip(libs, _blas_saved):
+                    c.set_num_threads(n)
+
+
+class Pool:
+    """``n_threads - 1`` daemon worker threads that run slices handed to :meth:`run`.
+
+    One caller at a time uses the workers; a concurrent caller (another backend's plan on
+    another thread) runs its slices itself, one after the other: never a deadlock, never more
+    threads than asked for. After ``fork`` a child gets fresh workers on first use.
+
+    Args:
+        n_threads: total threads including the caller's (>= 1).
+    """
+
+    def __init__(self, n_threads: int) -> None:
+        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
+            raise ValueError(f"Pool: n_threads must be an int >= 1, got {n_threads!r}")
+        self.n_threads = n_threads
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._inq: list[queue.SimpleQueue] = []
+        self._outq: list[queue.SimpleQueue] = []
+
+    def _start(self) -> None:
+        self._pid = os.getpid()
+        self._inq = [queue.SimpleQueue() for _ in range(self.n_threads - 1)]
+        self._outq = [queue.SimpleQueue() for _ in range(self.n_threads - 1)]
+        for i in range(self.n_threads - 1):
+            threading.Thread(target=_worker, args=(self._inq[i], self._outq[i]), daemon=True,
+                             name=f"ggmlpy-cpu-{i + 1}").start()
+
+    def run(self, parts: list[Step]) -> None:
+        """*Sync*: run every slice; ``parts[0]`` on the calling thread, the others on the
+        workers; returns when all are done. The first exception raised by any slice is
+        re-raised here after all slices finished."""
+        if len(parts) == 1 or not self._lock.acquire(blocking=False):
+            for p in parts:
+                p()
+            return
+        try:
+            if self._pid != os.getpid():
+                self._start()
+            k = min(len(parts) - 1, len(self._inq))
+            for i in range(k):
+                self._inq[i].put(parts[i + 1])
+            err: BaseException | None = None
+            try:
+                parts[0]()
+                for p in parts[k + 1:]:
+                    p()
+            except BaseException as e:  # noqa: BLE001 - re-raised once the workers are done
+                err = e
+            for i in range(k):
+                r = self._outq[i].get()
+                if r is not None and err is None:
+                    err = r
+            if err is not None:
+                raise err
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """Stop the worker threads (a later :meth:`run` starts new ones)."""
+        with self._lock:
+            if self._pid == os.getpid():
+                for q in self._inq:
+                    q.put(None)
+            self._pid = -1
+            self._inq, self._outq = [], []
+
+
+def _worker(inq: queue.SimpleQueue, outq: queue.SimpleQueue) -> None:
+    with np.errstate(all="ignore"):  # as Plan.run: ggml's kernels do not trap overflow
+        while True:
+            f = inq.get()
+            if f is None:
+                return
+            try:
+                f()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                outq.put(e)
+            else:
+                outq.put(None)
+
+
+def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    q, r = divmod(n, parts)
+    out, lo = [], 0
+    for i in range(parts):
+        hi = lo + q + (1 if i < r else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _cut(a: Any, ax: int, lo: int, hi: int) -> Any:
+    return a[(slice(None),) * ax + (slice(lo, hi),)]
+
+
+def _follow(src: Any, ax: int, n: int, lo: int, hi: int) -> Any | None:
+    """The slice of an operand that is sliced alike (size ``n``) or broadcast (size 1) along
+    ``ax``; None when it tiles (ggml's modulo broadcast) and cannot be cut."""
+    if src is None:
+        return None
+    if src.shape[ax] == n:
+        return _cut(src, ax, lo, hi)
+    if src.shape[ax] == 1:
+        return src
+    return None
+
+
+def _plan_axis(dst: Any, n_parts: int) -> int | None:
+    """The outermost of NumPy axes 0-2 with at least ``n_parts`` entries, else the longest one
+    with at least 2 (None if all have 1)."""
+    for ax in range(3):
+        if dst.shape[ax] >= n_parts:
+            return ax
+    best = max(range(3), key=lambda a: dst.shape[a])
+    return best if dst.shape[best] >= 2 else None
+
+
+def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
+               compile_node: Compile) -> list[Step] | None:
+    """Compile ``node`` as ``n_parts`` slices over rows of ``dst`` (see the module docstring),
+    or None when the op is not splittable, the node is too small or its operands do not slice.
+
+    Args:
+        xp: the array module (``numpy``).
+        node: the graph node.
+        dst: its destination array, NumPy shape ``ne[::-1]``.
+        srcs: its sources' arrays (None for absent sources).
+        n_parts: slices wanted (>= 2).
+        compile_node: ``compile_node(xp, node, dst, srcs) -> Step`` (the kernel registry's).
+    """
+    op = node.op
+    if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4:
+        return None
+    if op == Op.MUL_MAT:
+        a, b = srcs[0], srcs[1]
+        K = b.shape[-1]
+        if dst.size * K < MIN_MACS:
+            return None
+        ax = _plan_axis(dst, n_parts)
+        if ax is None:
+            return None
+        n = dst.shape[ax]
+        if ax < 2 and a.shape[ax] not in (1, n):
+            return None
+        cuts = []
+        for lo, hi in _bounds(n, min(n, n_parts)):
+            a_p = a if ax == 2 or a.shape[ax] == 1 else _cut(a, ax, lo, hi)
+            cuts.append((_cut(dst, ax, lo, hi), [a_p, _cut(b, ax, lo, hi)] + list(srcs[2:])))
+    else:
+        if dst.size < MIN_ELEMENTS:
+            return None
+        if op == Op.SOFT_MAX and len(node.op_params) > 1 and float(node.op_params[1]) != 0.0:
+            return None  # ALiBi slopes depend on the head index
+        if op in (Op.CPY, Op.DUP, Op.CONT) and srcs[0].shape != dst.shape:
+            return None
+        if op in _SAME_SHAPE and srcs[0].shape != dst.shape:
+            return None
+        ax = _plan_axis(dst, n_parts)
+        if ax is None:
+            return None
+        n = dst.shape[ax]
+        cuts = []
+        for lo, hi in _bounds(n, min(n, n_parts)):
+            s_p: list[Any] = [_cut(srcs[0], ax, lo, hi)]
+            for j, s in enumerate(srcs[1:], start=1):
+                if s is None:
+                    s_p.append(None)
+                    continue
+                if op == Op.SOFT_MAX and j == 1 and ax == 2:
+                    s_p.append(_cut(s, 2, lo, hi))  # mask rows follow the rows of src0
+                    continue
+                f = _follow(s, ax, n, lo, hi)
+                if f is None:
+                    return None
+                s_p.append(f)
+            cuts.append((_cut(dst, ax, lo, hi), s_p))
+    parts = []
+    for d_p, s_p in cuts:
+        step = compile_node(xp, node, d_p, s_p)
+        if step is None:
+            return None
+        parts.append(step)
+    return parts
