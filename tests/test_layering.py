@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.alloc",),
     ("ggmlpy.sched_reuse", "ggmlpy.sched_assign"),
     ("ggmlpy.sched",),
+    ("ggmlpy.backends._jit_kernels",),
     ("ggmlpy.backends.fastpath", "ggmlpy.backends.cpu_jit"),
     ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda_kernels", "ggmlpy.backends.cuda_quant"),
     ("ggmlpy.backends.plan", "ggmlpy.backends.graph_spec", "ggmlpy.backends.ray_env"),

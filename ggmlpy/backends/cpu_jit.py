@@ -12,9 +12,9 @@ layer) launched then competes with them for the cores: measured on a 2-core mach
 row-broadcast add right after a 2-thread GEMM took 2.7-5 ms multithreaded against 0.15 ms on
 one thread (``scripts/bench_jit.py`` reports both kernels' rates).
 
-Accuracy. ``exp`` is evaluated in float64 as ``q(y/128)^128`` with ``q`` the degree-13 Taylor
-polynomial (relative error below 3e-9 on ``[-104, 0]``): a formulation without calls into libm,
-so the loops vectorize. Intermediates are float64, results are rounded once to float32, and
+Accuracy. ``exp`` is evaluated in float64 as ``2^k * q(r)``, ``r = y - k ln 2``, ``|r| <= ln2/2``,
+``q`` the degree-9 Taylor polynomial (relative error below 1e-10 on ``[-104, 0]``), ``2^k``
+built from its bits: a formulation without calls into libm, so the loops vectorize. Intermediates are float64, results are rounded once to float32, and
 results below float32's smallest normal number are flushed to zero (subnormal operands make the
 next GEMM up to 13x slower; the flush moves a value by less than 1.2e-38):
 
@@ -40,7 +40,6 @@ the calling thread and release the GIL.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -58,194 +57,14 @@ _state: dict[str, Any] = {}
 def _build() -> dict[str, Any]:
     """Compile-on-first-call dispatchers for every kernel, or the reason Numba is unusable."""
     try:
-        import numba
-        from numba import njit
+        from . import _jit_kernels as kj
     except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
         return {"reason": f"numba is not importable ({type(e).__name__}: {e})"}
+    return {name: getattr(kj, name + "_body") for name in _NAMES}
 
-    # no 'nnan'/'ninf': NaN and inf must propagate as in ggml; 'contract' allows FMAs,
-    # 'reassoc' lets LLVM vectorize the reductions
-    fm = {"contract", "arcp", "nsz", "reassoc"}
-    opts = dict(fastmath=fm, cache=True, nogil=True, error_model="numpy")
 
-    @njit(inline="always", **opts)
-    def exp_nonpos(y):  # exp(y) for y <= 0 (float64); NaN stays NaN, y < -104 -> ~1e-45
-        r = (-104.0 if y < -104.0 else y) * 0.0078125
-        p = 1.0 / 6227020800.0
-        p = p * r + 1.0 / 479001600.0
-        p = p * r + 1.0 / 39916800.0
-        p = p * r + 1.0 / 3628800.0
-        p = p * r + 1.0 / 362880.0
-        p = p * r + 1.0 / 40320.0
-        p = p * r + 1.0 / 5040.0
-        p = p * r + 1.0 / 720.0
-        p = p * r + 1.0 / 120.0
-        p = p * r + 1.0 / 24.0
-        p = p * r + 1.0 / 6.0
-        p = p * r + 0.5
-        p = p * r + 1.0
-        p = p * r + 1.0
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        p = p * p
-        return p * p
-
-    P = 0.3275911 * math.sqrt(0.5)
-    F32_TINY = float(np.finfo(np.float32).tiny)
-
-    @njit(inline="always", **opts)
-    def gelu1(v):
-        a = abs(v)
-        a = 30.0 if a > 30.0 else a              # NaN passes through
-        t = 1.0 / (1.0 + P * a)
-        q = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
-            -1.453152027 + t * 1.061405429))))
-        c = 0.5 * a * q * exp_nonpos(-0.5 * a * a)
-        r = (0.0 if v < 0.0 else v) - c          # NaN passes through
-        return 0.0 if abs(r) < F32_TINY else r   # no float32 subnormals (they slow BLAS 10x)
-
-    def gelu_body(x, out):
-        for i in range(x.size):
-            out[i] = np.float32(gelu1(np.float64(x[i])))
-
-    def gelu_inplace_body(x):  # one array: LLVM vectorizes without a runtime overlap check
-        for i in range(x.size):
-            x[i] = np.float32(gelu1(np.float64(x[i])))
-
-    @njit(inline="always", fastmath=fm | {"nnan"}, cache=True, nogil=True,
-          error_model="numpy")
-    def row_max(v, n):  # vectorized max; a NaN in the row reaches the output through the sum
-        mx = -np.inf
-        for j in range(n):
-            mx = max(mx, v[j])
-        return mx
-
-    @njit(inline="always", **opts)
-    def softmax_row(orow, X0):  # orow holds x*scale+mask; softmax in place
-        mxd = np.float64(row_max(orow, X0))
-        s = 0.0
-        for j in range(X0):
-            e = exp_nonpos(np.float64(orow[j]) - mxd)
-            e = 0.0 if e < F32_TINY else e  # no float32 subnormals
-            orow[j] = np.float32(e)
-            s += e
-        inv = 1.0 / s
-        for j in range(X0):
-            orow[j] = np.float32(orow[j] * inv)
-
-    def softmax_body(x, m, has_mask, scale, out):
-        X3, X2, X1, X0 = x.shape
-        M3, M2 = m.shape[0], m.shape[1]
-        for r in range(X3 * X2 * X1):
-            i3 = r // (X2 * X1)
-            i2 = (r // X1) % X2
-            i1 = r % X1
-            xr = x[i3, i2, i1]
-            orow = out[i3, i2, i1]
-            if has_mask:
-                mr = m[i3 % M3, i2 % M2, i1]
-                for j in range(X0):
-                    orow[j] = xr[j] * scale + mr[j]
-            else:
-                for j in range(X0):
-                    orow[j] = xr[j] * scale
-            softmax_row(orow, X0)
-
-    def softmax_inplace_body(x, m, has_mask, scale):
-        X3, X2, X1, X0 = x.shape
-        M3, M2 = m.shape[0], m.shape[1]
-        for r in range(X3 * X2 * X1):
-            i3 = r // (X2 * X1)
-            i2 = (r // X1) % X2
-            i1 = r % X1
-            orow = x[i3, i2, i1]
-            if has_mask:
-                mr = m[i3 % M3, i2 % M2, i1]
-                for j in range(X0):
-                    orow[j] = orow[j] * scale + mr[j]
-            else:
-                for j in range(X0):
-                    orow[j] = orow[j] * scale
-            softmax_row(orow, X0)
-
-    @njit(inline="always", **opts)
-    def mean_rstd(xr, n, eps):
-        s = 0.0
-        for j in range(n):
-            s += xr[j]
-        mean = s / n
-        s2 = 0.0
-        for j in range(n):
-            d = xr[j] - mean
-            s2 += d * d
-        return mean, 1.0 / math.sqrt(s2 / n + eps)
-
-    def norm_body(x, eps, out):
-        R, n = x.shape
-        for r in range(R):
-            xr = x[r]
-            orow = out[r]
-            mean, rstd = mean_rstd(xr, n, eps)
-            for j in range(n):
-                orow[j] = np.float32((xr[j] - mean) * rstd)
-
-    def norm_inplace_body(x, eps):
-        R, n = x.shape
-        for r in range(R):
-            xr = x[r]
-            mean, rstd = mean_rstd(xr, n, eps)
-            for j in range(n):
-                xr[j] = np.float32((xr[j] - mean) * rstd)
-
-    def binary_body(a, b, out, op):
-        R, n = a.shape
-        bcast = b.shape[0] == 1
-        for r in range(R):
-            ar = a[r]
-            br = b[0] if bcast else b[r]
-            orow = out[r]
-            if op == 0:
-                for j in range(n):
-                    orow[j] = ar[j] + br[j]
-            elif op == 1:
-                for j in range(n):
-                    orow[j] = ar[j] - br[j]
-            elif op == 2:
-                for j in range(n):
-                    orow[j] = ar[j] * br[j]
-            else:
-                for j in range(n):
-                    orow[j] = ar[j] / br[j]
-
-    def binary_inplace_body(a, b, op):  # a (op)= b: two arrays, so LLVM's overlap check passes
-        R, n = a.shape
-        bcast = b.shape[0] == 1
-        for r in range(R):
-            ar = a[r]
-            br = b[0] if bcast else b[r]
-            if op == 0:
-                for j in range(n):
-                    ar[j] += br[j]
-            elif op == 1:
-                for j in range(n):
-                    ar[j] -= br[j]
-            elif op == 2:
-                for j in range(n):
-                    ar[j] *= br[j]
-            else:
-                for j in range(n):
-                    ar[j] /= br[j]
-
-    k: dict[str, Any] = {"numba": numba}
-    for name, body in (("gelu", gelu_body), ("gelu_inplace", gelu_inplace_body),
-                       ("softmax", softmax_body), ("softmax_inplace", softmax_inplace_body),
-                       ("norm", norm_body), ("norm_inplace", norm_inplace_body),
-                       ("binary", binary_body), ("binary_inplace", binary_inplace_body)):
-        k[name] = njit(**opts)(body)
-    return k
+_NAMES = ("gelu", "gelu_inplace", "softmax", "softmax_inplace", "norm", "norm_inplace",
+          "binary", "binary_inplace")
 
 
 def _kernels() -> dict[str, Any]:

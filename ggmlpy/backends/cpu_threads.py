@@ -24,9 +24,11 @@ Each slice computes exactly what the whole node computes for those rows, with th
 BLAS may block a GEMM of fewer rows differently, so MUL_MAT results can differ in the last
 float32 bits from an unsplit product (as ggml's own results differ with ``n_threads``).
 
-Thresholds: a node is split when its destination has at least :data:`MIN_ELEMENTS` elements
-(MUL_MAT: at least :data:`MIN_MACS` multiply-adds); below that the hand-off to a worker thread
-(~40-80 us on a VM) costs more than it saves.
+Thresholds: a node is split when its destination has at least :data:`MIN_ELEMENTS` ``[op]``
+elements (memory-bound copies and binary ops need the most, GELU and softmax the fewest;
+MUL_MAT: at least :data:`MIN_MACS` multiply-adds), i.e. about 150 us of single-thread work or
+more; below that the hand-off to a worker thread (~40-80 us round trip on a VM) costs more than
+it saves.
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ __all__ = ["Pool", "default_n_threads", "split_step", "blas_single_thread", "SPL
 Step = Callable[[], None]
 Compile = Callable[[Any, Tensor, Any, list[Any]], "Step | None"]
 
-#: destination elements from which an element-wise or row-wise node is split
-MIN_ELEMENTS = 1 << 16
-#: multiply-adds from which a MUL_MAT node is split
-MIN_MACS = 1 << 22
-
 _ELEMENTWISE = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 _SAME_SHAPE = (Op.SCALE, Op.UNARY, Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.CPY, Op.DUP, Op.CONT)
+#: destination elements from which a node of each op is split (~150 us of one thread's work)
+MIN_ELEMENTS = {**{op: 1 << 20 for op in (*_ELEMENTWISE, Op.SCALE, Op.CPY, Op.DUP, Op.CONT)},
+                **{op: 1 << 18 for op in (Op.NORM, Op.RMS_NORM, Op.L2_NORM)},
+                Op.UNARY: 1 << 17, Op.SOFT_MAX: 1 << 16}
+#: multiply-adds from which a MUL_MAT node is split
+MIN_MACS = 1 << 24
 #: ops :func:`split_step` may split
 SPLIT_OPS = frozenset((*_ELEMENTWISE, *_SAME_SHAPE, Op.SOFT_MAX, Op.MUL_MAT))
 
@@ -264,7 +267,7 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
             a_p = a if ax == 2 or a.shape[ax] == 1 else _cut(a, ax, lo, hi)
             cuts.append((_cut(dst, ax, lo, hi), [a_p, _cut(b, ax, lo, hi)] + list(srcs[2:])))
     else:
-        if dst.size < MIN_ELEMENTS:
+        if dst.size < MIN_ELEMENTS[op]:
             return None
         if op == Op.SOFT_MAX and len(node.op_params) > 1 and float(node.op_params[1]) != 0.0:
             return None  # ALiBi slopes depend on the head index
