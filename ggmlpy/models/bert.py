@@ -50,6 +50,7 @@ import numpy as np
 from .. import ops
 from .._check import check_bool, check_int, check_optional, check_type
 from ..alloc import alloc_ctx_tensors_from_buft
+from ..backends import cpu_jit
 from ..backend import Backend, Buffer, BufferUsage, Device, DeviceType, Status
 from ..errors import BackendUnavailableError, ComputeError
 from ..graph import Graph
@@ -202,6 +203,9 @@ class BertModel:
             seq_bucket: batch lengths are padded up to a multiple of this (>= 1; 1 pads to the
                 longest sequence exactly). Padding is masked, so the embeddings do not change.
 
+        Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu_jit.warm_up`,
+        when Numba is installed), so that their one-time cost is not paid by the first encode.
+
         Returns:
             A ready :class:`BertModel` (weights uploaded, scheduler reserved for a small batch).
 
@@ -296,6 +300,7 @@ class BertModel:
                     f"{first.length} tokens on {', '.join(self.devices)}; try fewer "
                     "--n-gpu-layers")
             self._n_splits = self.sched.get_n_splits()
+            cpu_jit.warm_up()  # compiled CPU kernels loaded now, not in the first encode
         except BaseException:
             self.close()
             raise
