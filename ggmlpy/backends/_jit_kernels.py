@@ -74,23 +74,24 @@ def row_max(v, n):  # vectorized max; a NaN in the row reaches the output throug
 
 
 @njit(inline="always", **_OPTS)
-def softmax_row(orow, X0):  # orow holds x*scale+mask; softmax in place
+def softmax_row(orow, X0, tmp):  # orow holds x*scale+mask; softmax in place (tmp: X0 float64)
     mxd = np.float64(row_max(orow, X0))
     s = 0.0
     for j in range(X0):
         e = exp_nonpos(np.float64(orow[j]) - mxd)
-        e = 0.0 if e < F32_TINY else e  # no float32 subnormals
-        orow[j] = np.float32(e)
+        tmp[j] = e
         s += e
     inv = 1.0 / s
     for j in range(X0):
-        orow[j] = np.float32(orow[j] * inv)
+        e = tmp[j] * inv
+        orow[j] = np.float32(0.0 if e < F32_TINY else e)  # no float32 subnormals
 
 
 @njit(**_OPTS)
 def softmax_body(x, m, has_mask, scale, out):
     X3, X2, X1, X0 = x.shape
     M3, M2 = m.shape[0], m.shape[1]
+    tmp = np.empty(X0, np.float64)
     for r in range(X3 * X2 * X1):
         i3 = r // (X2 * X1)
         i2 = (r // X1) % X2
@@ -104,13 +105,14 @@ def softmax_body(x, m, has_mask, scale, out):
         else:
             for j in range(X0):
                 orow[j] = xr[j] * scale
-        softmax_row(orow, X0)
+        softmax_row(orow, X0, tmp)
 
 
 @njit(**_OPTS)
 def softmax_inplace_body(x, m, has_mask, scale):
     X3, X2, X1, X0 = x.shape
     M3, M2 = m.shape[0], m.shape[1]
+    tmp = np.empty(X0, np.float64)
     for r in range(X3 * X2 * X1):
         i3 = r // (X2 * X1)
         i2 = (r // X1) % X2
@@ -123,7 +125,7 @@ def softmax_inplace_body(x, m, has_mask, scale):
         else:
             for j in range(X0):
                 orow[j] = orow[j] * scale
-        softmax_row(orow, X0)
+        softmax_row(orow, X0, tmp)
 
 
 @njit(inline="always", **_OPTS)
