@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import uuid
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -197,14 +197,16 @@ class CPUBackend(Backend):
         step = kernels.compile_node(xp, node, dst, srcs)
         if step is None or self._n_threads < 2:
             return step
-        parts = cpu_threads.split_step(xp, node, dst, srcs, self._n_threads, kernels.compile_node)
-        if parts is None:
-            return step
-        return partial(self._pool.run, parts)
+        split = cpu_threads.split_step(xp, node, dst, srcs, self._pool, kernels.compile_node,
+                                       step)
+        return step if split is None else split
 
     def _build_plan(self, graph: Graph) -> Plan:
-        return build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
+        plan = build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
                           self._compile_node)
+        if self._n_threads > 1:
+            plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
+        return plan
 
     def _run(self, plan: Plan) -> None:
         if self._n_threads > 1:

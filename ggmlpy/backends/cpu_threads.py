@@ -45,7 +45,7 @@ import numpy as np
 from ..opcodes import Op
 from ..tensor import Tensor
 
-__all__ = ["Pool", "default_n_threads", "split_step", "blas_single_thread", "SPLIT_OPS",
+__all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "blas_single_thread", "SPLIT_OPS",
            "MIN_ELEMENTS", "MIN_MACS"]
 
 Step = Callable[[], None]
@@ -235,8 +235,148 @@ def _plan_axis(dst: Any, n_parts: int) -> int | None:
     return best if dst.shape[best] >= 2 else None
 
 
-def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
-               compile_node: Compile) -> list[Step] | None:
+class Split:
+    """A plan step that runs the slices of one node, or of a fused chain of nodes, on a
+    :class:`Pool` (calling it runs ``pool.run(parts)``).
+
+    A node below its op's threshold still gets a ``Split`` (``big`` False) so that it can join a
+    chain (:func:`fuse_chains`); its slices are compiled only then, and on its own it runs
+    ``whole``, the unsplit step.
+
+    Attributes:
+        parts: one zero-argument callable per slice (None until compiled).
+        ax: the NumPy axis of the destinations that was cut.
+        bounds: ``(lo, hi)`` of each slice along ``ax``.
+        dst: the (last) node's destination array (whole).
+        dsts: the destination arrays of every node in the step.
+        reads: ``(array, aligned)`` for every source read from outside the step; ``aligned``
+            when the array was cut along ``ax`` exactly like the destination (slice ``i``
+            reads rows ``bounds[i]`` only), False when every slice reads all of it (a shared
+            GEMM weight, a broadcast bias, a tiled mask).
+        n_nodes: nodes computed by the step.
+        big: the node reaches its op's threshold on its own.
+        whole: the unsplit step of a single node.
+    """
+
+    __slots__ = ("pool", "parts", "ax", "bounds", "dst", "dsts", "reads", "n_nodes", "big",
+                 "whole", "_compile")
+
+    def __init__(self, pool: Pool, parts: list[Step] | None, ax: int,
+                 bounds: list[tuple[int, int]], dst: Any, reads: list[tuple[Any, bool]],
+                 big: bool = True, whole: Step | None = None,
+                 compile_parts: Callable[[], list[Step] | None] | None = None) -> None:
+        self.pool = pool
+        self.parts = parts
+        self.ax = ax
+        self.bounds = bounds
+        self.dst = dst
+        self.dsts = [dst]
+        self.reads = reads
+        self.n_nodes = 1
+        self.big = big
+        self.whole = whole
+        self._compile = compile_parts
+
+    def compiled(self) -> bool:
+        """Compile the slices if that has not happened yet; False if a slice cannot be
+        compiled (the node then only runs whole)."""
+        if self.parts is None and self._compile is not None:
+            self.parts = self._compile()
+            self._compile = None
+        return self.parts is not None
+
+    def __call__(self) -> None:
+        if self.parts is None:
+            self.whole()
+        else:
+            self.pool.run(self.parts)
+
+    def __repr__(self) -> str:
+        return (f"Split(nodes={self.n_nodes}, parts={None if self.parts is None else len(self.parts)}, "
+                f"ax={self.ax}, bounds={self.bounds}, big={self.big})")
+
+
+def _same(x: Any, y: Any) -> bool:
+    return (x.shape == y.shape and x.strides == y.strides
+            and x.__array_interface__["data"][0] == y.__array_interface__["data"][0])
+
+
+def _can_join(chain: Split, s: Split) -> bool:
+    """Whether node step ``s`` may run slice by slice right after the nodes of ``chain``: same
+    cut, every source it shares memory with a chain destination is that destination cut alike,
+    and its destination overwrites nothing another slice of the chain still reads."""
+    if s.ax != chain.ax or s.bounds != chain.bounds:
+        return False
+    for r, aligned in s.reads:
+        for d in chain.dsts:
+            if np.may_share_memory(r, d) and not (aligned and _same(r, d)):
+                return False
+    for r, aligned in chain.reads:
+        if np.may_share_memory(s.dst, r) and not (aligned and _same(s.dst, r)):
+            return False
+    for d in chain.dsts:
+        if np.may_share_memory(s.dst, d) and not _same(s.dst, d):
+            return False
+    return True
+
+
+def _seq(steps: tuple[Step, ...]) -> Step:
+    def run() -> None:
+        for st in steps:
+            st()
+    return run
+
+
+def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], list[Tensor]]:
+    """Merge runs of consecutive :class:`Split` steps that are row-aligned (each node reads the
+    previous ones' results only at its own rows, see :func:`_can_join`) into one step whose
+    slice ``i`` runs slice ``i`` of every node in order: one hand-off to the workers per run
+    instead of per node, and each thread keeps its rows in cache from node to node. A run
+    starts at a node above its threshold; nodes below it join a run but never start one (alone
+    they run unsplit). Results are identical to running the nodes one by one. ``nodes[i]`` of
+    the result is the last node of step ``i``."""
+    out_s: list[Step] = []
+    out_n: list[Tensor] = []
+    chain: list[tuple[Split, Tensor]] = []
+
+    def flush() -> None:
+        if not chain:
+            return
+        if len(chain) == 1:
+            out_s.append(chain[0][0])
+        else:
+            first = chain[0][0]
+            parts = [_seq(tuple(c[0].parts[i] for c in chain)) for i in range(len(first.parts))]
+            f = Split(first.pool, parts, first.ax, first.bounds, chain[-1][0].dst, [])
+            f.dsts = [d for c in chain for d in c[0].dsts]
+            f.reads = [r for c in chain for r in c[0].reads]
+            f.n_nodes = sum(c[0].n_nodes for c in chain)
+            out_s.append(f)
+        out_n.append(chain[-1][1])
+        chain.clear()
+
+    acc: Split | None = None
+    for step, node in zip(steps, nodes):
+        if (isinstance(step, Split) and acc is not None and _can_join(acc, step)
+                and step.compiled()):
+            chain.append((step, node))
+            acc.dsts.append(step.dst)
+            acc.reads.extend(step.reads)
+            continue
+        flush()
+        if isinstance(step, Split) and step.big:
+            chain.append((step, node))
+            acc = Split(step.pool, [], step.ax, step.bounds, step.dst, list(step.reads))
+        else:
+            acc = None
+            out_s.append(step.whole if isinstance(step, Split) else step)
+            out_n.append(node)
+    flush()
+    return out_s, out_n
+
+
+def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
+               compile_node: Compile, whole: Step) -> Split | None:
     """Compile ``node`` as ``n_parts`` slices over rows of ``dst`` (see the module docstring),
     or None when the op is not splittable, the node is too small or its operands do not slice.
 
@@ -245,17 +385,22 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
         node: the graph node.
         dst: its destination array, NumPy shape ``ne[::-1]``.
         srcs: its sources' arrays (None for absent sources).
-        n_parts: slices wanted (>= 2).
+        pool: the pool that runs the slices (``pool.n_threads`` slices at most).
         compile_node: ``compile_node(xp, node, dst, srcs) -> Step`` (the kernel registry's).
+        whole: the node's unsplit step (run when the node stays alone below its threshold).
+
+    Returns:
+        A :class:`Split` with its slices compiled when the node reaches its op's threshold,
+        a lazily compiled one (``big`` False) when it does not, or None.
     """
     op = node.op
-    if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4:
+    n_parts = pool.n_threads
+    if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4 or n_parts < 2:
         return None
     if op == Op.MUL_MAT:
         a, b = srcs[0], srcs[1]
         K = b.shape[-1]
-        if dst.size * K < MIN_MACS:
-            return None
+        big = dst.size * K >= MIN_MACS
         ax = _plan_axis(dst, n_parts)
         if ax is None:
             return None
@@ -263,12 +408,14 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
         if ax < 2 and a.shape[ax] not in (1, n):
             return None
         cuts = []
-        for lo, hi in _bounds(n, min(n, n_parts)):
-            a_p = a if ax == 2 or a.shape[ax] == 1 else _cut(a, ax, lo, hi)
+        bounds = _bounds(n, min(n, n_parts))
+        a_cut = not (ax == 2 or a.shape[ax] == 1)
+        reads = [(a, a_cut), (b, True)]
+        for lo, hi in bounds:
+            a_p = _cut(a, ax, lo, hi) if a_cut else a
             cuts.append((_cut(dst, ax, lo, hi), [a_p, _cut(b, ax, lo, hi)] + list(srcs[2:])))
     else:
-        if dst.size < MIN_ELEMENTS[op]:
-            return None
+        big = dst.size >= MIN_ELEMENTS[op]
         if op == Op.SOFT_MAX and len(node.op_params) > 1 and float(node.op_params[1]) != 0.0:
             return None  # ALiBi slopes depend on the head index
         if op in (Op.CPY, Op.DUP, Op.CONT) and srcs[0].shape != dst.shape:
@@ -280,7 +427,13 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
             return None
         n = dst.shape[ax]
         cuts = []
-        for lo, hi in _bounds(n, min(n, n_parts)):
+        bounds = _bounds(n, min(n, n_parts))
+        reads = [(srcs[0], True)]
+        for j, s in enumerate(srcs[1:], start=1):
+            if s is not None:
+                # the mask's rows follow src0's rows, but the mask may have more: not aligned
+                reads.append((s, s.shape[ax] == n and not (op == Op.SOFT_MAX and ax == 2)))
+        for lo, hi in bounds:
             s_p: list[Any] = [_cut(srcs[0], ax, lo, hi)]
             for j, s in enumerate(srcs[1:], start=1):
                 if s is None:
@@ -294,10 +447,18 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], n_parts: int,
                     return None
                 s_p.append(f)
             cuts.append((_cut(dst, ax, lo, hi), s_p))
-    parts = []
-    for d_p, s_p in cuts:
-        step = compile_node(xp, node, d_p, s_p)
-        if step is None:
-            return None
-        parts.append(step)
-    return parts
+
+    def compile_parts() -> list[Step] | None:
+        parts = []
+        for d_p, s_p in cuts:
+            step = compile_node(xp, node, d_p, s_p)
+            if step is None:
+                return None
+            parts.append(step)
+        return parts
+
+    if big:
+        parts = compile_parts()
+        return None if parts is None else Split(pool, parts, ax, bounds, dst, reads)
+    return Split(pool, None, ax, bounds, dst, reads, big=False, whole=whole,
+                 compile_parts=compile_parts)

@@ -41,7 +41,9 @@ Step = Callable[[], None]
 
 
 class Plan:
-    """A compiled graph: ``steps[i]`` runs one node's kernel; ``nodes[i]`` is that node.
+    """A compiled graph: ``steps[i]`` runs one node's kernel; ``nodes[i]`` is that node (a CPU
+    step fused from several row-aligned nodes, :func:`ggmlpy.backends.cpu_threads.fuse_chains`,
+    runs them all; ``nodes[i]`` is then the last of them).
 
     Attributes:
         steps: zero-argument callables, in graph order (view and NONE nodes are left out).
