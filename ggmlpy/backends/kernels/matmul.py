@@ -35,6 +35,7 @@ from ...backend import BufferUsage
 from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
+from ..cuda_gemm import gemm_f16, gemm_f16_ok
 from .common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from .registry import Step, kernel
 from .typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
@@ -168,6 +169,11 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
     b32 = b.dtype == F32
 
     if not is_numpy(xp):
+        if ta == Type.F16:
+            aT, bv, dv = _mm_views(xp, a, b, dst)
+            if gemm_f16_ok(aT, bv, dv):
+                return partial(gemm_f16, xp, aT, bv, dv)
+
         def run_dev() -> None:
             a32 = to_f32(xp, ta, a, K)
             aT, bv, dv = _mm_views(xp, a32, b if b32 else as_f32(xp, b), dst)
