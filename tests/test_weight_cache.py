@@ -417,3 +417,38 @@ def test_env_weight_cache_mb_rejects(monkeypatch, value):
     monkeypatch.setenv("GGMLPY_WEIGHT_CACHE_MB", value)
     with pytest.raises(EnvError, match="GGMLPY_WEIGHT_CACHE_MB"):
         weight_cache_mb()
+
+
+@pytest.mark.parametrize("x_type", [Type.F32, Type.F16])
+def test_batched_broadcast_weight_from_the_cache(x_type):
+    """A weight [K, M, 2] broadcast over src1 [K, N, 4] (ggml's block repeat) and F16 src1:
+    the cached path gives the float64 reference on every call."""
+    cpu = backend_cpu_init()
+    rng = np.random.default_rng(9)
+    wctx, ctx = Context(no_alloc=True), Context(no_alloc=True)
+    w = wctx.new_tensor(Type.F16, (K, M, 2))
+    x = ctx.new_tensor(x_type, (K, N, 4))
+    y = ops.mul_mat(ctx, w, x)
+    wbuf = alloc_ctx_tensors(wctx, cpu)
+    wbuf.set_usage(BufferUsage.WEIGHTS)
+    xbuf = alloc_ctx_tensors(ctx, cpu)
+    try:
+        g = Graph(8)
+        g.build_forward_expand(y)
+        for _ in range(2):
+            wv = rng.uniform(-1, 1, (2, M, K)).astype(np.float16)
+            backend_tensor_set(w, wv)
+            for _ in range(2):
+                xv = rng.uniform(-1, 1, (4, N, K)).astype(np.float32)
+                if x_type == Type.F16:
+                    xv = xv.astype(np.float16)
+                backend_tensor_set(x, xv)
+                cpu.graph_compute(g)
+                got = np.asarray(backend_tensor_get(y)).reshape(-1).view(np.float32).reshape(4, N, M)
+                wrep = np.repeat(wv.astype(np.float64), 2, axis=0)  # block repeat: i2 -> i2 // 2
+                want = xv.astype(np.float64) @ wrep.swapaxes(-1, -2)
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        assert CACHE.stats()["hits"] == 2 and CACHE.stats()["stores"] == 2
+    finally:
+        wbuf.free()
+        xbuf.free()
