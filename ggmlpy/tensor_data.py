@@ -9,6 +9,11 @@ All offsets and sizes are in **bytes**. The blocking forms return when the bytes
 ``*_async`` forms are ordered on the given backend's stream and complete by its ``synchronize()``.
 The names are also importable from :mod:`ggmlpy.backend` and :mod:`ggmlpy` (where they lived
 before).
+
+Every function that writes bytes records it on the destination buffer after the write
+(:func:`ggmlpy.backend.buffer_written`; the async forms with
+:func:`ggmlpy.backend.buffer_write_queued`, pending until the backend's ``synchronize``), which is
+what invalidates the float32 weight copies of ``backends/kernels/weight_cache.py``.
 """
 
 from __future__ import annotations
