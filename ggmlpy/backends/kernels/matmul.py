@@ -7,8 +7,9 @@ with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 * NumPy (CPU, SIM), weight in a buffer of usage WEIGHTS: the weight's float32 copy comes from
   :mod:`.weight_cache` (converted on first use, reused until any write to the weight's buffer;
   LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM. Measured on the
-  2-core machine (``scripts/bench_quant.py``): F16 at 1 token went from 8-17x the F32 time to
-  about 1x.
+  2-core machine (``scripts/bench_quant.py``, MiniLM shapes, interleaved): F16 and Q8_0 weights
+  take 1.0-1.2x the F32 time at 1, 32 and 1024 tokens; converted per call they took 17-60x
+  at 1 token, 3.2-5.2x at 32 and 1.2-1.4x at 1024.
 * NumPy, other weights (activations, compute buffers, cache off or weight over budget, async
   writes queued): converted per call in row blocks of 2-4 MiB of float32
   (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
