@@ -452,3 +452,30 @@ def test_batched_broadcast_weight_from_the_cache(x_type):
     finally:
         wbuf.free()
         xbuf.free()
+
+
+def test_a_failing_synchronize_still_ends_the_pending_async_writes(monkeypatch):
+    """After ``synchronize`` nothing is in flight, even when it reports a failure: the pending
+    count returns to 0 and the generation moves past every copy made meanwhile."""
+    be, s = _sim_setup(Type.F16)
+    try:
+        s.check()
+        s.raw = _weight_bytes(s.t, s.rng)
+        backend_tensor_set_async(be, s.w, s.raw)
+        gen = s.wbuf._data_gen
+        real = be._synchronize
+
+        def failing() -> None:
+            real()
+            raise RuntimeError("queued work failed")
+        monkeypatch.setattr(be, "_synchronize", failing)
+        with pytest.raises(RuntimeError, match="queued work failed"):
+            be.synchronize()
+        monkeypatch.setattr(be, "_synchronize", real)
+        assert s.wbuf._async_writes == 0 and s.wbuf._data_gen > gen
+        s.check()
+        s.check()
+        assert CACHE.stats()["hits"] >= 1
+    finally:
+        s.free()
+        be.free()
