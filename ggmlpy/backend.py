@@ -18,7 +18,9 @@ resolves lazily to it).
 
 from __future__ import annotations
 
+import itertools
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ __all__ = [
     "BufferType", "Buffer", "MultiBuffer", "Backend", "Device", "Reg", "Event",
     "tensor_buffer", "tensor_alloc", "view_init",
     "event_new", "event_record", "event_wait", "event_synchronize", "event_query",
+    "buffer_written", "buffer_write_queued",
 ]
 
 
@@ -187,6 +190,49 @@ class BufferType:
 
 
 # ---------------------------------------------------------------------------------------------
+# data-write generations: what the weight cache (backends/kernels/weight_cache.py) checks
+
+#: process-wide source of write generations; ``next()`` on it is atomic under the GIL, so two
+#: writers never publish the same value
+_DATA_GEN = itertools.count(1)
+_queued_lock = threading.Lock()
+
+
+def buffer_written(buffer: Buffer) -> None:
+    """Record that bytes of ``buffer`` changed: give it a new, never used write generation
+    (``buffer._data_gen``). Call it **after** the bytes are in place. Every write path of the
+    package calls it: ``backend_tensor_set``/``memset``/``copy`` (dst), their async forms (at
+    enqueue, see :func:`buffer_write_queued`), :meth:`Buffer.clear`, :meth:`Buffer.free` and
+    compiled graph steps whose destination lives in a buffer that is not COMPUTE
+    (``kernels.registry.compile_node``). Code that writes a buffer's memory any other way (a
+    NumPy view from ``Tensor.numpy()``, a wrapped user array) must call it too, or converted
+    weight copies may be stale. Synchronous; thread-safe."""
+    buffer._data_gen = next(_DATA_GEN)
+
+
+def buffer_write_queued(backend: Backend, buffer: Buffer) -> None:
+    """Record a write to ``buffer`` queued on ``backend``'s stream: bump its write generation now
+    and count it in ``buffer._async_writes`` until ``backend.synchronize()`` returns (then the
+    generation is bumped again). While the count is non-zero the weight cache neither uses nor
+    stores a converted copy of the buffer's tensors. Thread-safe."""
+    with _queued_lock:
+        buffer._async_writes = getattr(buffer, "_async_writes", 0) + 1
+        q = backend.__dict__.setdefault("_queued_writes", [])
+        q.append(buffer)
+    buffer_written(buffer)
+
+
+def _writes_landed(backend: Backend) -> None:
+    with _queued_lock:
+        q = backend.__dict__.get("_queued_writes") or []
+        backend._queued_writes = []
+        for b in q:
+            b._async_writes -= 1
+    for b in q:
+        buffer_written(b)
+
+
+# ---------------------------------------------------------------------------------------------
 # buffer
 
 
@@ -202,6 +248,9 @@ class Buffer:
         size: bytes.
         usage: :class:`BufferUsage` (ANY until set).
         freed: True after :meth:`free`; every data access then raises.
+        _data_gen: the process-wide write generation of the buffer's bytes (see
+            :func:`buffer_written`); ``_async_writes``: writes queued on a stream and not yet
+            known to have landed (see :func:`buffer_write_queued`). Read by the weight cache.
     """
 
     def __init__(self, buft: BufferType, size: int) -> None:
@@ -209,6 +258,8 @@ class Buffer:
         self.size = int(size)
         self.usage = BufferUsage.ANY
         self.freed = False
+        self._data_gen = next(_DATA_GEN)
+        self._async_writes = 0
 
     # facade -----------------------------------------------------------------------------------
     @property
@@ -225,6 +276,7 @@ class Buffer:
         if not self.freed:
             self._free()
             self.freed = True
+            buffer_written(self)
             _snapshot.buffer_freed(self)
 
     def get_size(self) -> int:
@@ -242,6 +294,7 @@ class Buffer:
         self._check_live()
         if self.size:
             self._clear(int(value))
+            buffer_written(self)
 
     def set_usage(self, usage: BufferUsage) -> None:
         """Record what the buffer holds (mirrors ``ggml_backend_buffer_set_usage``)."""
@@ -498,8 +551,15 @@ class Backend:
         return self.get_default_buffer_type().get_max_size()
 
     def synchronize(self) -> None:
-        """Block the host until all work queued on this backend is done (mirrors ``ggml_backend_synchronize``)."""
-        self._synchronize()
+        """Block the host until all work queued on this backend is done (mirrors ``ggml_backend_synchronize``).
+
+        Async writes queued through this backend (:func:`buffer_write_queued`) count as landed
+        afterwards, also when the hook raises (a failed stream skipped them: nothing is in flight)."""
+        try:
+            self._synchronize()
+        finally:
+            if self.__dict__.get("_queued_writes"):
+                _writes_landed(self)
 
     def graph_compute_async(self, graph: Graph) -> Status:
         """Launch ``graph`` on this backend's stream (mirrors ``ggml_backend_graph_compute_async``).

@@ -10,6 +10,8 @@ variable                   accepted value
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
 ``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
 ``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
+``GGMLPY_WEIGHT_CACHE_MB``  finite number >= 0: MiB of float32 weight copies kept by the
+                           NumPy MUL_MAT (default 256; 0 = off)
 ``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
 ``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
 ``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
@@ -38,7 +40,8 @@ __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SI
            "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
-           "ray_requested", "parse_ray_address"]
+           "ray_requested", "parse_ray_address", "WEIGHT_CACHE_MB", "DEFAULT_WEIGHT_CACHE_MB",
+           "weight_cache_mb"]
 
 BACKENDS = "GGMLPY_BACKENDS"
 SIM_DEVICES = "GGMLPY_SIM_DEVICES"
@@ -47,6 +50,7 @@ SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
 PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
 JIT = "GGMLPY_JIT"
+WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
 FIXTURES = "GGMLPY_FIXTURES"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
 RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
@@ -56,7 +60,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, PRECISE_KERNELS,
-         JIT, FIXTURES,
+         JIT, WEIGHT_CACHE_MB, FIXTURES,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -286,6 +290,25 @@ def jit_enabled() -> bool:
     return v == "1"
 
 
+#: ``GGMLPY_WEIGHT_CACHE_MB`` when unset: 256 MiB holds every float32 copy of MiniLM-L6's F16
+#: or quantized matrices (about 87 MB) several times over
+DEFAULT_WEIGHT_CACHE_MB = 256.0
+
+
+def weight_cache_mb() -> float:
+    """``GGMLPY_WEIGHT_CACHE_MB``: the byte budget, in MiB (2**20 bytes), of the float32 copies of
+    F16/BF16/quantized weights that the NumPy MUL_MAT keeps between calls
+    (:mod:`ggmlpy.backends.kernels.weight_cache`); :data:`DEFAULT_WEIGHT_CACHE_MB` when unset.
+    ``0`` turns the cache off (every call converts the weight in row blocks). Read when a plan
+    is built.
+
+    Raises:
+        EnvError: not a finite number >= 0.
+    """
+    v = _number(WEIGHT_CACHE_MB, positive=False)
+    return DEFAULT_WEIGHT_CACHE_MB if v is None else v
+
+
 def validate() -> None:
     """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
     order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
@@ -296,6 +319,7 @@ def validate() -> None:
     sched_debug()
     precise_kernels()
     jit_enabled()
+    weight_cache_mb()
     ray_devices()
     ray_address()
     ray_timeout_s()

@@ -9,6 +9,11 @@ All offsets and sizes are in **bytes**. The blocking forms return when the bytes
 ``*_async`` forms are ordered on the given backend's stream and complete by its ``synchronize()``.
 The names are also importable from :mod:`ggmlpy.backend` and :mod:`ggmlpy` (where they lived
 before).
+
+Every function that writes bytes records it on the destination buffer after the write
+(:func:`ggmlpy.backend.buffer_written`; the async forms with
+:func:`ggmlpy.backend.buffer_write_queued`, pending until the backend's ``synchronize``), which is
+what invalidates the float32 weight copies of ``backends/kernels/weight_cache.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ._check import typed_functions as _typed_functions
-from .backend import Backend, tensor_buffer
+from .backend import Backend, buffer_write_queued, buffer_written, tensor_buffer
 from .tensor import Tensor
 
 __all__ = [
@@ -138,7 +143,9 @@ def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | N
     """
     raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set")
     if raw.size:
-        tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
+        buf = tensor_buffer(tensor)
+        buf._set_tensor(tensor, raw, int(offset))
+        buffer_written(buf)
 
 
 def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None, *,
@@ -226,6 +233,7 @@ def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int
     _check_range(tensor, offset, size, what)
     if size:
         buf._memset_tensor(tensor, value, offset, size)
+        buffer_written(buf)
 
 
 def _check_same_layout(src: Tensor, dst: Tensor, what: str) -> None:
@@ -257,6 +265,7 @@ def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
         dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
     elif dbuf.is_host() or not dbuf._cpy_tensor(src, dst):
         dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
+    buffer_written(dbuf)
 
 
 def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset: int = 0,
@@ -271,9 +280,13 @@ def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset
     raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set_async")
     if not raw.size:
         return
-    if not backend._set_tensor_async(tensor, raw, int(offset)):
+    buf = tensor_buffer(tensor)
+    if backend._set_tensor_async(tensor, raw, int(offset)):
+        buffer_write_queued(backend, buf)  # lands by backend.synchronize()
+    else:
         backend.synchronize()
-        tensor_buffer(tensor)._set_tensor(tensor, raw, int(offset))
+        buf._set_tensor(tensor, raw, int(offset))
+        buffer_written(buf)
 
 
 def backend_tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
@@ -324,8 +337,10 @@ def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: T
     _check_same_layout(src, dst, what)
     if src is dst:
         return
-    tensor_buffer(src), tensor_buffer(dst)
+    tensor_buffer(src)
+    dbuf = tensor_buffer(dst)
     if backend_dst._cpy_tensor_async(backend_src, src, dst):
+        buffer_write_queued(backend_dst, dbuf)  # lands by backend_dst.synchronize()
         return
     backend_src.synchronize()
     backend_dst.synchronize()

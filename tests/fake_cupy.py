@@ -9,7 +9,10 @@ Counting: ``FakeCupy.launch_count()`` counts "kernel launches" the way CuPy woul
 ufunc call (element-wise op, reduction), per kernel-issuing array function (``copyto``, ``sum``,
 ``where``, ...), per ``astype``/``copy``, and per ``RawKernel``/``RawModule`` function call. ``pinned_allocs`` counts
 ``alloc_pinned_memory`` calls; ``hold_events(True)`` keeps events "running" (``done`` False). ``RawKernel`` runs a NumPy emulation of each
-``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source.
+``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source. ``cuda.cublas.gemmEx``
+(column-major, f16/f32 operands, f32 compute) runs with NumPy, counts one launch and is recorded
+in :data:`GEMMEX_CALLS` (``ggmlpy.backends.cuda_gemm``); ``cuda.get_current_stream()`` gives
+the innermost ``with stream:`` (else a null stream of ptr 0).
 
 Stream capture (CUDA graphs): ``Stream.begin_capture()`` starts recording, ``end_capture()``
 returns a ``cuda.Graph`` whose ``launch(stream)`` replays what was recorded (counted as **one**
@@ -53,6 +56,9 @@ _POOLS = [0]
 DLPACK_CALLS: list = []
 #: a callable giving the current fake stream (set by the latest FakeCupy)
 _CURRENT: list = [None]
+#: every fake ``cublas.gemmEx`` call: a dict of its arguments (ints) plus ``stream`` (the ptr
+#: last given to ``setStream`` for its handle)
+GEMMEX_CALLS: list = []
 
 
 def _capturing() -> bool:
@@ -167,15 +173,70 @@ class _FakeRuntime:
         self.peer_enable_calls.append((self.cur, peer))
 
 
+_CUDA_DTYPES = {0: np.float32, 2: np.float16}  # cudaDataType: CUDA_R_32F, CUDA_R_16F
+
+
+def _colmajor(addr: int, rows: int, cols: int, ld: int, dtype) -> np.ndarray:
+    """A column-major ``rows x cols`` matrix with leading dimension ``ld`` (elements) at ``addr``,
+    as a NumPy ``(rows, cols)`` view."""
+    size = np.dtype(dtype).itemsize
+    return _at(addr, (rows, cols), (size, ld * size), dtype).T
+
+
+class _FakeCublas:
+    """``cupy_backends.cuda.libs.cublas``: ``setStream`` and ``gemmEx`` (column-major, host
+    pointer mode; f16/f32 operands; computed in float32 with NumPy, i.e. f32 accumulation as
+    ``CUBLAS_COMPUTE_32F``). Each gemmEx is recorded in :data:`GEMMEX_CALLS` and counted as one
+    launch; while a stream captures it is recorded, not run."""
+
+    CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_COMPUTE_32F = 0, 1, 68
+
+    def __init__(self) -> None:
+        self.streams: dict[int, int] = {}
+
+    def setStream(self, handle: int, stream: int) -> None:  # noqa: N802 - CuPy's name
+        self.streams[int(handle)] = int(stream)
+
+    def gemmEx(self, handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb,  # noqa: N802
+               beta, C, Ctype, ldc, computeType, algo) -> None:
+        _maybe_fail("cublas.gemmEx")
+        args = dict(handle=handle, transa=transa, transb=transb, m=m, n=n, k=k, A=A, Atype=Atype,
+                    lda=lda, B=B, Btype=Btype, ldb=ldb, C=C, Ctype=Ctype, ldc=ldc,
+                    computeType=computeType, algo=algo, stream=self.streams.get(int(handle)))
+        if int(computeType) != self.CUBLAS_COMPUTE_32F or Ctype not in _CUDA_DTYPES:
+            raise NotImplementedError(f"fake gemmEx: computeType {computeType}, Ctype {Ctype}")
+        al = float(ctypes.c_float.from_address(int(alpha)).value)
+        be = float(ctypes.c_float.from_address(int(beta)).value)
+        GEMMEX_CALLS.append(args)
+
+        def run() -> None:
+            ta, tb = int(transa) == self.CUBLAS_OP_T, int(transb) == self.CUBLAS_OP_T
+            a = _colmajor(int(A), *((k, m) if ta else (m, k)), int(lda), _CUDA_DTYPES[int(Atype)])
+            b = _colmajor(int(B), *((n, k) if tb else (k, n)), int(ldb), _CUDA_DTYPES[int(Btype)])
+            c = _colmajor(int(C), int(m), int(n), int(ldc), _CUDA_DTYPES[int(Ctype)])
+            opa = (a.T if ta else a).astype(np.float32)
+            opb = (b.T if tb else b).astype(np.float32)
+            r = _F(al) * (opa @ opb)
+            if be != 0.0:
+                r = r + _F(be) * c.astype(np.float32)
+            c[...] = r.astype(c.dtype)
+
+        if _capturing():
+            return _record(run)
+        _LAUNCHES[0] += 1
+        run()
+
+
 class _FakeCuda:
     def __init__(self, rt: _FakeRuntime) -> None:
         self.runtime = rt
         fake = self
         self.current_streams: list = []  # ``with stream:`` nesting (the current stream is last)
+        self.cublas = _FakeCublas()
 
         class Device:
-            def __init__(self, dev: int) -> None:
-                self.dev = dev
+            def __init__(self, dev: int | None = None) -> None:
+                self.dev = rt.cur if dev is None else dev  # None: the current device, as CuPy
 
             @property
             def cublas_handle(self) -> int:
@@ -280,6 +341,9 @@ class _FakeCuda:
                 self.mem, self.ptr = mem, mem.ptr + offset
 
         Stream.ptds = Stream(non_blocking=True)
+        Stream.null = type("NullStream", (), {"ptr": 0})()
+        self.get_current_stream = lambda: (fake.current_streams[-1] if fake.current_streams
+                                           else Stream.null)
         self.Device, self.Stream, self.Event = Device, Stream, Event
         self.Graph, self.MemoryPool = Graph, MemoryPool
 

@@ -272,6 +272,8 @@ def test_device_matches_cpu(name, device_backend, request):
                                err_msg=f"{device_backend.name} vs reference ({case.why})")
     if request.node.callspec.params["device_backend"] == "cuda" or _run.fused:
         return  # real CuPy / fused kernels may round differently: the tolerance above is the check
+    if request.node.callspec.params["device_backend"] == "fakecuda" and name == "mul_mat_f16_weight":
+        return  # cuBLAS GemmEx rounds src1 to f16 as ggml-cuda does (backends/cuda_gemm.py)
     # SIM (and the NumPy stand-in for CuPy) run the same NumPy kernels on the same bytes:
     # bit-identical, not merely close
     assert dev_res.dtype == cpu_res.dtype and dev_res.shape == cpu_res.shape

@@ -2,18 +2,26 @@
 and OUT_PROD. F16 operands are computed in float32; the result is F32.
 
 MUL_MAT also takes a BF16 or block-quantized ``src0`` (the weight, NumPy shape ``(A3, A2, M, K)``)
-with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1`` without converting the whole weight:
+with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 
-* NumPy (CPU, SIM): the weight is converted in row blocks of 2-4 MiB of float32
+* NumPy (CPU, SIM), weight in a buffer of usage WEIGHTS: the weight's float32 copy comes from
+  :mod:`.weight_cache` (converted on first use, reused until any write to the weight's buffer;
+  LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM. Measured on the
+  2-core machine (``scripts/bench_quant.py``, MiniLM shapes, interleaved): F16 and Q8_0 weights
+  take 1.0-1.2x the F32 time at 1, 32 and 1024 tokens; converted per call they took 17-60x
+  at 1 token, 3.2-5.2x at 32 and 1.2-1.4x at 1024.
+* NumPy, other weights (activations, compute buffers, cache off or weight over budget, async
+  writes queued): converted per call in row blocks of 2-4 MiB of float32
   (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
   each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T``. Blocks are that large because
-  thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks
-  (every MiniLM matrix) is one block, so no temporary ever exceeds ~4 MiB whatever the weight. Nothing is kept between calls, so a write to the
-  weight is seen by the next call (no converted copy to invalidate); the price is one conversion
-  of the weight per call, ``M*K`` elements, next to ``N*M*K`` multiply-adds.
-* CuPy: the whole weight is dequantized on the device into a float32 temporary by one RawKernel
-  launch (:mod:`ggmlpy.backends.cuda_quant`) and multiplied by cuBLAS (ggml-cuda likewise converts
-  src0 into a pool buffer per call for its cuBLAS path). F16 weights are cast on the device.
+  thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks is
+  one block, so no temporary ever exceeds ~4 MiB whatever the weight.
+* CuPy, F16 weight: cuBLAS ``GemmEx`` with f16 inputs, f32 compute and f32 output
+  (:mod:`ggmlpy.backends.cuda_gemm`); src1 is converted to f16 first, as ggml-cuda does for its
+  cuBLAS path with an F16 src0. Only when the product folds to one 2-D GEMM with unit-stride
+  rows; otherwise (and for BF16/quantized weights) the weight is converted on the device into a
+  float32 temporary (quantized: one RawKernel launch, :mod:`ggmlpy.backends.cuda_quant`) and
+  multiplied by cuBLAS (ggml-cuda likewise dequantizes src0 into a pool buffer per call).
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ from typing import Any
 
 import numpy as np
 
+from ...backend import BufferUsage
 from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
+from ..cuda_gemm import gemm_f16, gemm_f16_ok
 from .common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from .registry import Step, kernel
 from .typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
+from .weight_cache import CACHE, array_address, configure_from_env
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,13 +162,19 @@ def _matmul_step(xp: Any, a: Any, b: Any, dst: Any) -> Step:
     return run
 
 
-def _converted_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step:
+def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step:
     """MUL_MAT with a weight ``a`` of type ``ta`` (F16, BF16 or a block type) that is converted to
-    float32 before its GEMM: in row blocks on NumPy, whole on the device (see the module doc)."""
+    float32 before its GEMM: from the weight cache or in row blocks on NumPy, whole on the device
+    (see the module doc)."""
     matmul = xp.matmul
     b32 = b.dtype == F32
 
     if not is_numpy(xp):
+        if ta == Type.F16:
+            aT, bv, dv = _mm_views(xp, a, b, dst)
+            if gemm_f16_ok(aT, bv, dv):
+                return partial(gemm_f16, xp, aT, bv, dv)
+
         def run_dev() -> None:
             a32 = to_f32(xp, ta, a, K)
             aT, bv, dv = _mm_views(xp, a32, b if b32 else as_f32(xp, b), dst)
@@ -167,6 +184,65 @@ def _converted_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step
                 matmul(bv, aT, out=dv)
         return run_dev
 
+    run_blocks = _row_block_step(xp, ta, a, b, dst, K)
+    cached = _weight_key(node, a) if configure_from_env() > 0 else None
+    if cached is None:
+        return run_blocks
+    buf, key = cached
+    nbytes = int(np.prod(a.shape[:-1], dtype=np.int64)) * K * 4
+
+    def convert() -> np.ndarray:
+        w = np.ascontiguousarray(to_f32(xp, ta, a, K), dtype=F32)
+        w.flags.writeable = False
+        return w
+
+    geo: list[Any] = []  # (aT shape, aT strides, bv, dv, nn) once known (F32 src1 only)
+
+    def run() -> None:
+        w = CACHE.get(buf, key, nbytes, convert)
+        if w is None:
+            run_blocks()
+            return
+        if geo:  # every copy is C-contiguous of one shape: rebuild aT over it (~1 us, not ~8)
+            aT = np.ndarray(geo[0], F32, w, 0, geo[1])
+            bv, dv, nn = geo[2], geo[3], geo[4]
+        else:
+            aT, bv, dv = _mm_views(xp, w, b if b32 else b.astype(F32), dst)
+            nn = _nn_pays(aT, bv)
+            if b32:
+                geo.extend((aT.shape, aT.strides, bv, dv, nn))
+        if nn:
+            _matmul_nn(bv, aT, dv)
+        else:
+            matmul(bv, aT, out=dv)
+    return run
+
+
+def _weight_key(node: Tensor, a: np.ndarray) -> tuple[Any, tuple] | None:
+    """``(buffer, cache key)`` when ``a`` (the compiled src0 array) is exactly ``node.src[0]``'s
+    memory in a WEIGHTS buffer that :mod:`.weight_cache` may cache (not user memory wrapped as
+    ``CPU_Mapped``), else None. The address check matters: a scheduler may feed the node a copy
+    of the weight (``src_map``) while ``node.src[0]`` still names the original."""
+    w = node.src[0]
+    buf = w.buffer if w.buffer is not None else (w.view_src.buffer if w.view_src is not None else None)
+    if (buf is None or getattr(buf, "_data_gen", None) is None or buf.freed
+            or buf.usage != BufferUsage.WEIGHTS or buf.buft.name == "CPU_Mapped"
+            or not isinstance(a, np.ndarray) or w.offset is None):
+        return None
+    try:
+        ref = buf._array(w)
+    except Exception:  # noqa: BLE001 - a buffer without host arrays: no cache
+        return None
+    if (not isinstance(ref, np.ndarray) or array_address(ref) != array_address(a)
+            or ref.shape != a.shape or ref.strides != a.strides):
+        return None
+    return buf, (id(buf), array_address(a), a.shape, a.strides, w.type)
+
+
+def _row_block_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step:
+    """The NumPy per-call conversion: row blocks of the weight, each followed by its GEMM."""
+    matmul = xp.matmul
+    b32 = b.dtype == F32
     A3, A2, M = a.shape[0], a.shape[1], a.shape[2]
     B3, B2 = b.shape[0], b.shape[1]
     r3, r2 = B3 // A3, B2 // A2
@@ -195,7 +271,7 @@ def _k_mul_mat(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     a, b = srcs[0], srcs[1]
     if ta == Type.F32:
         return _matmul_step(xp, a, b, dst)
-    return _converted_step(xp, ta, a, b, dst, node.src[0].ne[0])
+    return _converted_step(xp, node, ta, a, b, dst, node.src[0].ne[0])
 
 
 @kernel(Op.OUT_PROD, supports=_sup_mul_mat)
