@@ -24,7 +24,7 @@ the paired per-repeat ratios), and the max absolute difference of the two tools'
 Tokenisation is inside every timed region; timings with ``time.perf_counter``.
 
 Usage: ``python scripts/bench_minilm.py [--mode both] [--n-sentences 64] [--n-e2e 512]
-[--batch-size 32] [--repeats 3] [--threads 2] [--seed 0] [--model-dir DIR]
+[--batch-size 32] [--repeats 3] [--threads 2] [--cooldown 0.5] [--seed 0] [--model-dir DIR]
 [--device SIM0 [--n-gpu-layers N] [--parallel]] [--profile] [--no-st]``
 """
 
@@ -205,12 +205,22 @@ def _load_numpy(model_dir: Path, batch_size: int) -> Callable[[], tuple[Encode, 
     return load
 
 
+#: seconds of idle time before every timed call (``--cooldown``)
+COOLDOWN_S = 0.5
+
+
 def run_workload(sentences: Sequence[str], tools: list[_Tool], repeats: int) -> dict[str, Any]:
-    """First calls, then ``repeats`` interleaved rounds; the JSON section of one workload."""
+    """First calls, then ``repeats`` interleaved rounds; the JSON section of one workload.
+    Every timed call (first calls included) starts after :data:`COOLDOWN_S` seconds of idle
+    time: thread pools keep busy-waiting after their last parallel region (OpenMP in torch's
+    default build for up to ~200 ms, OpenBLAS's workers likewise), so without a pause the
+    previous tool's spinning threads take cores from the next one."""
     for t in tools:
+        time.sleep(COOLDOWN_S)
         t.start(sentences)
     for _ in range(repeats):
         for t in tools:
+            time.sleep(COOLDOWN_S)
             t.run(sentences)
     embs = {t.name: t.emb for t in tools if t.encode is not None and t.emb is not None}
     section: dict[str, Any] = {"n_sentences": len(sentences),
@@ -298,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--n-e2e", type=int, default=512, help="end-to-end mode sentences")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cooldown", type=float, default=COOLDOWN_S,
+                    help="idle seconds before every timed call (spinning thread pools settle)")
     ap.add_argument("--threads", type=int, default=2,
                     help="BLAS/OpenMP/torch threads for every tool (set before NumPy loads)")
     ap.add_argument("--seed", type=int, default=0)
@@ -312,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="add a cProfile top-15 of one more ggmlpy run of each workload")
     ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
     args = ap.parse_args(argv)
+    if args.cooldown < 0:
+        ap.error("--cooldown must be >= 0")
+    globals()["COOLDOWN_S"] = args.cooldown
     if min(args.n_sentences, args.n_e2e, args.batch_size, args.repeats, args.threads) < 1:
         ap.error("--n-sentences, --n-e2e, --batch-size, --repeats and --threads must be >= 1")
 
@@ -339,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "all-MiniLM-L6-v2 sentence embeddings",
         "device": args.device, "n_gpu_layers": args.n_gpu_layers, "parallel": args.parallel,
         "batch_size": args.batch_size, "seed": args.seed, "threads": args.threads,
+        "cooldown_s": args.cooldown,
         "timing": (f"first call right after load, then {args.repeats} interleaved rounds, best "
                    "kept; tokenisation included; load excluded (load_s)"),
         "python": platform.python_version(), "machine": platform.machine(),
