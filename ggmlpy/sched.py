@@ -55,7 +55,7 @@ from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
 from .sched_assign import AssignPasses
-from .sched_reuse import ReuseCache, SplitRecord, park
+from .sched_reuse import ReuseCache, SplitRecord
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -529,6 +529,11 @@ class Scheduler(AssignPasses):
         if eligible:
             rec = reuse.lookup(graph, self.cur_copy, self._pins)
             if rec is not None:
+                if self.n_copies > 1 and graph is not self._user_graph:
+                    # another graph's placement: evaluations of the last graph still in flight
+                    # in other copy slots may use memory this one reuses
+                    for b in self.backends:
+                        b.synchronize()
                 self._restore(graph, rec)
                 self.is_alloc = True
                 return True
@@ -569,7 +574,7 @@ class Scheduler(AssignPasses):
     def _restore(self, graph: Graph, rec: SplitRecord) -> None:
         """The fast path: make ``rec`` (a split + allocation of ``graph`` still valid for this
         copy slot) the current state, putting its placement back (see :mod:`ggmlpy.sched_reuse`)."""
-        self.reuse.replay(rec)
+        self.reuse.replay(graph, rec)
         sm, ef = rec.graph._src_map, rec.graph._extra_flags
         for sp in rec.splits:
             v = sp.graph
@@ -735,8 +740,7 @@ class Scheduler(AssignPasses):
             self._pins = {}
         placement = self._placement
         if placement is not None and self.reuse.holds(placement):
-            park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
-            self.reuse.parked = placement
+            self.reuse.park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
         else:
             for t in self._placed:
                 t.buffer = None
