@@ -24,7 +24,10 @@ Differences from ggml, on purpose:
 * The unchanged-graph fast path: ``reset(); alloc_graph(g)`` of the same, unchanged graph (same
   shapes, op_params, wiring, pins, pre-allocated buffers and compute buffers, by the
   :mod:`ggmlpy.snapshot` rule) replays the recorded split and placement instead of splitting
-  and planning again (``reuse.hits``/``reuse.misses`` count it). See :mod:`ggmlpy.sched_reuse`.
+  and planning again (``reuse.hits``/``reuse.misses`` count it). Records are kept for the last
+  32 graphs (LRU), so alternating between cached graphs (one per batch shape) replays each.
+  When pipelining, replaying another graph than the last one synchronizes the backends first.
+  See :mod:`ggmlpy.sched_reuse`.
 * Upstream fixes over the seed are taken: growable split inputs and splits, copy rotation at
   allocation time (``next_copy``), the alloc-twice guard, events recorded after every split and
   the host wait before an input-less split on another backend.

@@ -3,28 +3,35 @@
 When the same graph is allocated again with the same shapes, pins and compute buffers, the
 scheduler's split and the allocator's placement would come out identical, so
 :class:`~ggmlpy.sched.Scheduler` keeps them here and replays them instead of re-splitting and
-re-planning. Validity follows the one rule of :mod:`ggmlpy.snapshot` (ARCHITECTURE.md decision 8):
+re-planning. Records are kept for the last :data:`DEFAULT_CAPACITY` graphs (an LRU keyed by graph
+object, graphs held weakly), so a model that caches one graph per batch shape and alternates
+between them replays each. Validity follows the one rule of :mod:`ggmlpy.snapshot`
+(ARCHITECTURE.md decision 8), per graph:
 
 * a :class:`~ggmlpy.snapshot.Snapshot` of the user's graph taken when the split was built (the
   graph as the split read it: the scheduler's own placements undone by ``reset``). It covers
   every node, leaf and outside source: op, type, ``op_params``, ``ne``/``nb``, which tensor
   feeds which slot (so a graph with other wiring never reuses a split), ``view_src``/
   ``view_offs``, flags, and the buffer/offset of pre-allocated tensors (weights, user inputs);
-* the graph object itself (held weakly), the user pins made with ``set_tensor_backend`` since
-  the last reset, and the copy slot (``cur_copy``; one record per slot when pipelining);
-* the compute buffers: the cache is dropped the moment any of them is freed
+* the graph object itself (held weakly; its records go when it dies), the user pins made with
+  ``set_tensor_backend`` since the last reset, and the copy slot (``cur_copy``; one record per
+  slot when pipelining);
+* the compute buffers: every record is dropped the moment any of them is freed
   (:func:`~ggmlpy.snapshot.on_buffer_free`), e.g. when a larger graph makes the allocator grow.
 
 Placement replay. ``Scheduler.reset`` must un-place the tensors the scheduler placed (so another
 allocator or scheduler sees them free). Doing that with ordinary assignments would stamp every
 tensor and make the next validity check a full state compare, so when the placement is cached
 it is *parked*: each tensor still at the cached address is un-placed without a stamp. The next
-fast path puts back exactly the parked values, again without a stamp, so every other cache (the
-backends' compiled plans) sees the same addresses it last saw. A slow path, ``free`` or a
-dropped cache first stamps every parked tensor still un-placed (:func:`unpark`), so no cache
-keeps trusting the parked addresses. Replaying another slot's placement (pipelining) assigns
-normally (stamped) and then re-baselines the snapshot, as the only changes since it were the
-scheduler's own.
+fast path of that record puts back exactly the parked values, again without a stamp, so every
+other cache (the backends' compiled plans) sees the same addresses it last saw. Several
+placements may be parked at once (one per kept record): a plan is only checked when its graph
+is computed, which needs that graph's placement put back first, so a plan never sees another
+record's addresses. Re-splitting a graph, dropping or evicting its record, or dropping the
+cache first stamps its parked tensors still un-placed (:func:`unpark`), so no cache keeps
+trusting addresses nobody will put back. Replaying a record that is not parked assigns
+normally (stamped) and then re-baselines the graph's snapshot, as the only changes since it
+were the scheduler's own.
 
 Caveat: between ``reset`` and the next ``alloc_graph`` a parked tensor reads as un-placed but
 caches that recorded its old address are not told; computing such a tensor in that window is a
