@@ -57,7 +57,7 @@ from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback
                       event_new, event_record, event_synchronize, event_wait)
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
-from .sched_assign import AssignPasses
+from .sched_assign import AssignPasses, op_memo_token
 from .sched_reuse import ReuseCache, SplitRecord
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
@@ -176,6 +176,8 @@ class Scheduler(AssignPasses):
         self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
         self._ctx = Context()
         self._op_memo: dict[tuple[int, int], bool] = {}
+        self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
+        self._op_tokens: list[Any] = [None] * n
         self._buft_memo: dict[tuple[int, BufferType], bool] = {}
         self.is_reset = True
         self.is_alloc = False
@@ -263,6 +265,7 @@ class Scheduler(AssignPasses):
         self.is_reset = False
         self._ctx = Context()
         self._op_memo = {}
+        self._op_tokens = [op_memo_token(b) for b in self.backends]
         self._copies = {}
         self._graph_inputs = []
         self._user_graph = graph

@@ -9,16 +9,50 @@ for the scheduler's life (``_op_memo``, ``_buft_memo``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from .backend import Backend, BufferType, BufferUsage
 from .errors import UnsupportedOpError
 from .graph import Graph
 from .opcodes import VIEW_OPS, Op
 from .tensor import Flag, Tensor
 
-__all__ = ["AssignPasses"]
+__all__ = ["AssignPasses", "node_key", "op_memo_token", "OP_KEY_MEMO_SIZE"]
 
 _INPUT = int(Flag.INPUT)
 _int_and = int.__and__  # C-level test of IntFlag bits (Flag.__and__ is Python code)
+
+
+#: most ``supports_op`` answers a scheduler keeps by node key (the memo is emptied when full)
+OP_KEY_MEMO_SIZE = 1 << 16
+
+
+def _mem_kind(t: Tensor) -> tuple | None:
+    buf = t._buffer
+    if buf is None and t.view_src is not None:
+        buf = t.view_src._buffer
+    return None if buf is None else (buf.__class__, buf.buft)
+
+
+def node_key(node: Tensor) -> tuple:
+    """What a kernel-registry ``supports_op`` reads from ``node``: op, type, ``ne``, ``nb``
+    (bytes), ``op_params``, whether it is a view, and per source its op, type, ``ne``, ``nb`` and
+    the class and buffer type of its memory (None when unplaced). Raises TypeError when an
+    ``op_params`` value is unhashable."""
+    return (node.op, node.type, node.ne, node.nb, tuple(node.op_params), node.view_src is None,
+            tuple(None if s is None else (s.op, s.type, s.ne, s.nb, _mem_kind(s))
+                  for s in node.src))
+
+
+def op_memo_token(backend: Backend) -> Any:
+    """The token under which ``backend.supports_op`` answers may be memoised by
+    :func:`node_key` (the device's ``supports_op_memo_token()``), or None: the backend and its
+    device must not override ``supports_op`` and the device must offer a token (CPU and the
+    async devices do; any other device is asked every time)."""
+    if type(backend).supports_op is not Backend.supports_op or "supports_op" in vars(backend):
+        return None
+    f = getattr(backend.device, "supports_op_memo_token", None)
+    return None if f is None else f()
 
 
 class AssignPasses:
@@ -31,14 +65,33 @@ class AssignPasses:
     _backend_of: dict[Tensor, int]
     _cause: dict[Tensor, str]
     _op_memo: dict[tuple[int, int], bool]
+    _op_key_memo: dict[tuple, bool]
+    _op_tokens: list[Any]
     _buft_memo: dict[tuple[int, BufferType], bool]
     def _op_ok(self, b: int, node: Tensor) -> bool:
         """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
-        answers are dropped at the next :meth:`split_graph`: a node's sources may change)."""
+        answers are dropped at the next :meth:`split_graph`: a node's sources may change), and
+        for backends whose device allows it (:func:`op_memo_token`) answered from a memo keyed
+        by the node's key (:func:`node_key`) that lives across splits."""
         key = (id(node), b)
         r = self._op_memo.get(key)
         if r is None:
-            r = self._op_memo[key] = bool(self.backends[b].supports_op(node))
+            tok = self._op_tokens[b]
+            if tok is None:
+                r = bool(self.backends[b].supports_op(node))
+            else:
+                try:
+                    k = (b, tok, node_key(node))
+                    r = self._op_key_memo.get(k)
+                except TypeError:  # an unhashable op_params value: ask
+                    k = None
+                if r is None:
+                    r = bool(self.backends[b].supports_op(node))
+                    if k is not None:
+                        if len(self._op_key_memo) >= OP_KEY_MEMO_SIZE:
+                            self._op_key_memo.clear()
+                        self._op_key_memo[k] = r
+            self._op_memo[key] = r
         return r
 
     def _buft_ok(self, b: int, buft: BufferType) -> bool:
