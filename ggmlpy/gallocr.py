@@ -828,6 +828,12 @@ class GraphAllocator:
                     init(src, rec)
             init(node, dst_rec)
 
+    def placement(self) -> list[tuple[Tensor, Buffer, int]]:
+        """``[(tensor, buffer, offset_bytes)]`` of every tensor this allocator placed and still
+        owns (after :meth:`alloc_graph`: exactly the tensors it placed, in placement order).
+        Tensors another party re-placed or un-placed since are left out."""
+        return [r for r in self._placed.values() if r[0]._buffer is r[1] and r[0]._offset == r[2]]
+
     def get_buffer_size(self, buffer_id: int) -> int:
         """Bytes of buffer ``buffer_id`` (sum of its chunks; mirrors ``ggml_gallocr_get_buffer_size``).
 

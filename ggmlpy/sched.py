@@ -456,8 +456,7 @@ class Scheduler(AssignPasses):
                 if a != b and bufts[a] is not bufts[b]:
                     changed = True
                     break
-        # remember what this allocation places, so reset() can un-place it
-        self._placed = self._unplaced_tensors(sg)
+        self._placed = []
         if changed or not self.galloc.alloc_graph(sg):
             for b in self.backends:
                 b.synchronize()
@@ -466,24 +465,9 @@ class Scheduler(AssignPasses):
                 log.error("Scheduler: failed to allocate the graph (buffer sizes: %s)",
                           [self.galloc.get_buffer_size(i) for i in range(len(self.backends))])
                 return False
+        # remember what this allocation placed, so reset() can un-place it
+        self._placed = [t for t, _b, _o in self.galloc.placement()]
         return True
-
-    @staticmethod
-    def _unplaced_tensors(sg: Graph) -> list[Tensor]:
-        seen: set[int] = set()
-        out: list[Tensor] = []
-        for t in sg.leafs:
-            if id(t) not in seen:
-                seen.add(id(t))
-                if t.buffer is None:
-                    out.append(t)
-        for n in sg.nodes:
-            for t in (n, *sg.node_srcs(n)):
-                if t is not None and id(t) not in seen:
-                    seen.add(id(t))
-                    if t.buffer is None:
-                        out.append(t)
-        return out
 
     def reserve(self, graph: Graph) -> bool:
         """Plan and allocate compute buffers for the worst-case ``graph`` (mirrors ``ggml_backend_sched_reserve``).

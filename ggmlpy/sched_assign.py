@@ -20,6 +20,7 @@ from .tensor import Flag, Tensor
 __all__ = ["AssignPasses", "node_key", "op_memo_token", "OP_KEY_MEMO_SIZE"]
 
 _INPUT = int(Flag.INPUT)
+_NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}
 _int_and = int.__and__  # C-level test of IntFlag bits (Flag.__and__ is Python code)
 
 
@@ -79,6 +80,8 @@ class AssignPasses:
             tok = self._op_tokens[b]
             if tok is None:
                 r = bool(self.backends[b].supports_op(node))
+            elif node.op in _NO_COMPUTE:
+                r = True  # (what Device.supports_op answers for them, not overridden here)
             else:
                 try:
                     k = (b, tok, node_key(node))
@@ -131,7 +134,7 @@ class AssignPasses:
                 f"Scheduler: pre-allocated tensor '{t.name}' ({t.op.name}) is in a {buf.name} "
                 f"buffer that no backend able to run its op can use (if another Scheduler or "
                 f"GraphAllocator placed it, call its reset() or free() first)")
-        if t.flags & Flag.INPUT:
+        if _int_and(t.flags, _INPUT):
             return len(self.backends) - 1, "1.inp"
         if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):
             for s in t.src:
@@ -202,7 +205,10 @@ class AssignPasses:
         unassigned neighbours, in four sweeps: non-CPU backends down then up, then every backend
         down then up (cause ``2.gpu_down``, ``2.gpu_up``, ``2.down``, ``2.up``). A node only takes
         a backend that supports it."""
-        bo = self._backend_of
+        bo, cause = self._backend_of, self._cause
+        bo_get = bo.get
+        memo_get = self._op_memo.get
+        op_ok = self._op_ok
         cpu = len(self.backends) - 1
         for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
                                      (compute_nodes[::-1], True, "2.gpu_up"),
@@ -210,11 +216,16 @@ class AssignPasses:
                                      (compute_nodes[::-1], False, "2.up")):
             cur = -1
             for node in order:
-                b = bo.get(node, -1)
+                b = bo_get(node, -1)
                 if b >= 0:
                     cur = -1 if (skip_cpu and b == cpu) else b
                 elif cur >= 0:
-                    self._set_if_supported(node, cur, tag)
+                    ok = memo_get((id(node), cur))  # (_set_if_supported written out)
+                    if ok is None:
+                        ok = op_ok(cur, node)
+                    if ok:
+                        bo[node] = cur
+                        cause[node] = tag
 
 
     def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:

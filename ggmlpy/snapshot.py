@@ -235,12 +235,18 @@ def _publish(graph: Any, outside: tuple) -> None:
     ``t.op_params``/``t.src`` *before* publication and edited afterwards is not seen: re-read
     the attribute.)"""
     osa = object.__setattr__
-    of = TrackedList.of
-    for seq in (graph.nodes, graph.leafs, outside):
+    new = TrackedList
+    wref = weakref.ref
+    for seq in (graph._nodes, graph._leafs, outside):
         for t in seq:
             if t._ver < 0:
-                osa(t, "op_params", of(t.op_params, t))
-                osa(t, "src", of(t.src, t))
+                r = wref(t)  # (TrackedList.of written out: one weak reference for both lists)
+                op = new(t.op_params)
+                op._owner = r
+                src = new(t.src)
+                src._owner = r
+                osa(t, "op_params", op)
+                osa(t, "src", src)
                 osa(t, "_ver", 0)
     if graph._ver < 0:
         osa(graph, "_ver", 0)
