@@ -178,6 +178,7 @@ class Scheduler(AssignPasses):
         self._op_memo: dict[tuple[int, int], bool] = {}
         self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
         self._op_tokens: list[Any] = [None] * n
+        self._bid_of_buft: dict[BufferType, int] = {}  # first backend using a buffer type
         self._buft_memo: dict[tuple[int, BufferType], bool] = {}
         self.is_reset = True
         self.is_alloc = False

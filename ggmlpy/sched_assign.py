@@ -68,6 +68,7 @@ class AssignPasses:
     _op_memo: dict[tuple[int, int], bool]
     _op_key_memo: dict[tuple, bool]
     _op_tokens: list[Any]
+    _bid_of_buft: dict[BufferType, int]
     _buft_memo: dict[tuple[int, BufferType], bool]
     def _op_ok(self, b: int, node: Tensor) -> bool:
         """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
@@ -110,10 +111,18 @@ class AssignPasses:
         return -1 if t is None else self._backend_of.get(t, -1)
 
     def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
-        buf = t.buffer
+        buf = t._buffer
         if buf is None:
             return -1
         buft = buf.buft
+        if op.op is Op.NONE and None not in self._op_tokens:
+            # every backend runs op NONE (Device.supports_op, not overridden: see op_memo_token):
+            # the answer depends on the buffer type alone
+            r = self._bid_of_buft.get(buft)
+            if r is None:
+                r = next((i for i in range(len(self.backends)) if self._buft_ok(i, buft)), -1)
+                self._bid_of_buft[buft] = r
+            return r
         # a WEIGHTS buffer on a device: any backend that can read it and run the op
         for i in range(len(self.backends)):
             if self._buft_ok(i, buft) and self._op_ok(i, op):
