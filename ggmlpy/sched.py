@@ -42,6 +42,7 @@ blocking after a host wait, so the caller may overwrite them as soon as the call
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -528,6 +529,22 @@ class Scheduler(AssignPasses):
                 self._restore(graph, rec)
                 self.is_alloc = True
                 return True
+        # the slow path allocates many small, acyclic objects (states, records, dicts): the
+        # cyclic collector is paused meanwhile so it does not scan the whole heap again and
+        # again mid-split (it collects once, on the first allocation after it is re-enabled)
+        gc_on = gc.isenabled()
+        if gc_on:
+            gc.disable()
+        try:
+            return self._alloc_slow(graph, eligible)
+        finally:
+            if gc_on:
+                gc.enable()
+
+    def _alloc_slow(self, graph: Graph, eligible: bool) -> bool:
+        reuse = self.reuse
+        snap = None
+        if eligible:
             snap = reuse.begin(graph, self._pins)
         else:
             reuse.clear()
@@ -537,7 +554,7 @@ class Scheduler(AssignPasses):
             reuse.clear()
             return False
         self._placement = [(t, t._buffer, t._offset) for t in self._placed]
-        if eligible:
+        if snap is not None:
             reuse.misses += 1
             rec = SplitRecord(splits=self.splits, graph=self.graph, node_ids=self._node_ids,
                               leaf_ids=self._leaf_ids, backend_of=dict(self._backend_of),
