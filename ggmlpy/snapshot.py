@@ -162,6 +162,12 @@ def graph_state(graph: Any) -> tuple:
     (Hot path of every fresh split and allocation: written out inline, same content as
     :func:`_tensor_state` per tensor.)
     """
+    return _state(graph, None)
+
+
+def _state(graph: Any, late: list[Any] | None) -> tuple:
+    """:func:`graph_state`; appends to ``late`` (when given) every source first reached through
+    a node's sources rather than as a node or leaf (a superset of the outside sources)."""
     out: list[Any] = []
     pos: dict[int, int] = {}
     add = out.append
@@ -202,6 +208,8 @@ def graph_state(graph: Any) -> tuple:
             if p is None:
                 visit(s)
                 p = len(pos) - 1
+                if late is not None:
+                    late.append(s)
             ps.append(p)
         add(tuple(ps))
         if xf_get is None:
@@ -284,9 +292,15 @@ class Snapshot:
     def take(cls, graph: Any) -> Snapshot:
         """Snapshot ``graph`` now (reads the generation first, so a concurrent change is seen)."""
         gen = _generation
-        outside = _outside_sources(graph)
+        late: list[Any] = []
+        state = _state(graph, late)
+        if late:  # (usually none: sources are nodes or leafs)
+            inside = {id(t) for t in graph._nodes}
+            outside = tuple({id(t): t for t in late if id(t) not in inside}.values())
+        else:
+            outside = ()
         _publish(graph, outside)
-        return cls(gen, graph_state(graph), outside, graph)
+        return cls(gen, state, outside, graph)
 
     def _of(self, graph: Any) -> bool:
         g = self._graph
