@@ -503,7 +503,10 @@ class Scheduler(AssignPasses):
     def alloc_graph(self, graph: Graph) -> bool:
         """Split ``graph`` and place all its tensors (mirrors ``ggml_backend_sched_alloc_graph``).
 
-        Rotates the copy slot (``cur_copy``) first. Returns False when allocation failed.
+        Rotates the copy slot (``cur_copy``) first. Returns False when allocation failed. An
+        unchanged graph (one of the last 32 allocated, see :mod:`ggmlpy.sched_reuse`) replays its
+        recorded split and placement; otherwise the split and allocation run with Python's cyclic
+        garbage collector paused (process-wide, re-enabled before returning when it was on).
 
         Raises:
             ValueError: the scheduler already holds an allocated graph (call :meth:`reset` first).
