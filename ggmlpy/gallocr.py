@@ -772,8 +772,8 @@ class GraphAllocator:
 
     def _place_all(self, graph: Graph) -> None:
         """Place every leaf, then each node's sources and the node, at their recorded addresses
-        (ggml's ``ggml_gallocr_init_tensor`` over the graph, with ``tensor_alloc``/``view_init``
-        written out inline: this is the hot loop of every fresh allocation). The plan was validated by
+        (ggml's ``ggml_gallocr_init_tensor`` over the graph, ``tensor_alloc``/``view_init``
+        inline: the hot loop of every fresh allocation). The plan was validated by
         :meth:`_needs_realloc` (every planned chunk exists and is large enough, every tensor has
         the state it was planned with), so ``tensor_alloc``'s bounds check cannot fail and is
         skipped. All placements are stamped with one generation (one bump for the whole graph,
@@ -786,36 +786,28 @@ class GraphAllocator:
         def init(t: Tensor, rec: _Rec) -> None:
             vs = t.view_src
             if vs is not None:
-                if t._buffer is None:
-                    vb = vs._buffer
-                    if vb is None:
-                        return  # its memory is not managed by a backend buffer (yet)
-                    if vs._offset is None:
-                        raise NotAllocatedError(f"view_init: view '{t.name}' of unallocated "
-                                                f"tensor '{vs.name}'")
-                    off = vs._offset + t.view_offs
-                    osa(t, "_buffer", vb)
-                    osa(t, "_offset", off)
-                    if t._ver >= 0:
-                        osa(t, "_ver", gen)
-                    vb.init_tensor(t)
-                    placed[id(t)] = (t, vb, off)
+                if t._buffer is not None or vs._buffer is None:
+                    return  # placed, or its memory is not managed by a backend buffer (yet)
+                if vs._offset is None:
+                    raise NotAllocatedError(f"view_init: view '{t.name}' of unallocated "
+                                            f"tensor '{vs.name}'")
+                buf, off = vs._buffer, vs._offset + t.view_offs
             elif t._buffer is None and t._offset is None:
-                bid = rec.buffer_id
-                if bid < 0:
+                if rec.buffer_id < 0:
                     # a leaf that had memory when planned and is consumed by no node (ggml
                     # does not check those either); leave it unallocated
                     log.debug("GraphAllocator: leaf '%s' has no planned address; left "
                               "unallocated", t.name)
                     return
-                buf = vbufs[bid][rec.chunk]  # type: ignore[index]
-                off = rec.offset
-                osa(t, "_buffer", buf)
-                osa(t, "_offset", off)
-                if t._ver >= 0:
-                    osa(t, "_ver", gen)
-                buf.init_tensor(t)
-                placed[id(t)] = (t, buf, off)
+                buf, off = vbufs[rec.buffer_id][rec.chunk], rec.offset  # type: ignore[index]
+            else:
+                return
+            osa(t, "_buffer", buf)
+            osa(t, "_offset", off)
+            if t._ver >= 0:
+                osa(t, "_ver", gen)
+            buf.init_tensor(t)
+            placed[id(t)] = (t, buf, off)
 
         for leaf, rec in zip(graph._leafs, self._leaf_recs):
             init(leaf, rec)
