@@ -31,8 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._check import typed_methods as _typed_methods
-from .backend import Buffer, BufferType, BufferUsage, MultiBuffer, tensor_alloc, view_init
-from .errors import OutOfMemoryError
+from .backend import Buffer, BufferType, BufferUsage, MultiBuffer
+from .errors import NotAllocatedError, OutOfMemoryError
 from .graph import Graph
 from .opcodes import INPLACE_CAPABLE_OPS, Op
 from . import snapshot as _snapshot
@@ -707,14 +707,6 @@ class GraphAllocator:
             sizes.append(0 if shared else self._tallocs[k].total_size)
         return sizes
 
-    def _rec_valid(self, t: Tensor, rec: _Rec) -> bool:
-        # ggml's ggml_gallocr_node_needs_realloc (which returns true when the record is valid)
-        if t.view_src is not None or self._has_data(t):
-            return True
-        if rec.buffer_id < 0:
-            return False  # it had data when planned but not now
-        return rec.size_max >= self._alloc_size(rec.buffer_id, t)
-
     def _needs_realloc(self, graph: Graph) -> bool:
         # mirrors ggml_gallocr_needs_realloc, plus: every planned buffer must exist and be big
         # enough, and the graph must still be what the plan read (ggmlpy.snapshot: the wiring
@@ -728,41 +720,12 @@ class GraphAllocator:
                 return True
             if any(cur[c].size < ch.max_size for c, ch in enumerate(talloc.chunks)):
                 return True
+        # when the snapshot matches, every tensor has the state the records were made from
+        # (type, ne, nb, view_src, which tensors have foreign memory), so ggml's per-tensor
+        # checks (ggml_gallocr_node_needs_realloc: sizes within the planned sizes, memory as
+        # when planned) cannot fail; they are not repeated (they cost as much as the compare)
         snap = self._snap
-        if snap is None or not snap.matches(graph):
-            return True
-        # the snapshot matched: every tensor has the state the records were made from, so
-        # ggml's per-tensor checks below cannot fail; they stay as a cheap second guard
-        node_srcs = graph.node_srcs
-        for node, (dst_rec, src_recs) in zip(graph.nodes, self._node_recs):
-            if not self._rec_valid(node, dst_rec):
-                return True
-            srcs = node_srcs(node)
-            for j, src in enumerate(srcs):
-                if src is None:
-                    continue
-                if j >= len(src_recs) or not self._rec_valid(src, src_recs[j]):
-                    return True
-        return False
-
-    def _init_tensor(self, t: Tensor, rec: _Rec) -> None:
-        # mirrors ggml_gallocr_init_tensor
-        if t.view_src is not None:
-            if t._buffer is None:
-                if t.view_src._buffer is None:
-                    return  # its memory is not managed by a backend buffer (yet)
-                view_init(t)
-                self._record_placed(t)
-        elif t._buffer is None and t._offset is None:
-            if rec.buffer_id < 0:
-                # a leaf that had memory when planned and is consumed by no node (ggml does not
-                # check those either); leave it unallocated
-                log.debug("GraphAllocator: leaf '%s' has no planned address; left unallocated", t.name)
-                return
-            vbuf = self._vbuffers[self._talloc_of[rec.buffer_id]]
-            assert vbuf is not None  # guaranteed by _needs_realloc
-            tensor_alloc(vbuf[rec.chunk], t, rec.offset)
-            self._record_placed(t)
+        return snap is None or not snap.matches(graph)
 
     def alloc_graph(self, graph: Graph) -> bool:
         """Place every tensor of ``graph`` at its planned address (mirrors ``ggml_gallocr_alloc_graph``).
@@ -803,16 +766,65 @@ class GraphAllocator:
         for cur in self._vbuffers:
             for b in cur or ():
                 b.reset()
-        for leaf, rec in zip(graph.leafs, self._leaf_recs):
-            self._init_tensor(leaf, rec)
-        node_srcs = graph.node_srcs
-        for node, (dst_rec, src_recs) in zip(graph.nodes, self._node_recs):
-            for src, rec in zip(node_srcs(node), src_recs):
-                if src is not None:
-                    self._init_tensor(src, rec)
-            self._init_tensor(node, dst_rec)
+        self._place_all(graph)
         self._last_placed = (weakref.ref(graph), _snapshot.generation())
         return True
+
+    def _place_all(self, graph: Graph) -> None:
+        """Place every leaf, then each node's sources and the node, at their recorded addresses
+        (ggml's ``ggml_gallocr_init_tensor`` over the graph, ``tensor_alloc``/``view_init``
+        inline: the hot loop of every fresh allocation). The plan was validated by
+        :meth:`_needs_realloc` (every planned chunk exists and is large enough, every tensor has
+        the state it was planned with), so ``tensor_alloc``'s bounds check cannot fail and is
+        skipped. All placements are stamped with one generation (one bump for the whole graph,
+        not two per tensor)."""
+        gen = _snapshot.bump()
+        osa = object.__setattr__
+        placed = self._placed
+        vbufs = [self._vbuffers[k] for k in self._talloc_of]  # per buffer id
+
+        def init(t: Tensor, rec: _Rec) -> None:
+            vs = t.view_src
+            if vs is not None:
+                if t._buffer is not None or vs._buffer is None:
+                    return  # placed, or its memory is not managed by a backend buffer (yet)
+                if vs._offset is None:
+                    raise NotAllocatedError(f"view_init: view '{t.name}' of unallocated "
+                                            f"tensor '{vs.name}'")
+                buf, off = vs._buffer, vs._offset + t.view_offs
+            elif t._buffer is None and t._offset is None:
+                if rec.buffer_id < 0:
+                    # a leaf that had memory when planned and is consumed by no node (ggml
+                    # does not check those either); leave it unallocated
+                    log.debug("GraphAllocator: leaf '%s' has no planned address; left "
+                              "unallocated", t.name)
+                    return
+                buf, off = vbufs[rec.buffer_id][rec.chunk], rec.offset  # type: ignore[index]
+            else:
+                return
+            osa(t, "_buffer", buf)
+            osa(t, "_offset", off)
+            if t._ver >= 0:
+                osa(t, "_ver", gen)
+            buf.init_tensor(t)
+            placed[id(t)] = (t, buf, off)
+
+        for leaf, rec in zip(graph._leafs, self._leaf_recs):
+            init(leaf, rec)
+        smap = graph._src_map
+        smap_get = smap.get if smap is not None else None
+        for node, (dst_rec, src_recs) in zip(graph._nodes, self._node_recs):
+            srcs = node.src if smap_get is None else smap_get(id(node), node.src)
+            for src, rec in zip(srcs, src_recs):
+                if src is not None:
+                    init(src, rec)
+            init(node, dst_rec)
+
+    def placement(self) -> list[tuple[Tensor, Buffer, int]]:
+        """``[(tensor, buffer, offset_bytes)]`` of every tensor this allocator placed and still
+        owns (after :meth:`alloc_graph`: exactly the tensors it placed, in placement order).
+        Tensors another party re-placed or un-placed since are left out."""
+        return [r for r in self._placed.values() if r[0]._buffer is r[1] and r[0]._offset == r[2]]
 
     def get_buffer_size(self, buffer_id: int) -> int:
         """Bytes of buffer ``buffer_id`` (sum of its chunks; mirrors ``ggml_gallocr_get_buffer_size``).

@@ -106,9 +106,10 @@ class Graph:
         ``extra_flags`` (keyed by ``id(t)``), e.g. OUTPUT on copy slots that must never be reused.
         Allocators read flags through this, so user tensors are never modified."""
         m = self._extra_flags
-        if m is None:
+        if not m:
             return t.flags
-        return t.flags | m.get(id(t), Flag(0))
+        e = m.get(id(t))
+        return t.flags if e is None else t.flags | e
 
     @property
     def n_nodes(self) -> int:

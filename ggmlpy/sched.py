@@ -24,7 +24,10 @@ Differences from ggml, on purpose:
 * The unchanged-graph fast path: ``reset(); alloc_graph(g)`` of the same, unchanged graph (same
   shapes, op_params, wiring, pins, pre-allocated buffers and compute buffers, by the
   :mod:`ggmlpy.snapshot` rule) replays the recorded split and placement instead of splitting
-  and planning again (``reuse.hits``/``reuse.misses`` count it). See :mod:`ggmlpy.sched_reuse`.
+  and planning again (``reuse.hits``/``reuse.misses`` count it). Records are kept for the last
+  32 graphs (LRU), so alternating between cached graphs (one per batch shape) replays each.
+  When pipelining, replaying another graph than the last one synchronizes the backends first.
+  See :mod:`ggmlpy.sched_reuse`.
 * Upstream fixes over the seed are taken: growable split inputs and splits, copy rotation at
   allocation time (``next_copy``), the alloc-twice guard, events recorded after every split and
   the host wait before an input-less split on another backend.
@@ -39,6 +42,7 @@ blocking after a host wait, so the caller may overwrite them as soon as the call
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -54,8 +58,8 @@ from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback
                       event_new, event_record, event_synchronize, event_wait)
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
-from .sched_assign import AssignPasses
-from .sched_reuse import ReuseCache, SplitRecord, park
+from .sched_assign import AssignPasses, op_memo_token
+from .sched_reuse import ReuseCache, SplitRecord
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -173,6 +177,9 @@ class Scheduler(AssignPasses):
         self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
         self._ctx = Context()
         self._op_memo: dict[tuple[int, int], bool] = {}
+        self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
+        self._op_tokens: list[Any] = [None] * n
+        self._bid_of_buft: dict[BufferType, int] = {}  # first backend using a buffer type
         self._buft_memo: dict[tuple[int, BufferType], bool] = {}
         self.is_reset = True
         self.is_alloc = False
@@ -260,6 +267,7 @@ class Scheduler(AssignPasses):
         self.is_reset = False
         self._ctx = Context()
         self._op_memo = {}
+        self._op_tokens = [op_memo_token(b) for b in self.backends]
         self._copies = {}
         self._graph_inputs = []
         self._user_graph = graph
@@ -450,8 +458,7 @@ class Scheduler(AssignPasses):
                 if a != b and bufts[a] is not bufts[b]:
                     changed = True
                     break
-        # remember what this allocation places, so reset() can un-place it
-        self._placed = self._unplaced_tensors(sg)
+        self._placed = []
         if changed or not self.galloc.alloc_graph(sg):
             for b in self.backends:
                 b.synchronize()
@@ -460,24 +467,9 @@ class Scheduler(AssignPasses):
                 log.error("Scheduler: failed to allocate the graph (buffer sizes: %s)",
                           [self.galloc.get_buffer_size(i) for i in range(len(self.backends))])
                 return False
+        # remember what this allocation placed, so reset() can un-place it
+        self._placed = [t for t, _b, _o in self.galloc.placement()]
         return True
-
-    @staticmethod
-    def _unplaced_tensors(sg: Graph) -> list[Tensor]:
-        seen: set[int] = set()
-        out: list[Tensor] = []
-        for t in sg.leafs:
-            if id(t) not in seen:
-                seen.add(id(t))
-                if t.buffer is None:
-                    out.append(t)
-        for n in sg.nodes:
-            for t in (n, *sg.node_srcs(n)):
-                if t is not None and id(t) not in seen:
-                    seen.add(id(t))
-                    if t.buffer is None:
-                        out.append(t)
-        return out
 
     def reserve(self, graph: Graph) -> bool:
         """Plan and allocate compute buffers for the worst-case ``graph`` (mirrors ``ggml_backend_sched_reserve``).
@@ -511,7 +503,10 @@ class Scheduler(AssignPasses):
     def alloc_graph(self, graph: Graph) -> bool:
         """Split ``graph`` and place all its tensors (mirrors ``ggml_backend_sched_alloc_graph``).
 
-        Rotates the copy slot (``cur_copy``) first. Returns False when allocation failed.
+        Rotates the copy slot (``cur_copy``) first. Returns False when allocation failed. An
+        unchanged graph (one of the last 32 allocated, see :mod:`ggmlpy.sched_reuse`) replays its
+        recorded split and placement; otherwise the split and allocation run with Python's cyclic
+        garbage collector paused (process-wide, re-enabled before returning when it was on).
 
         Raises:
             ValueError: the scheduler already holds an allocated graph (call :meth:`reset` first).
@@ -529,9 +524,30 @@ class Scheduler(AssignPasses):
         if eligible:
             rec = reuse.lookup(graph, self.cur_copy, self._pins)
             if rec is not None:
+                if self.n_copies > 1 and graph is not self._user_graph:
+                    # another graph's placement: evaluations of the last graph still in flight
+                    # in other copy slots may use memory this one reuses
+                    for b in self.backends:
+                        b.synchronize()
                 self._restore(graph, rec)
                 self.is_alloc = True
                 return True
+        # the slow path allocates many small, acyclic objects (states, records, dicts): the
+        # cyclic collector is paused meanwhile so it does not scan the whole heap again and
+        # again mid-split (it collects once, on the first allocation after it is re-enabled)
+        gc_on = gc.isenabled()
+        if gc_on:
+            gc.disable()
+        try:
+            return self._alloc_slow(graph, eligible)
+        finally:
+            if gc_on:
+                gc.enable()
+
+    def _alloc_slow(self, graph: Graph, eligible: bool) -> bool:
+        reuse = self.reuse
+        snap = None
+        if eligible:
             snap = reuse.begin(graph, self._pins)
         else:
             reuse.clear()
@@ -541,7 +557,7 @@ class Scheduler(AssignPasses):
             reuse.clear()
             return False
         self._placement = [(t, t._buffer, t._offset) for t in self._placed]
-        if eligible:
+        if snap is not None:
             reuse.misses += 1
             rec = SplitRecord(splits=self.splits, graph=self.graph, node_ids=self._node_ids,
                               leaf_ids=self._leaf_ids, backend_of=dict(self._backend_of),
@@ -569,7 +585,7 @@ class Scheduler(AssignPasses):
     def _restore(self, graph: Graph, rec: SplitRecord) -> None:
         """The fast path: make ``rec`` (a split + allocation of ``graph`` still valid for this
         copy slot) the current state, putting its placement back (see :mod:`ggmlpy.sched_reuse`)."""
-        self.reuse.replay(rec)
+        self.reuse.replay(graph, rec)
         sm, ef = rec.graph._src_map, rec.graph._extra_flags
         for sp in rec.splits:
             v = sp.graph
@@ -735,8 +751,7 @@ class Scheduler(AssignPasses):
             self._pins = {}
         placement = self._placement
         if placement is not None and self.reuse.holds(placement):
-            park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
-            self.reuse.parked = placement
+            self.reuse.park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
         else:
             for t in self._placed:
                 t.buffer = None

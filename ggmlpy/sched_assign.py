@@ -9,16 +9,51 @@ for the scheduler's life (``_op_memo``, ``_buft_memo``).
 
 from __future__ import annotations
 
+from typing import Any
+
 from .backend import Backend, BufferType, BufferUsage
 from .errors import UnsupportedOpError
 from .graph import Graph
 from .opcodes import VIEW_OPS, Op
 from .tensor import Flag, Tensor
 
-__all__ = ["AssignPasses"]
+__all__ = ["AssignPasses", "node_key", "op_memo_token", "OP_KEY_MEMO_SIZE"]
 
 _INPUT = int(Flag.INPUT)
+_NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}
 _int_and = int.__and__  # C-level test of IntFlag bits (Flag.__and__ is Python code)
+
+
+#: most ``supports_op`` answers a scheduler keeps by node key (the memo is emptied when full)
+OP_KEY_MEMO_SIZE = 1 << 16
+
+
+def _mem_kind(t: Tensor) -> tuple | None:
+    buf = t._buffer
+    if buf is None and t.view_src is not None:
+        buf = t.view_src._buffer
+    return None if buf is None else (buf.__class__, buf.buft)
+
+
+def node_key(node: Tensor) -> tuple:
+    """What a kernel-registry ``supports_op`` reads from ``node``: op, type, ``ne``, ``nb``
+    (bytes), ``op_params``, whether it is a view, and per source its op, type, ``ne``, ``nb`` and
+    the class and buffer type of its memory (None when unplaced). Raises TypeError when an
+    ``op_params`` value is unhashable."""
+    return (node.op, node.type, node.ne, node.nb, tuple(node.op_params), node.view_src is None,
+            tuple(None if s is None else (s.op, s.type, s.ne, s.nb, _mem_kind(s))
+                  for s in node.src))
+
+
+def op_memo_token(backend: Backend) -> Any:
+    """The token under which ``backend.supports_op`` answers may be memoised by
+    :func:`node_key` (the device's ``supports_op_memo_token()``), or None: the backend and its
+    device must not override ``supports_op`` and the device must offer a token (CPU and the
+    async devices do; any other device is asked every time)."""
+    if type(backend).supports_op is not Backend.supports_op or "supports_op" in vars(backend):
+        return None
+    f = getattr(backend.device, "supports_op_memo_token", None)
+    return None if f is None else f()
 
 
 class AssignPasses:
@@ -31,14 +66,36 @@ class AssignPasses:
     _backend_of: dict[Tensor, int]
     _cause: dict[Tensor, str]
     _op_memo: dict[tuple[int, int], bool]
+    _op_key_memo: dict[tuple, bool]
+    _op_tokens: list[Any]
+    _bid_of_buft: dict[BufferType, int]
     _buft_memo: dict[tuple[int, BufferType], bool]
     def _op_ok(self, b: int, node: Tensor) -> bool:
         """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
-        answers are dropped at the next :meth:`split_graph`: a node's sources may change)."""
+        answers are dropped at the next :meth:`split_graph`: a node's sources may change), and
+        for backends whose device allows it (:func:`op_memo_token`) answered from a memo keyed
+        by the node's key (:func:`node_key`) that lives across splits."""
         key = (id(node), b)
         r = self._op_memo.get(key)
         if r is None:
-            r = self._op_memo[key] = bool(self.backends[b].supports_op(node))
+            tok = self._op_tokens[b]
+            if tok is None:
+                r = bool(self.backends[b].supports_op(node))
+            elif node.op in _NO_COMPUTE:
+                r = True  # (what Device.supports_op answers for them, not overridden here)
+            else:
+                try:
+                    k = (b, tok, node_key(node))
+                    r = self._op_key_memo.get(k)
+                except TypeError:  # an unhashable op_params value: ask
+                    k = None
+                if r is None:
+                    r = bool(self.backends[b].supports_op(node))
+                    if k is not None:
+                        if len(self._op_key_memo) >= OP_KEY_MEMO_SIZE:
+                            self._op_key_memo.clear()
+                        self._op_key_memo[k] = r
+            self._op_memo[key] = r
         return r
 
     def _buft_ok(self, b: int, buft: BufferType) -> bool:
@@ -54,10 +111,18 @@ class AssignPasses:
         return -1 if t is None else self._backend_of.get(t, -1)
 
     def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
-        buf = t.buffer
+        buf = t._buffer
         if buf is None:
             return -1
         buft = buf.buft
+        if op.op is Op.NONE and None not in self._op_tokens:
+            # every backend runs op NONE (Device.supports_op, not overridden: see op_memo_token):
+            # the answer depends on the buffer type alone
+            r = self._bid_of_buft.get(buft)
+            if r is None:
+                r = next((i for i in range(len(self.backends)) if self._buft_ok(i, buft)), -1)
+                self._bid_of_buft[buft] = r
+            return r
         # a WEIGHTS buffer on a device: any backend that can read it and run the op
         for i in range(len(self.backends)):
             if self._buft_ok(i, buft) and self._op_ok(i, op):
@@ -78,7 +143,7 @@ class AssignPasses:
                 f"Scheduler: pre-allocated tensor '{t.name}' ({t.op.name}) is in a {buf.name} "
                 f"buffer that no backend able to run its op can use (if another Scheduler or "
                 f"GraphAllocator placed it, call its reset() or free() first)")
-        if t.flags & Flag.INPUT:
+        if _int_and(t.flags, _INPUT):
             return len(self.backends) - 1, "1.inp"
         if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):
             for s in t.src:
@@ -149,7 +214,10 @@ class AssignPasses:
         unassigned neighbours, in four sweeps: non-CPU backends down then up, then every backend
         down then up (cause ``2.gpu_down``, ``2.gpu_up``, ``2.down``, ``2.up``). A node only takes
         a backend that supports it."""
-        bo = self._backend_of
+        bo, cause = self._backend_of, self._cause
+        bo_get = bo.get
+        memo_get = self._op_memo.get
+        op_ok = self._op_ok
         cpu = len(self.backends) - 1
         for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
                                      (compute_nodes[::-1], True, "2.gpu_up"),
@@ -157,11 +225,16 @@ class AssignPasses:
                                      (compute_nodes[::-1], False, "2.up")):
             cur = -1
             for node in order:
-                b = bo.get(node, -1)
+                b = bo_get(node, -1)
                 if b >= 0:
                     cur = -1 if (skip_cpu and b == cpu) else b
                 elif cur >= 0:
-                    self._set_if_supported(node, cur, tag)
+                    ok = memo_get((id(node), cur))  # (_set_if_supported written out)
+                    if ok is None:
+                        ok = op_ok(cur, node)
+                    if ok:
+                        bo[node] = cur
+                        cause[node] = tag
 
 
     def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:

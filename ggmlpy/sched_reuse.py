@@ -3,28 +3,35 @@
 When the same graph is allocated again with the same shapes, pins and compute buffers, the
 scheduler's split and the allocator's placement would come out identical, so
 :class:`~ggmlpy.sched.Scheduler` keeps them here and replays them instead of re-splitting and
-re-planning. Validity follows the one rule of :mod:`ggmlpy.snapshot` (ARCHITECTURE.md decision 8):
+re-planning. Records are kept for the last :data:`DEFAULT_CAPACITY` graphs (an LRU keyed by graph
+object, graphs held weakly), so a model that caches one graph per batch shape and alternates
+between them replays each. Validity follows the one rule of :mod:`ggmlpy.snapshot`
+(ARCHITECTURE.md decision 8), per graph:
 
 * a :class:`~ggmlpy.snapshot.Snapshot` of the user's graph taken when the split was built (the
   graph as the split read it: the scheduler's own placements undone by ``reset``). It covers
   every node, leaf and outside source: op, type, ``op_params``, ``ne``/``nb``, which tensor
   feeds which slot (so a graph with other wiring never reuses a split), ``view_src``/
   ``view_offs``, flags, and the buffer/offset of pre-allocated tensors (weights, user inputs);
-* the graph object itself (held weakly), the user pins made with ``set_tensor_backend`` since
-  the last reset, and the copy slot (``cur_copy``; one record per slot when pipelining);
-* the compute buffers: the cache is dropped the moment any of them is freed
+* the graph object itself (held weakly; its records go when it dies), the user pins made with
+  ``set_tensor_backend`` since the last reset, and the copy slot (``cur_copy``; one record per
+  slot when pipelining);
+* the compute buffers: every record is dropped the moment any of them is freed
   (:func:`~ggmlpy.snapshot.on_buffer_free`), e.g. when a larger graph makes the allocator grow.
 
 Placement replay. ``Scheduler.reset`` must un-place the tensors the scheduler placed (so another
 allocator or scheduler sees them free). Doing that with ordinary assignments would stamp every
 tensor and make the next validity check a full state compare, so when the placement is cached
 it is *parked*: each tensor still at the cached address is un-placed without a stamp. The next
-fast path puts back exactly the parked values, again without a stamp, so every other cache (the
-backends' compiled plans) sees the same addresses it last saw. A slow path, ``free`` or a
-dropped cache first stamps every parked tensor still un-placed (:func:`unpark`), so no cache
-keeps trusting the parked addresses. Replaying another slot's placement (pipelining) assigns
-normally (stamped) and then re-baselines the snapshot, as the only changes since it were the
-scheduler's own.
+fast path of that record puts back exactly the parked values, again without a stamp, so every
+other cache (the backends' compiled plans) sees the same addresses it last saw. Several
+placements may be parked at once (one per kept record): a plan is only checked when its graph
+is computed, which needs that graph's placement put back first, so a plan never sees another
+record's addresses. Re-splitting a graph, dropping or evicting its record, or dropping the
+cache first stamps its parked tensors still un-placed (:func:`unpark`), so no cache keeps
+trusting addresses nobody will put back. Replaying a record that is not parked assigns
+normally (stamped) and then re-baselines the graph's snapshot, as the only changes since it
+were the scheduler's own.
 
 Caveat: between ``reset`` and the next ``alloc_graph`` a parked tensor reads as un-placed but
 caches that recorded its old address are not told; computing such a tensor in that window is a
@@ -34,11 +41,12 @@ misuse (it has no memory) and is not diagnosed. Not thread-safe (neither is the 
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 from .snapshot import Snapshot, generation, on_buffer_free, touch
 
-__all__ = ["SplitRecord", "ReuseCache"]
+__all__ = ["SplitRecord", "ReuseCache", "DEFAULT_CAPACITY"]
 
 _osa = object.__setattr__
 
@@ -82,103 +90,177 @@ def _layout(rec: SplitRecord) -> tuple:
     return tuple((id(b), o) for t, b, o in rec.placement if t.view_src is None)
 
 
-class ReuseCache:
-    """The split records of the last graph the scheduler allocated, and their validity.
+class _Entry:
+    """The records of one graph: the graph (weakly), the pins and snapshot they are valid for,
+    and one record per copy slot."""
 
-    Counters: ``hits`` (fast paths taken) and ``misses`` (splits built by ``alloc_graph``).
+    __slots__ = ("graph", "snap", "pins", "slots")
+
+    def __init__(self, graph: weakref.ref[Any], snap: Snapshot, pins: dict[Any, int]) -> None:
+        self.graph = graph
+        self.snap = snap
+        self.pins = pins
+        self.slots: dict[int, SplitRecord] = {}
+
+
+#: graphs whose split records the scheduler keeps (least recently used dropped first)
+DEFAULT_CAPACITY = 32
+
+
+class ReuseCache:
+    """The split records of the last ``capacity`` graphs the scheduler allocated (an LRU keyed
+    by graph object), and their validity.
+
+    A model that caches one graph per batch shape and alternates between them takes the fast
+    path for each. Every record is validated on its own (its graph's snapshot, pins and copy
+    slot); a freed compute buffer drops all of them (they all point into the same buffers).
+
+    Counters: ``hits`` (fast paths taken), ``misses`` (splits built by ``alloc_graph``) and
+    ``evictions`` (graphs dropped to stay within ``capacity``).
+
+    Raises:
+        ValueError: ``capacity`` < 1.
     """
 
-    def __init__(self) -> None:
-        self._graph: weakref.ref[Any] | None = None
-        self._snap: Snapshot | None = None
-        self._pins: dict[Any, int] = {}
-        self._slots: dict[int, SplitRecord] = {}
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if int(capacity) < 1:
+            raise ValueError(f"ReuseCache: capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._buffers: set[int] = set()
-        self.parked: list[tuple[Any, Any, Any]] | None = None
+        # id(placement) -> placement, for every placement parked by Scheduler.reset
+        self._parked: dict[int, list[tuple[Any, Any, Any]]] = {}
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _unpark_entry(self, e: _Entry) -> None:
+        for r in e.slots.values():
+            pl = self._parked.pop(id(r.placement), None)
+            if pl is not None:
+                unpark(pl)
+
+    def _drop(self, key: int) -> None:
+        e = self._entries.pop(key, None)
+        if e is not None:
+            self._unpark_entry(e)
 
     def clear(self) -> None:
         """Drop every record (stamping parked tensors first, see :func:`unpark`)."""
-        if self.parked is not None:
-            unpark(self.parked)
-            self.parked = None
-        self._graph = None
-        self._snap = None
-        self._slots = {}
+        for pl in self._parked.values():
+            unpark(pl)
+        self._parked = {}
+        self._entries = OrderedDict()
         self._buffers = set()
 
     def holds(self, placement: list[tuple[Any, Any, Any]]) -> bool:
         """Whether ``placement`` is the placement of a record kept here."""
-        return any(r.placement is placement for r in self._slots.values())
+        return any(r.placement is placement for e in self._entries.values()
+                   for r in e.slots.values())
+
+    def park(self, placement: list[tuple[Any, Any, Any]]) -> None:
+        """Un-place ``placement`` (a kept record's) without stamps until it is replayed (see
+        :func:`park`)."""
+        park(placement)
+        self._parked[id(placement)] = placement
 
     def _buffer_freed(self, buffer: Any) -> None:
         if id(buffer) in self._buffers:
             self.clear()
 
+    def _valid_entry(self, graph: Any, pins: dict[Any, int]) -> _Entry | None:
+        """The entry of ``graph`` when its pins and snapshot still hold; an invalid entry of
+        ``graph`` is dropped (its parked placements stamped)."""
+        key = id(graph)
+        e = self._entries.get(key)
+        if e is None:
+            return None
+        if e.graph() is not graph or pins != e.pins or not e.snap.matches(graph):
+            self._drop(key)
+            return None
+        return e
+
     def lookup(self, graph: Any, slot: int, pins: dict[Any, int]) -> SplitRecord | None:
         """The record for ``graph`` in copy slot ``slot`` when still valid, else None (records
-        of other slots are kept only while the graph, pins and snapshot are unchanged)."""
-        ref = self._graph
-        if ref is None or ref() is not graph or pins != self._pins or self._snap is None:
-            self.clear()
+        of other slots are kept only while the graph, pins and snapshot are unchanged; other
+        graphs' records are not touched)."""
+        e = self._valid_entry(graph, pins)
+        if e is None:
             return None
-        if not self._snap.matches(graph):
-            self.clear()
-            return None
-        return self._slots.get(slot)
+        self._entries.move_to_end(id(graph))
+        return e.slots.get(slot)
 
     def begin(self, graph: Any, pins: dict[Any, int]) -> Snapshot:
-        """Before a split is built for ``graph``: stamp parked tensors, keep other slots' records
-        only when this is the same, unchanged graph, and take the snapshot the new record will be
-        valid for. Returns it (pass it to :meth:`store`)."""
-        if self.parked is not None:
-            unpark(self.parked)
-            self.parked = None
-        ref = self._graph
-        same = (ref is not None and ref() is graph and pins == self._pins
-                and self._snap is not None and self._snap.matches(graph))
-        if not same:
-            self._slots = {}
+        """Before a split is built for ``graph``: stamp ``graph``'s own parked tensors, keep its
+        other slots' records only when it is unchanged, and take the snapshot the new record
+        will be valid for. Returns it (pass it to :meth:`store`). Other graphs' records stay."""
+        key = id(graph)
+        e = self._valid_entry(graph, pins)
+        if e is not None:
+            self._unpark_entry(e)  # the split below places its tensors anew (stamped)
         snap = Snapshot.take(graph)
-        self._graph = weakref.ref(graph)
-        self._pins = dict(pins)
-        self._snap = snap
+        if e is None:
+            ref = weakref.ref(graph, self._graph_died(key))
+            e = _Entry(ref, snap, dict(pins))
+            self._entries[key] = e
+            while len(self._entries) > self.capacity:
+                k0 = next(iter(self._entries))
+                self._drop(k0)
+                self.evictions += 1
+        else:
+            e.snap = snap
+            e.pins = dict(pins)
+        self._entries.move_to_end(key)
         return snap
+
+    def _graph_died(self, key: int) -> Any:
+        me = weakref.ref(self)
+
+        def died(ref: weakref.ref) -> None:
+            cache = me()
+            if cache is not None:
+                e = cache._entries.get(key)
+                if e is not None and e.graph is ref:
+                    cache._drop(key)
+        return died
 
     def store(self, snap: Snapshot, slot: int, rec: SplitRecord, buffers: list[Any],
               replanned: bool) -> None:
-        """After a successful allocation: keep ``rec`` for ``slot``. ``buffers`` are the compute
-        buffers the placement points into (the cache is dropped when one is freed);
-        ``replanned``: the allocator planned anew, so other slots' placements are stale."""
-        if snap is not self._snap:
+        """After a successful allocation: keep ``rec`` for ``slot`` of the graph ``snap`` was
+        taken for. ``buffers`` are the compute buffers the placement points into (the cache is
+        dropped when one is freed); ``replanned``: the allocator planned anew, so that graph's
+        other slots' placements are stale."""
+        e = next((x for x in reversed(self._entries.values()) if x.snap is snap), None)
+        if e is None:
             return
-        if replanned and self._slots:
+        if replanned and e.slots:
             # another plan: other slots' records stay only when they place every tensor at the
             # same addresses (then the copy slots of in-flight evaluations are still disjoint)
             layout = _layout(rec)
-            self._slots = {k: r for k, r in self._slots.items() if _layout(r) == layout}
-        self._slots[slot] = rec
+            e.slots = {k: r for k, r in e.slots.items() if _layout(r) == layout}
+        e.slots[slot] = rec
         for b in buffers:
             if id(b) not in self._buffers:
                 self._buffers.add(id(b))
                 on_buffer_free(b, self._buffer_freed)
         snap.generation = generation()  # only the scheduler's own placements happened since
 
-    def replay(self, rec: SplitRecord) -> None:
-        """Put ``rec``'s placement back: silently when it is the parked one, else with ordinary
-        (stamped) assignments followed by a re-baselined snapshot."""
-        parked, self.parked = self.parked, None
-        if rec.placement is parked:
+    def replay(self, graph: Any, rec: SplitRecord) -> None:
+        """Put ``rec``'s placement back: silently when it is parked, else with ordinary
+        (stamped) assignments followed by a re-baselined snapshot of ``graph``."""
+        parked = self._parked.pop(id(rec.placement), None)
+        if parked is not None:
             for t, b, o in parked:
                 _osa(t, "_buffer", b)
                 _osa(t, "_offset", o)
         else:
-            if parked is not None:
-                unpark(parked)
             for t, b, o in rec.placement:
                 t.buffer = b
                 t.offset = o
-            if self._snap is not None:
-                self._snap.generation = generation()
+            e = self._entries.get(id(graph))
+            if e is not None:
+                e.snap.generation = generation()
         self.hits += 1

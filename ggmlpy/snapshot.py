@@ -143,10 +143,14 @@ def _tensor_state(t: Any, ref: Callable[[Any], Any]) -> tuple:
             t.view_offs, id(t._buffer) if t._buffer is not None else 0, t._offset)
 
 
+_int_or = int.__or__  # C-level flag union: plain ints, no IntFlag objects in the state
+
+
 def graph_state(graph: Any) -> tuple:
     """The compact state of ``graph`` a cache depends on: for every node, leaf and source (each
-    tensor once, in visiting order) :func:`_tensor_state`, then per node its sources as the graph
-    resolves them (``graph.node_srcs``) and its flags (``graph.tensor_flags``).
+    tensor once, in visiting order) :func:`_tensor_state` and its flags as a plain int (with the
+    graph's ``extra_flags``), then per node its sources as the graph resolves them
+    (``graph.node_srcs``) and its flags.
 
     Tensors are named by their position in that visiting order, not by identity, so the state
     says which position feeds which node (the wiring) and two graph objects built the same way
@@ -154,33 +158,65 @@ def graph_state(graph: Any) -> tuple:
     other (every cache keys on positions: the allocator's records, the plans' steps). A view
     source outside the graph is named by its identity. Only positions, ids and scalars are
     stored: no tensor, graph or buffer is kept alive.
+
+    (Hot path of every fresh split and allocation: written out inline, same content as
+    :func:`_tensor_state` per tensor.)
     """
+    return _state(graph, None)
+
+
+def _state(graph: Any, late: list[Any] | None) -> tuple:
+    """:func:`graph_state`; appends to ``late`` (when given) every source first reached through
+    a node's sources rather than as a node or leaf (a superset of the outside sources)."""
     out: list[Any] = []
     pos: dict[int, int] = {}
     add = out.append
-    node_srcs = graph.node_srcs
-    flags = graph.tensor_flags
-
-    def ref(t: Any) -> Any:
-        p = pos.get(id(t))
-        return p if p is not None else ("id", id(t))
+    getpos = pos.get
+    smap = graph._src_map
+    smap_get = smap.get if smap is not None else None
+    xf = graph._extra_flags
+    xf_get = xf.get if xf else None
+    i_or = _int_or
 
     def visit(t: Any) -> None:
         pos[id(t)] = len(pos)
-        add(_tensor_state(t, ref))
-        add(flags(t))
+        vs = t.view_src
+        if vs is not None:
+            p = getpos(id(vs))
+            vs = p if p is not None else ("id", id(vs))
+        b = t._buffer
+        add((t.op, t.type, t.ne, t.nb, tuple(t.op_params), vs, t.view_offs,
+             id(b) if b is not None else 0, t._offset))
+        if xf_get is None:
+            add(t.flags)
+        else:
+            e = xf_get(id(t))
+            add(t.flags if e is None else i_or(t.flags, e))
 
-    for n in graph.leafs:
+    for n in graph._leafs:
         visit(n)
-    for n in graph.nodes:
+    for n in graph._nodes:
         if id(n) not in pos:
             visit(n)
-        srcs = node_srcs(n)
+        srcs = n.src if smap_get is None else smap_get(id(n), n.src)
+        ps = []
         for s in srcs:
-            if s is not None and id(s) not in pos:
+            if s is None:
+                ps.append(-1)
+                continue
+            p = getpos(id(s))
+            if p is None:
                 visit(s)
-        add(tuple(-1 if s is None else pos[id(s)] for s in srcs))
-        add(flags(n))
+                p = len(pos) - 1
+                if late is not None:
+                    late.append(s)
+            ps.append(p)
+        add(tuple(ps))
+        if xf_get is None:
+            add(n.flags)
+        else:
+            e = xf_get(id(n))
+            add(n.flags if e is None else i_or(n.flags, e))
     return tuple(out)
 
 
@@ -207,12 +243,18 @@ def _publish(graph: Any, outside: tuple) -> None:
     ``t.op_params``/``t.src`` *before* publication and edited afterwards is not seen: re-read
     the attribute.)"""
     osa = object.__setattr__
-    of = TrackedList.of
-    for seq in (graph.nodes, graph.leafs, outside):
+    new = TrackedList
+    wref = weakref.ref
+    for seq in (graph._nodes, graph._leafs, outside):
         for t in seq:
             if t._ver < 0:
-                osa(t, "op_params", of(t.op_params, t))
-                osa(t, "src", of(t.src, t))
+                r = wref(t)  # (TrackedList.of written out: one weak reference for both lists)
+                op = new(t.op_params)
+                op._owner = r
+                src = new(t.src)
+                src._owner = r
+                osa(t, "op_params", op)
+                osa(t, "src", src)
                 osa(t, "_ver", 0)
     if graph._ver < 0:
         osa(graph, "_ver", 0)
@@ -250,9 +292,15 @@ class Snapshot:
     def take(cls, graph: Any) -> Snapshot:
         """Snapshot ``graph`` now (reads the generation first, so a concurrent change is seen)."""
         gen = _generation
-        outside = _outside_sources(graph)
+        late: list[Any] = []
+        state = _state(graph, late)
+        if late:  # (usually none: sources are nodes or leafs)
+            inside = {id(t) for t in graph._nodes}
+            outside = tuple({id(t): t for t in late if id(t) not in inside}.values())
+        else:
+            outside = ()
         _publish(graph, outside)
-        return cls(gen, graph_state(graph), outside, graph)
+        return cls(gen, state, outside, graph)
 
     def _of(self, graph: Any) -> bool:
         g = self._graph

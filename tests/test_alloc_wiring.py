@@ -299,3 +299,32 @@ def test_a_graph_built_the_same_way_reuses_the_plan_other_wiring_does_not(cpu, m
             assert len(plans) == n_plans, k
     finally:
         galloc.free()
+
+
+def test_snapshot_outside_sources_equal_the_direct_walk():
+    # Snapshot.take finds the outside sources (neither nodes nor leafs, in first-use order)
+    # while building the state; the result equals the direct walk, over random graph views
+    # (whose sources from earlier nodes are outside) and rewired views
+    import random
+
+    from ggmlpy.graph import graph_view
+    from ggmlpy.snapshot import Snapshot, _outside_sources
+    rnd = random.Random(8)
+    for trial in range(30):
+        ctx = Context()
+        a = ctx.new_tensor_1d(Type.F32, 8).set_input()
+        ts = [a]
+        for _ in range(rnd.randint(2, 12)):
+            x, y = rnd.choice(ts), rnd.choice(ts)
+            ts.append(rnd.choice([ops.add, ops.mul, ops.sub])(ctx, x, y))
+        g = Graph()
+        g.build_forward_expand(ts[-1])
+        i0 = rnd.randint(0, g.n_nodes - 1)
+        v = graph_view(g, i0, rnd.randint(i0, g.n_nodes))
+        if v.nodes and rnd.random() < 0.5:  # a substituted source from outside every list
+            n = v.nodes[-1]
+            v.src_map = {id(n): [ctx.new_tensor_1d(Type.F32, 8), n.src[1]]}
+        want = [id(t) for t in _outside_sources(v)]
+        snap = Snapshot.take(v)
+        assert [id(r()) for r in snap._outside] == want
+        assert snap.matches(v)

@@ -258,3 +258,148 @@ def test_two_schedulers_alternating_on_one_graph(sim_cpu):
     assert s1.reuse.hits == 3 and s2.reuse.hits == 3
     s1.free()
     s2.free()
+
+
+# -- several graphs: the records are kept per graph (LRU), so alternating graphs hit ----------
+
+
+def _round(sched, nets, X):
+    for net in nets:
+        _check(_run(sched, net, X), net.ref(X))
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_alternating_graphs_take_the_fast_path(sim_cpu, parallel):
+    sim, cpu = sim_cpu
+    nets = [Net(sim, cpu) for _ in range(3)]
+    sched = Scheduler([sim, cpu], parallel=parallel)
+    n_slots = sched.get_n_copies()
+    X = RNG.standard_normal((3, 8)).astype(np.float32)
+    # the copy slot rotates per alloc_graph: 3 graphs over 4 slots meet every (graph, slot) pair
+    # once in the first 4 rounds, each a split
+    for _ in range(n_slots):
+        _round(sched, nets, X)
+    assert (sched.reuse.misses, sched.reuse.hits) == (3 * n_slots, 0)
+    for k in range(3):
+        X = RNG.standard_normal((3, 8)).astype(np.float32)
+        _round(sched, nets, X)
+        assert (sched.reuse.misses, sched.reuse.hits) == (3 * n_slots, 3 * (k + 1))
+    sched.reset()
+    for net in nets:  # reset still un-places every graph's tensors
+        assert net.out.buffer is None and net.h.buffer is None
+    sched.free()
+
+
+@pytest.mark.parametrize("kind", ["op_params", "rewire", "new_view", "pin", "weight_buffer",
+                                  "compute_buffer_freed"])
+def test_mutating_one_of_several_graphs_splits_only_that_one(sim_cpu, kind):
+    sim, cpu = sim_cpu
+    nets = [Net(sim, cpu) for _ in range(3)]
+    sched = Scheduler([sim, cpu])
+    X = RNG.standard_normal((3, 8)).astype(np.float32)
+    _round(sched, nets, X)
+    _round(sched, nets, X)
+    assert (sched.reuse.misses, sched.reuse.hits) == (3, 3)
+    target = nets[1]
+    sched.reset()
+    want = dict(_mutations(target, sim, cpu))[kind](sched) or target.ref
+    assert sched.alloc_graph(target.g)  # (a pin holds for this alloc only)
+    backend_tensor_set(target.x, X)
+    assert sched.graph_compute(target.g) == Status.SUCCESS
+    _check(backend_tensor_get(target.out)[0, 0], want(X))
+    assert (sched.reuse.misses, sched.reuse.hits) == (4, 3)
+    for net in (nets[0], nets[2]):
+        _check(_run(sched, net, X), net.ref(X))
+    # the other graphs still replay, except after a freed compute buffer (every record points
+    # into the compute buffers, so all are dropped)
+    if kind == "compute_buffer_freed":
+        assert (sched.reuse.misses, sched.reuse.hits) == (6, 3)
+    else:
+        assert (sched.reuse.misses, sched.reuse.hits) == (4, 5)
+    sched.free()
+
+
+def _compute_buffers(sched):
+    return [id(b) for i in range(sched.get_n_backends()) for b in sched.galloc.get_chunk_buffers(i)]
+
+
+def test_random_mutations_among_alternating_graphs_equal_fresh(sim_cpu):
+    # randomized over mutation kinds, the graph mutated and the order of evaluation: every
+    # result equals the reference and a fresh scheduler's result; a graph replays exactly when
+    # it was neither mutated nor invalidated since its last split
+    sim, cpu = sim_cpu
+    rng = np.random.default_rng(11)
+    for trial in range(6):
+        nets = [Net(sim, cpu) for _ in range(3)]
+        wants = [net.ref for net in nets]
+        sched = Scheduler([sim, cpu])
+        X = rng.standard_normal((3, 8)).astype(np.float32)
+        _round(sched, nets, X)
+        valid = {0, 1, 2}
+        for step in range(8):
+            i = int(rng.integers(3))
+            net = nets[i]
+            sched.reset()
+            # (each graph is mutated at most once: the expected-result functions do not compose)
+            mutated = rng.random() < 0.5 and wants[i] == net.ref
+            name = None
+            if mutated:
+                kinds = [k for k in _mutations(net, sim, cpu) if k[0] != "pin"]
+                name, mutate = kinds[rng.integers(len(kinds))]
+                before = _compute_buffers(sched)
+                wants[i] = mutate(sched) or net.ref
+                if _compute_buffers(sched) != before:
+                    valid.clear()  # (a reserve only frees buffers when they must grow)
+            m0, h0 = sched.reuse.misses, sched.reuse.hits
+            assert sched.alloc_graph(net.g)
+            # a graph replays exactly when it was neither mutated nor invalidated since its
+            # last split (a freed compute buffer invalidates every graph)
+            assert sched.reuse.hits == h0 + (i in valid and not mutated), (name, valid)
+            valid.add(i)
+            backend_tensor_set(net.x, X)
+            assert sched.graph_compute(net.g) == Status.SUCCESS
+            got = backend_tensor_get(net.out)[0, 0]
+            _check(got, wants[i](X))
+            fresh = Scheduler([sim, cpu])
+            _check(_run(fresh, net, X), got)
+            fresh.free()
+            assert sched.reuse.misses + sched.reuse.hits == m0 + h0 + 1
+        sched.free()
+
+
+def test_reuse_cache_is_bounded_and_counts_evictions(sim_cpu):
+    from ggmlpy.sched_reuse import ReuseCache
+    sim, cpu = sim_cpu
+    nets = [Net(sim, cpu) for _ in range(4)]
+    sched = Scheduler([sim, cpu])
+    sched.reuse = ReuseCache(capacity=3)
+    X = RNG.standard_normal((3, 8)).astype(np.float32)
+    _round(sched, nets, X)  # 4 graphs through 3 places: the first is evicted
+    assert len(sched.reuse) == 3 and sched.reuse.evictions == 1
+    _round(sched, nets, X)  # LRU order: every graph is evicted before it comes back
+    assert (sched.reuse.misses, sched.reuse.hits) == (8, 0)
+    for net in (nets[3], nets[2], nets[1]):  # the 3 most recent replay
+        _check(_run(sched, net, X), net.ref(X))
+    assert (sched.reuse.misses, sched.reuse.hits) == (8, 3)
+    sched.reset()
+    assert all(net.out.buffer is None for net in nets)
+    sched.free()
+    with pytest.raises(ValueError, match="capacity"):
+        ReuseCache(capacity=0)
+
+
+def test_dead_graph_drops_its_record(sim_cpu):
+    import gc
+    sim, cpu = sim_cpu
+    nets = [Net(sim, cpu) for _ in range(2)]
+    sched = Scheduler([sim, cpu])
+    X = RNG.standard_normal((3, 8)).astype(np.float32)
+    _round(sched, nets, X)
+    assert len(sched.reuse) == 2
+    sched.reset()
+    nets[0].g = None
+    gc.collect()
+    assert len(sched.reuse) == 1
+    _check(_run(sched, nets[1], X), nets[1].ref(X))
+    assert sched.reuse.hits == 1
+    sched.free()

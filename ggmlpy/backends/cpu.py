@@ -282,8 +282,30 @@ class CPUDevice(Device):
     def _supports_op(self, op: Tensor) -> bool:
         return kernels.supports_op(op, np)
 
+    def supports_op_memo_token(self) -> tuple | None:
+        """See :func:`kernel_memo_token`: the scheduler may cache this device's ``supports_op``
+        answers by node key under the returned token; None when it must ask every time."""
+        return kernel_memo_token(self, CPUDevice._supports_op)
+
     def _supports_buft(self, buft: BufferType) -> bool:
         return buft.is_host()
+
+
+def kernel_memo_token(device: Device, impl: Any) -> tuple | None:
+    """A token under which a scheduler may cache ``device.supports_op(node)`` by the node's key
+    (op, type, ne, nb, op_params, whether it is a view, and per source: op, type, ne, nb and the
+    class and buffer type of its memory), or None when it may not.
+
+    Valid for a device whose ``_supports_op`` is ``impl`` (a kernel-registry lookup that reads only
+    those fields) with no subclass or instance override of ``supports_op``/``_supports_op``. The
+    token changes when a kernel override is registered (overrides are only ever added), so the
+    cached answers are not reused across that change. Cheap (once per split and backend)."""
+    cls = type(device)
+    if (cls._supports_op is not impl or cls.supports_op is not Device.supports_op
+            or "_supports_op" in vars(device) or "supports_op" in vars(device)):
+        return None
+    reg = kernels.REGISTRY
+    return ("kernels", sum(len(reg.overrides(o)) for o in reg.ops()))
 
 
 def _host_memory() -> tuple[int, int]:

@@ -57,7 +57,7 @@ from ..graph import Graph
 from ..opcodes import Op
 from ..tensor import Tensor
 from . import kernels
-from .cpu import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type
+from .cpu import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type, kernel_memo_token
 from .plan import Plan, PlanCache, ReplayStats, build_plan, launch_plan
 
 __all__ = ["Runtime", "DeviceMemory", "DeviceInfo", "AsyncBufferType", "AsyncBuffer",
@@ -784,6 +784,11 @@ class AsyncDevice(Device):
             if isinstance(b, AsyncBuffer) and b.buft is not self.buft:
                 return False
         return kernels.supports_op(op, self.runtime.xp)
+
+    def supports_op_memo_token(self) -> tuple | None:
+        """See :func:`ggmlpy.backends.cpu.kernel_memo_token` (``refuse_ops`` is fixed per device
+        and the source-memory rule above reads the key's memory class and buffer type)."""
+        return kernel_memo_token(self, AsyncDevice._supports_op)
 
     def _supports_buft(self, buft: BufferType) -> bool:
         return buft is self.buft

@@ -32,6 +32,7 @@ from .. import snapshot as _snapshot
 from ..graph import Graph
 from ..snapshot import Snapshot
 from ..opcodes import VIEW_OPS, Op
+from ..sched_assign import node_key
 from ..tensor import Tensor
 from . import kernels
 
@@ -171,21 +172,34 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     steps: list[Step] = []
     nodes: list[Tensor] = []
     buffers: dict[int, Buffer] = {}
+    memo: dict[tuple, bool] | None = {} if _memoisable(supports) else None
+    smap = graph.src_map
+    no_compute = _NO_COMPUTE
     compile_node = compile_node or kernels.compile_node
     for node in graph.nodes:
-        if node.op == Op.NONE or node.op in VIEW_OPS or node.is_empty():
+        if node.op in no_compute or min(node.ne) == 0:  # (ggml_is_empty)
             continue
-        if not supports(node):
+        if memo is None:
+            ok = supports(node)
+        else:
+            try:
+                k = node_key(node)
+                ok = memo.get(k)
+            except TypeError:  # an unhashable op_params value: ask
+                k = None
+                ok = None
+            if ok is None:
+                ok = supports(node)
+                if k is not None:
+                    memo[k] = ok
+        if not ok:
             srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src if s is not None)  # noqa
             raise UnsupportedOpError(f"{backend_name}: op {node.op.name} of node '{node.name}' "
                                      f"({node.type.type_name}, sources {srcs}) is not supported")
-        dst = _array(node, can_read, backend_name)
-        srcs = [None if s is None else _array(s, can_read, backend_name)
-                for s in graph.node_srcs(node)]
-        for t in (node, *graph.node_srcs(node)):
-            if t is not None:
-                b = tensor_buffer(t)
-                buffers[id(b)] = b
+        node_srcs = node.src if smap is None else smap.get(id(node), node.src)
+        dst = _array(node, can_read, backend_name, buffers)
+        srcs = [None if s is None else _array(s, can_read, backend_name, buffers)
+                for s in node_srcs]
         step = compile_node(xp, node, dst, srcs)
         if step is not None:
             steps.append(step)
@@ -193,8 +207,28 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     return Plan(steps, nodes, list(buffers.values()))
 
 
-def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str) -> Any:
-    if (t.buffer is None and (t.view_src is None or t.view_src.buffer is None)) or t.offset is None:
+_NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}
+
+
+def _memoisable(supports: Callable[[Tensor], bool]) -> bool:
+    """Whether ``supports`` (a device's ``supports_op`` or ``can_compute``, bound) answers as a
+    function of :func:`~ggmlpy.sched_assign.node_key` alone, so one plan build may ask once per
+    distinct key: the device offers a memo token (:func:`ggmlpy.backends.cpu.kernel_memo_token`:
+    no override of its ``supports_op``/``_supports_op``) and the method is not replaced on the
+    instance."""
+    dev = getattr(supports, "__self__", None)
+    name = getattr(supports, "__name__", "")
+    if dev is None or name not in ("supports_op", "can_compute") or name in vars(dev):
+        return False
+    f = getattr(dev, "supports_op_memo_token", None)
+    return f is not None and f() is not None
+
+
+def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str,
+           buffers: dict[int, Buffer]) -> Any:
+    """The array view of ``t`` over its buffer's memory; records the buffer in ``buffers``."""
+    vs = t.view_src
+    if (t._buffer is None and (vs is None or vs._buffer is None)) or t._offset is None:
         # the graph was never placed, or another graph's alloc_graph un-placed it: never run
         # whatever memory another graph left behind (issue 10, item 4)
         raise NotAllocatedError(
@@ -206,6 +240,7 @@ def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str) -> 
     if not can_read(t):
         raise NotAllocatedError(f"{backend_name}: tensor '{t.name}' is in buffer {buf.name}, "
                                 "which this backend cannot access")
+    buffers[id(buf)] = buf
     return buf._array(t)
 
 
