@@ -12,6 +12,7 @@ import numpy as np
 
 from ...tensor import Tensor
 from ...types import Type
+from .. import cpu_jit  # imports Numba only when a kernel first needs it
 from .registry import Step
 
 
@@ -57,6 +58,7 @@ def ufunc_step(xp: Any, fn: Any, *args: Any, out: Any) -> Step:
     return partial(fn, *args, out=out)
 
 
+_F32_DTYPE = np.dtype(np.float32)
 #: smallest tensor (elements) worth a compiled kernel for ops NumPy does in one ufunc call
 JIT_MIN_ELEMENTS = 4096
 
@@ -65,12 +67,10 @@ def use_jit(xp: Any, *arrays: Any, min_elements: int = 0) -> bool:
     """True when a NumPy kernel should call :mod:`ggmlpy.backends.cpu_jit`: the array module is
     NumPy, Numba is usable (``GGMLPY_JIT`` not 0), every array is a C-contiguous float32 ndarray
     and the first holds at least ``min_elements`` elements. Read at plan build."""
-    from .. import cpu_jit  # noqa: PLC0415 - Numba is imported on first use only
-
-    if not is_numpy(xp) or not arrays or arrays[0].size < min_elements:
+    if xp is not np or not arrays or arrays[0].size < min_elements:
         return False
     for a in arrays:
-        if not isinstance(a, np.ndarray) or a.dtype != F32 or not a.flags.c_contiguous:
+        if type(a) is not np.ndarray or a.dtype != _F32_DTYPE or not a.flags.c_contiguous:
             return False
     return cpu_jit.available()
 
