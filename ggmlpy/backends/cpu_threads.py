@@ -226,13 +226,16 @@ def _follow(src: Any, ax: int, n: int, lo: int, hi: int) -> Any | None:
 
 
 def _plan_axis(dst: Any, n_parts: int) -> int | None:
-    """The outermost of NumPy axes 0-2 with at least ``n_parts`` entries, else the longest one
-    with at least 2 (None if all have 1)."""
+    """The outermost of NumPy axes 0-2 with at least 2 entries (None if all have 1): slices along
+    it are contiguous blocks of a contiguous ``dst``, so each slice gets the kernel the whole node
+    gets (the compiled and fast kernels take C-contiguous operands only; a slice of a deeper axis
+    under a non-trivial outer one is strided and fell back to another kernel with other
+    roundings). Such a node may get fewer than ``n_parts`` slices."""
+    del n_parts
     for ax in range(3):
-        if dst.shape[ax] >= n_parts:
+        if dst.shape[ax] >= 2:
             return ax
-    best = max(range(3), key=lambda a: dst.shape[a])
-    return best if dst.shape[best] >= 2 else None
+    return None
 
 
 class Split:
