@@ -320,6 +320,10 @@ _X4 = np.zeros((1, 1, 2, 4), np.float32)
     (lambda: cpu_jit.soft_max(np.zeros((1, 3, 2, 4), np.float32),
                               np.zeros((1, 2, 2, 4), np.float32), 1.0,
                               np.zeros((1, 3, 2, 4), np.float32)), "mask .* does not broadcast"),
+    (lambda: cpu_jit.soft_max(_X4, np.zeros((1, 0, 2, 4), np.float32), 1.0, _X4.copy()),
+     "mask .* does not broadcast"),                             # was a ZeroDivisionError
+    (lambda: cpu_jit.soft_max(_X4, np.zeros((1, 1, 2, 4), np.float32)[..., ::2], 1.0,
+                              _X4.copy()), "soft_max: mask must be .*strided"),
     (lambda: cpu_jit.soft_max(_X4, np.zeros((1, 1, 2, 4), np.float16), 1.0, _X4.copy()),
      "soft_max: mask must be .*float16"),
     (lambda: cpu_jit.norm(_X4, 1e-5, _X4.copy()), "norm: x must be 2-D"),
