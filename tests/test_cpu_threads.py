@@ -453,6 +453,77 @@ def test_blas_single_thread_nested_restores() -> None:
         assert _blas_threads() == before
 
 
+def test_blas_single_thread_overlapping_threads() -> None:
+    # two backends' plans on two threads: the hold ends when the last one leaves, whichever
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_threads()
+        if not before or max(before) < 2:
+            pytest.skip("NumPy's BLAS is not visible to threadpoolctl or runs one thread here")
+        t1_in, t2_in, t1_out = threading.Event(), threading.Event(), threading.Event()
+        seen: dict[str, list[int]] = {}
+
+        def first():
+            with cpu_threads.blas_single_thread():
+                t1_in.set()
+                t2_in.wait(10)
+            t1_out.set()
+
+        def second():
+            t1_in.wait(10)
+            with cpu_threads.blas_single_thread():
+                t2_in.set()
+                t1_out.wait(10)
+                seen["after first left"] = _blas_threads()
+        threads = [threading.Thread(target=f) for f in (first, second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+        assert not any(t.is_alive() for t in threads)
+        assert seen["after first left"] == [1] * len(before)
+        assert _blas_threads() == before
+
+
+def test_blas_single_thread_from_any_thread() -> None:
+    # regression: threadpoolctl >= 3.7 ignores OpenBLAS limits set from any thread but the first
+    # one that set one; a hold on a worker after the main thread held did nothing, and a hold
+    # the main thread took but a worker left last was never restored (BLAS stuck at 1 thread)
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_threads()
+        if not before or max(before) < 2:
+            pytest.skip("NumPy's BLAS is not visible to threadpoolctl or runs one thread here")
+        with cpu_threads.blas_single_thread():  # the main thread holds (and sets) first
+            pass
+        seen: dict[str, list[int]] = {}
+
+        def hold(key):
+            with cpu_threads.blas_single_thread():
+                seen[key] = _blas_threads()
+        t = threading.Thread(target=hold, args=("worker",))
+        t.start()
+        t.join(timeout=20)
+        assert seen["worker"] == [1] * len(before)
+        assert _blas_threads() == before
+        # main enters, a worker enters, main leaves, the worker leaves last
+        w_in, m_out = threading.Event(), threading.Event()
+
+        def late():
+            with cpu_threads.blas_single_thread():
+                w_in.set()
+                m_out.wait(10)
+                seen["late"] = _blas_threads()
+        t = threading.Thread(target=late)
+        with cpu_threads.blas_single_thread():
+            t.start()
+            assert w_in.wait(10)
+        m_out.set()
+        t.join(timeout=20)
+        assert seen["late"] == [1] * len(before)
+        assert _blas_threads() == before
+
+
 @pytest.mark.parametrize("n_threads", [1, 2])
 def test_threaded_plan_holds_blas_at_one_thread(n_threads) -> None:
     threadpoolctl = pytest.importorskip("threadpoolctl")
