@@ -31,7 +31,7 @@ import pytest
 pytest.importorskip("numba")
 
 from ggmlpy import env, ops, special  # noqa: E402
-from ggmlpy.backend import backend_tensor_get, backend_tensor_set  # noqa: E402
+from ggmlpy.backend import BufferUsage, backend_tensor_get, backend_tensor_set  # noqa: E402
 from ggmlpy.backends import cpu_jit, fastpath  # noqa: E402
 from ggmlpy.backends.cpu import backend_cpu_init  # noqa: E402
 from ggmlpy.backends.kernels.common import JIT_MIN_ELEMENTS  # noqa: E402
@@ -409,6 +409,7 @@ def _run(kind: str, jit: str, monkeypatch):
     rng = np.random.default_rng(len(kind))
     ctx, out, ins = _graph(kind, rng)
     buf = alloc_ctx(ctx)
+    buf.set_usage(BufferUsage.COMPUTE)  # as a graph allocator's: steps are the kernels' own
     backend = backend_cpu_init()
     backend.set_n_threads(1)
     try:

@@ -6,8 +6,8 @@
   its rows); MUL_MAT (BLAS may block a smaller GEMM differently) is checked against a float64
   reference with the rigorous float32 dot-product bound ``gamma_K |a| |b|``,
   ``gamma_K = K u / (1 - K u)``, ``u = 2^-24``, which holds for any summation order.
-* That the plan really split: a split node's step is ``functools.partial(pool.run, parts)``
-  (the step of a CPU plan, ``Plan.steps``); the tests count those and their ``parts``.
+* That the plan really split: a split node's step (``Plan.steps``) is a ``cpu_threads.Split``
+  with its ``parts`` compiled; the tests count those and their ``parts``.
 * :class:`Pool` (errors, concurrency, ``close``, ``fork``), :func:`blas_single_thread`,
   ``set_n_threads`` validation and plan cache, MiniLM against the sentence-transformers fixture.
 """
@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 
 from ggmlpy import ops
-from ggmlpy.backend import backend_tensor_get, backend_tensor_set
+from ggmlpy.backend import BufferUsage, backend_tensor_get, backend_tensor_set
 from ggmlpy.backends import cpu_threads
 from ggmlpy.backends.cpu import backend_cpu_init
-from ggmlpy.backends.cpu_threads import MIN_ELEMENTS, MIN_MACS, SPLIT_OPS, Pool
+from ggmlpy.backends.cpu_threads import MIN_ELEMENTS, MIN_MACS, SPLIT_OPS, Pool, Split
 from ggmlpy.graph import Graph
 from ggmlpy.opcodes import Op
 from ggmlpy.tensor import Context
@@ -44,9 +44,9 @@ U32 = 2.0**-24
 
 
 def _split_parts(plan) -> list[list]:
-    """The ``parts`` of every step of ``plan`` that runs on the backend's threads."""
-    return [s.args[0] for s in plan.steps
-            if isinstance(s, partial) and isinstance(getattr(s.func, "__self__", None), Pool)]
+    """The slices of every step of ``plan`` that runs on the backend's threads (a
+    :class:`~ggmlpy.backends.cpu_threads.Split` with its slices compiled)."""
+    return [s.parts for s in plan.steps if isinstance(s, Split) and s.parts is not None]
 
 
 def _compute(build, n_threads: int, seed: int = 0):
@@ -55,6 +55,7 @@ def _compute(build, n_threads: int, seed: int = 0):
     ctx = Context()
     out, ins = build(ctx, np.random.default_rng(seed))
     buf = alloc_ctx(ctx)
+    buf.set_usage(BufferUsage.COMPUTE)  # as a graph allocator's: steps are the kernels' own
     backend = backend_cpu_init()
     backend.set_n_threads(n_threads)
     assert backend.n_threads == n_threads
@@ -164,9 +165,12 @@ _CASES = [
     # row-wise
     ("norm-ax0", Op.NORM, _unary("norm", NRM0, 1e-5), True),
     ("norm-ax2", Op.NORM, _unary("norm", NRM2, 1e-12), True),
+    # outer dims of 2 and 3 threads: the cut stays on axis 0 (contiguous slices, same kernel)
+    ("norm-2x2", Op.NORM, _unary("norm", (1024, 64, 2, 2), 1e-5), True),
     ("rms_norm-ax2", Op.RMS_NORM, _unary("rms_norm", NRM2, 1e-6), True),
     ("l2_norm-ax0", Op.L2_NORM, _unary("l2_norm", NRM0, 1e-12), True),
     ("soft_max-ax0-nomask", Op.SOFT_MAX, _soft_max(SM0, None), True),
+    ("soft_max-2x2-mask", Op.SOFT_MAX, _soft_max((512, 32, 2, 2), (512, 32, 1, 1)), True),
     ("soft_max-ax0-mask-bcast", Op.SOFT_MAX, _soft_max(SM0, (512, 8, 1, 1)), True),
     ("soft_max-ax0-mask-equal", Op.SOFT_MAX, _soft_max(SM0, (512, 8, 4, 4)), True),
     ("soft_max-ax0-mask-tiled", Op.SOFT_MAX, _soft_max(SM0, (512, 8, 4, 2)), False),
@@ -576,9 +580,9 @@ def test_default_n_threads_and_set_drops_cached_plans(monkeypatch) -> None:
     calls: list[int] = []
     orig = cpu_threads.split_step
 
-    def spy(xp, node, dst, srcs, n_parts, compile_node):
-        calls.append(n_parts)
-        return orig(xp, node, dst, srcs, n_parts, compile_node)
+    def spy(xp, node, dst, srcs, pool, *rest):
+        calls.append(pool.n_threads)
+        return orig(xp, node, dst, srcs, pool, *rest)
     monkeypatch.setattr(cpu_threads, "split_step", spy)
     ctx = Context()
     a = ctx.new_tensor(F32, AX2)
@@ -627,9 +631,9 @@ def test_minilm_matches_fixture(n_threads, model_dir, fixtures_dir, monkeypatch)
     orig = cpu_threads.split_step
 
     def spy(*args):
-        parts = orig(*args)
-        splits.append(0 if parts is None else len(parts))
-        return parts
+        split = orig(*args)
+        splits.append(0 if split is None or split.parts is None else len(split.parts))
+        return split
     monkeypatch.setattr(cpu_threads, "split_step", spy)
     with BertModel.load(model_dir=model_dir, device="CPU", max_batch=8) as m:
         emb = m.encode(public["sentences"], batch_size=4)
