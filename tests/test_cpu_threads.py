@@ -8,8 +8,13 @@
   ``gamma_K = K u / (1 - K u)``, ``u = 2^-24``, which holds for any summation order.
 * That the plan really split: a split node's step (``Plan.steps``) is a ``cpu_threads.Split``
   with its ``parts`` compiled; the tests count those and their ``parts``.
-* :class:`Pool` (errors, concurrency, ``close``, ``fork``), :func:`blas_single_thread`,
-  ``set_n_threads`` validation and plan cache, MiniLM against the sentence-transformers fixture.
+* Fused runs of split nodes (``fuse_chains``): which nodes join (row-aligned reads) and which
+  must not (a transposed or one-row read of an earlier result, a computed softmax mask, a
+  computed GEMM weight), and seeded random chains placed by the graph allocator (memory reused
+  between nodes): bit-identical to one thread.
+* :class:`Pool` (errors, concurrency, ``close``, ``fork``), :func:`blas_single_thread` (nested,
+  from several threads), ``set_n_threads`` validation and plan cache, MiniLM against the
+  sentence-transformers fixture with 1, 2 and 3 threads.
 """
 
 from __future__ import annotations
@@ -619,7 +624,7 @@ EMB_MAX_ABS, EMB_MIN_COS = 1e-5, 0.99999  # as tests/test_model_bert.py
 
 
 @pytest.mark.model
-@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
 def test_minilm_matches_fixture(n_threads, model_dir, fixtures_dir, monkeypatch) -> None:
     import json
 
@@ -640,10 +645,170 @@ def test_minilm_matches_fixture(n_threads, model_dir, fixtures_dir, monkeypatch)
     if n_threads == 1:
         assert splits == []
     else:
-        assert max(splits) == 2, "no node of MiniLM was split"
+        assert max(splits) == n_threads, "no node of MiniLM was split"
     ref = np.asarray(public["embeddings"], dtype=np.float64)
     got = emb.astype(np.float64)
     assert emb.dtype == np.float32 and emb.shape == ref.shape
     assert np.abs(got - ref).max() <= EMB_MAX_ABS
     cos = (got * ref).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(ref, axis=1))
     assert cos.min() >= EMB_MIN_COS
+
+
+# ---------------------------------------------------------------------------------------------
+# fused runs of split nodes (cpu_threads.fuse_chains)
+
+def _chain_rowwise(ctx, rng):
+    # x + bias -> gelu_erf -> * bias -> norm -> scale: every node reads the previous one at its
+    # own rows; one fused step expected
+    ne = (1024, 256, 2, 2)
+    x, b1, b2 = ctx.new_tensor(F32, ne), ctx.new_tensor(F32, (1024,)), ctx.new_tensor(F32, (1024,))
+    y = ops.add(ctx, x, b1)
+    y = ops.gelu_erf(ctx, y)
+    y = ops.mul(ctx, y, b2)
+    y = ops.norm(ctx, y, 1e-5)
+    y = ops.scale(ctx, y, 0.5)
+    return y, {x: _rand(rng, ne), b1: _rand(rng, (1024,)), b2: _rand(rng, (1024,), 0.5, 2)}
+
+
+def _chain_inplace(ctx, rng):
+    ne = (1024, 1024, 1, 1)
+    x, b = ctx.new_tensor(F32, ne), ctx.new_tensor(F32, (1024,))
+    y = ops.add(ctx, x, b)
+    y = ops.gelu_erf_inplace(ctx, y)
+    y = ops.scale_inplace(ctx, y, 3.0)
+    y = ops.norm_inplace(ctx, y, 1e-6)
+    return y, {x: _rand(rng, ne), b: _rand(rng, (1024,))}
+
+
+def _chain_transposed_read(ctx, rng):
+    # the second node reads the first one's result transposed (other rows): no fusion
+    ne = (1024, 1024, 1, 1)
+    x, b = ctx.new_tensor(F32, ne), ctx.new_tensor(F32, (1024,))
+    y = ops.add(ctx, x, b)
+    z = ops.cont(ctx, ops.transpose(ctx, y))
+    return ops.add(ctx, z, b), {x: _rand(rng, ne), b: _rand(rng, (1024,))}
+
+
+def _chain_mask_from_node(ctx, rng):
+    # a node computes the softmax mask; softmax reads its rows 'not aligned' (mask rows may
+    # outnumber x's): the mask node and the softmax are not fused
+    ne = (1024, 1024, 1, 1)
+    x, m0, m1 = (ctx.new_tensor(F32, ne) for _ in range(3))
+    m = ops.add(ctx, m0, m1)
+    s = ops.soft_max_ext(ctx, x, m, 0.25, 0.0)
+    return ops.scale(ctx, s, 2.0), {x: _rand(rng, ne, -6, 6), m0: _rand(rng, ne),
+                                    m1: _rand(rng, ne)}
+
+
+def _chain_row_broadcast_of_node(ctx, rng):
+    # the second node broadcasts ONE row of the first node's result over all rows
+    ne = (1024, 1024, 1, 1)
+    x, b = ctx.new_tensor(F32, ne), ctx.new_tensor(F32, (1024,))
+    y = ops.add(ctx, x, b)
+    row = ops.view_1d(ctx, y, 1024, 1000 * y.nb[1])  # row 1000: written by the last slice
+    return ops.mul(ctx, y, row), {x: _rand(rng, ne), b: _rand(rng, (1024,))}
+
+
+def _chain_mul_mat(ctx, rng):
+    # gelu -> mul_mat (gelu's result as src1, cut alike; fusable) -> bias add; then a MUL_MAT
+    # with that result as the shared weight src0 (read whole by every slice: not fusable)
+    K, N = 256, 1024
+    x = ctx.new_tensor(F32, (K, N))
+    w, b = ctx.new_tensor(F32, (K, 256)), ctx.new_tensor(F32, (256,))
+    h = ops.add(ctx, ops.mul_mat(ctx, w, ops.gelu_erf(ctx, x)), b)       # ne [256, N]
+    v = ctx.new_tensor(F32, (256, 64))
+    return ops.mul_mat(ctx, h, v), {x: _rand(rng, (K, N)), w: _rand(rng, (K, 256), -0.1, 0.1),
+                                    b: _rand(rng, (256,)), v: _rand(rng, (256, 64))}
+
+
+# name, builder, nodes per plan step (0: a step that runs unsplit), bit-exact
+_CHAINS = [
+    ("rowwise", _chain_rowwise, [5], True),
+    ("inplace", _chain_inplace, [4], True),
+    ("transposed-read", _chain_transposed_read, [1, 2], True),
+    ("mask-from-node", _chain_mask_from_node, [1, 2], True),
+    ("row-broadcast-of-node", _chain_row_broadcast_of_node, [1, 1], True),
+    ("mul_mat", _chain_mul_mat, [3, 1], False),
+]
+
+
+@pytest.mark.parametrize("name,build,fused,exact", _CHAINS, ids=[c[0] for c in _CHAINS])
+def test_fused_chains_equal_one_thread(name, build, fused, exact) -> None:
+    one, ins, plan1 = _compute(build, 1)
+    for n in (2, 3):
+        got, _, plan = _compute(build, n)
+        sizes = [s.n_nodes if isinstance(s, Split) and s.parts is not None else 0
+                 for s in plan.steps]
+        assert sizes == fused, f"{name}, {n} threads: nodes per step {sizes}"
+        if exact:
+            np.testing.assert_array_equal(got.view(np.int32), one.view(np.int32),
+                                          err_msg=f"{name}, {n} threads")
+        else:
+            # GEMMs of fewer rows may be blocked differently by BLAS (module docstring); the
+            # products here are O(1) sums of 256 terms: 1e-5 relative is ~100 float32 ulps
+            np.testing.assert_allclose(got, one, rtol=1e-5, atol=1e-5)
+
+
+def _random_graph(seed: int, n_threads: int) -> np.ndarray:
+    """A seeded random chain of splittable ops over ``ne = [1024, 1024]`` (residual adds from
+    earlier nodes, in-place ops, a transposed copy now and then) placed by the graph allocator,
+    which reuses memory between nodes as in a model; returns the output."""
+    from ggmlpy.alloc import GraphAllocator
+
+    rng = np.random.default_rng(seed)
+    ctx = Context(no_alloc=True)
+    ne = (1024, 1024)
+    x = ctx.new_tensor(F32, ne).set_input()
+    bias = ctx.new_tensor(F32, (1024,)).set_input()
+    mask = ctx.new_tensor(F32, ne).set_input()
+    nodes = [x]
+    y = x
+    for _ in range(10):
+        k = int(rng.integers(0, 9))
+        if k == 0:
+            y = ops.add(ctx, y, bias)
+        elif k == 1:
+            y = ops.add(ctx, y, nodes[int(rng.integers(0, len(nodes)))])  # residual
+        elif k == 2:
+            y = ops.mul_inplace(ctx, y, bias)
+        elif k == 3:
+            y = ops.gelu_erf(ctx, y)
+        elif k == 4:
+            y = ops.norm(ctx, y, 1e-5)
+        elif k == 5:
+            y = ops.soft_max_ext(ctx, y, mask, 0.5, 0.0)
+        elif k == 6:
+            y = ops.scale_inplace(ctx, y, float(rng.uniform(0.5, 2)))
+        elif k == 7:
+            y = ops.cont(ctx, ops.transpose(ctx, y))
+        else:
+            y = ops.sub(ctx, nodes[int(rng.integers(0, len(nodes)))], y)
+        nodes.append(y)
+    y.set_output()
+    g = Graph(64)
+    g.build_forward_expand(y)
+    backend = backend_cpu_init()
+    backend.set_n_threads(n_threads)
+    galloc = GraphAllocator(backend.get_default_buffer_type())
+    try:
+        assert galloc.alloc_graph(g)
+        vals = np.random.default_rng(1000 + seed)
+        for t, lo, hi in ((x, -2, 2), (bias, 0.5, 1.5), (mask, -1, 1)):
+            v = vals.uniform(lo, hi, t.ne[::-1]).astype(np.float32)
+            if t.buffer is not None:  # an input the random graph does not use has no memory
+                backend_tensor_set(t, v)
+        backend.graph_compute(g)
+        return backend_tensor_get(y)
+    finally:
+        galloc.free()
+        backend.free()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_allocated_chains_equal_one_thread(seed) -> None:
+    one = _random_graph(seed, 1)
+    assert np.isfinite(one).any()
+    for n in (2, 3):
+        got = _random_graph(seed, n)
+        np.testing.assert_array_equal(got.view(np.int32), one.view(np.int32),
+                                      err_msg=f"seed {seed}, {n} threads")
