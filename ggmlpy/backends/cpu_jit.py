@@ -168,7 +168,7 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarr
         _check_f32_c("soft_max", mask=mask)
         X3, X2, X1, X0 = x.shape
         if (mask.ndim != 4 or mask.shape[3] != X0 or mask.shape[2] < X1
-                or X2 % mask.shape[1] or X3 % mask.shape[0]):
+                or min(mask.shape[:2]) < 1 or X2 % mask.shape[1] or X3 % mask.shape[0]):
             raise ValueError(f"cpu_jit.soft_max: mask {mask.shape} does not broadcast to rows "
                              f"of x {x.shape}")
         m, has = mask, True

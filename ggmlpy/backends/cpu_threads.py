@@ -92,11 +92,24 @@ def _blas_libs() -> list[Any]:
     return _blas_ctl[0]
 
 
+def _set_blas_threads(c: Any, n: int) -> None:
+    """Set one BLAS library's thread count from whichever thread holds the BLAS hold.
+    threadpoolctl >= 3.7 lets only the first thread that set an OpenBLAS (pthreads) limit set it
+    again, silently ignoring the others; the hold is process-wide and serialized by
+    ``_blas_lock``, so it takes control for the call and releases it after."""
+    clear = getattr(type(c), "clear_controlling_thread", None)
+    if clear is not None:
+        clear(force=True)
+    c.set_num_threads(n)
+    if clear is not None:
+        clear()
+
+
 @contextmanager
 def blas_single_thread() -> Iterator[None]:
     """Hold every BLAS library NumPy loaded at one thread for the ``with`` body (nested and
-    concurrent uses share one hold; the outermost restores the previous counts). A no-op
-    without ``threadpoolctl``."""
+    concurrent uses share one hold, from any threads; the last one to leave restores the
+    previous counts). A no-op without ``threadpoolctl``."""
     libs = _blas_libs()
     if not libs:
         yield
@@ -105,7 +118,7 @@ def blas_single_thread() -> Iterator[None]:
         if _blas_depth[0] == 0:
             _blas_saved[:] = [c.num_threads for c in libs]
             for c in libs:
-                c.set_num_threads(1)
+                _set_blas_threads(c, 1)
         _blas_depth[0] += 1
     try:
         yield
@@ -114,7 +127,7 @@ def blas_single_thread() -> Iterator[None]:
             _blas_depth[0] -= 1
             if _blas_depth[0] == 0:
                 for c, n in zip(libs, _blas_saved):
-                    c.set_num_threads(n)
+                    _set_blas_threads(c, n)
 
 
 class Pool:
@@ -226,13 +239,16 @@ def _follow(src: Any, ax: int, n: int, lo: int, hi: int) -> Any | None:
 
 
 def _plan_axis(dst: Any, n_parts: int) -> int | None:
-    """The outermost of NumPy axes 0-2 with at least ``n_parts`` entries, else the longest one
-    with at least 2 (None if all have 1)."""
+    """The outermost of NumPy axes 0-2 with at least 2 entries (None if all have 1): slices along
+    it are contiguous blocks of a contiguous ``dst``, so each slice gets the kernel the whole node
+    gets (the compiled and fast kernels take C-contiguous operands only; a slice of a deeper axis
+    under a non-trivial outer one is strided and fell back to another kernel with other
+    roundings). Such a node may get fewer than ``n_parts`` slices."""
+    del n_parts
     for ax in range(3):
-        if dst.shape[ax] >= n_parts:
+        if dst.shape[ax] >= 2:
             return ax
-    best = max(range(3), key=lambda a: dst.shape[a])
-    return best if dst.shape[best] >= 2 else None
+    return None
 
 
 class Split:
