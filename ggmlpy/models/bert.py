@@ -171,7 +171,8 @@ class BertModel:
     def load(cls, model_dir: str | Path | None = None,
              device: str | Device | Sequence[str | Device] = "CPU",
              n_gpu_layers: int = 0, parallel: bool = False, max_batch: int = 32,
-             op_offload: bool = False, seq_bucket: int = SEQ_BUCKET) -> BertModel:
+             op_offload: bool = False, seq_bucket: int = SEQ_BUCKET,
+             n_threads: int | None = None) -> BertModel:
         """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
 
         Args:
@@ -202,6 +203,9 @@ class BertModel:
                 ``n_gpu_layers`` alone decides where layers run.
             seq_bucket: batch lengths are padded up to a multiple of this (>= 1; 1 pads to the
                 longest sequence exactly). Padding is masked, so the embeddings do not change.
+            n_threads: threads of the CPU backend (>= 1; llama.cpp's ``-t``,
+                :meth:`ggmlpy.backends.cpu.CPUBackend.set_n_threads`); None keeps its default,
+                the thread count of NumPy's BLAS.
 
         Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu_jit.warm_up`,
         when Numba is installed), so that their one-time cost is not paid by the first encode.
@@ -214,6 +218,7 @@ class BertModel:
                 ``python -m ggmlpy download all-MiniLM-L6-v2``).
             BackendUnavailableError: ``device`` does not exist here (with the reason).
             ValueError: ``n_gpu_layers`` out of range, ``max_batch < 1``, ``seq_bucket < 1``,
+                ``n_threads < 1``,
                 or a model this code
                 cannot run (activation other than exact GELU, max pooling).
             OutOfMemoryError: a weight or compute buffer could not be allocated.
@@ -230,6 +235,9 @@ class BertModel:
         check_bool("parallel", parallel, where)
         check_int("max_batch", max_batch, 1, None, where)
         check_bool("op_offload", op_offload, where)
+        check_optional("n_threads", n_threads, int, where)
+        if n_threads is not None and (isinstance(n_threads, bool) or n_threads < 1):
+            raise ValueError(f"n_threads must be an int >= 1, got {n_threads!r}")
         gguf_weights = None
         if is_gguf_path(model_dir):  # a GGUF file (python -m ggmlpy convert, or llama.cpp's)
             config, tokenizer, gguf_weights = read_bert_gguf(model_dir)
@@ -278,6 +286,8 @@ class BertModel:
         self.seq_bucket = seq_bucket
         try:
             cpu = backend_cpu_init()
+            if n_threads is not None:
+                cpu.set_n_threads(n_threads)
             if dev.type == DeviceType.CPU:
                 self.n_gpu_layers = 0
                 self._backends = [cpu]

@@ -176,6 +176,9 @@ def _embed_parser() -> argparse.ArgumentParser:
                    "(default: all layers when --device is not the CPU; -1 = all)")
     p.add_argument("--batch-size", type=int, default=32, metavar="N",
                    help="sentences per graph run (default 32)")
+    p.add_argument("--threads", "-t", dest="threads", type=int, default=None, metavar="N",
+                   help="CPU threads (default: NumPy's BLAS thread count, i.e. "
+                   "OPENBLAS_NUM_THREADS/OMP_NUM_THREADS or the core count)")
     p.add_argument("--parallel", action="store_true",
                    help="pipeline batches: the CPU part of batch k+1 overlaps the device's batch k")
     p.add_argument("--input", metavar="FILE", default=None,
@@ -260,6 +263,8 @@ def _embed(args: argparse.Namespace) -> int:
         raise _UsageError("no sentences: pass SENTENCE arguments or --input FILE")
     if args.batch_size < 1:
         raise _UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.threads is not None and args.threads < 1:
+        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.n_gpu_layers is not None and args.n_gpu_layers < -1:
         raise _UsageError(f"--n-gpu-layers must be >= 0 or -1 (all layers), got {args.n_gpu_layers}")
     device = _pick_device(args.device)
@@ -275,7 +280,8 @@ def _embed(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         model = BertModel.load(model_dir=args.model, device=device, n_gpu_layers=ngl,
-                               parallel=args.parallel and device.upper() != "CPU", max_batch=args.batch_size)
+                               parallel=args.parallel and device.upper() != "CPU",
+                               max_batch=args.batch_size, n_threads=args.threads)
     except (BackendUnavailableError, ValueError, TypeError, FileNotFoundError) as e:
         raise _UsageError(str(e)) from None
     except OutOfMemoryError as e:
