@@ -267,12 +267,7 @@ def precise_kernels() -> bool:
     Raises:
         EnvError: a value other than 0 or 1.
     """
-    v = _raw(PRECISE_KERNELS)
-    if v is None:
-        return False
-    if v not in ("0", "1"):
-        raise EnvError(PRECISE_KERNELS, v, "0 or 1")
-    return v == "1"
+    return _flag(PRECISE_KERNELS, False)
 
 
 def jit_enabled() -> bool:
@@ -282,11 +277,16 @@ def jit_enabled() -> bool:
     Raises:
         EnvError: a value other than 0 or 1.
     """
-    v = _raw(JIT)
+    return _flag(JIT, True)
+
+
+def _flag(name: str, default: bool) -> bool:
+    """A 0/1 variable as a bool (``default`` when unset); EnvError for anything else."""
+    v = _raw(name)
     if v is None:
-        return True
+        return default
     if v not in ("0", "1"):
-        raise EnvError(JIT, v, "0 or 1")
+        raise EnvError(name, v, "0 or 1")
     return v == "1"
 
 

@@ -87,8 +87,8 @@ def softmax_row(orow, X0, tmp):  # orow holds x*scale+mask; softmax in place (tm
         orow[j] = np.float32(0.0 if e < F32_TINY else e)  # no float32 subnormals
 
 
-@njit(**_OPTS)
-def softmax_body(x, m, has_mask, scale, out):
+@njit(inline="always", **_OPTS)
+def softmax_rows(x, m, has_mask, scale, out):
     X3, X2, X1, X0 = x.shape
     M3, M2 = m.shape[0], m.shape[1]
     tmp = np.empty(X0, np.float64)
@@ -109,23 +109,14 @@ def softmax_body(x, m, has_mask, scale, out):
 
 
 @njit(**_OPTS)
+def softmax_body(x, m, has_mask, scale, out):
+    softmax_rows(x, m, has_mask, scale, out)
+
+
+@njit(**_OPTS)
 def softmax_inplace_body(x, m, has_mask, scale):
-    X3, X2, X1, X0 = x.shape
-    M3, M2 = m.shape[0], m.shape[1]
-    tmp = np.empty(X0, np.float64)
-    for r in range(X3 * X2 * X1):
-        i3 = r // (X2 * X1)
-        i2 = (r // X1) % X2
-        i1 = r % X1
-        orow = x[i3, i2, i1]
-        if has_mask:
-            mr = m[i3 % M3, i2 % M2, i1]
-            for j in range(X0):
-                orow[j] = orow[j] * scale + mr[j]
-        else:
-            for j in range(X0):
-                orow[j] = orow[j] * scale
-        softmax_row(orow, X0, tmp)
+    # inlined with one name for both arrays, so LLVM knows they are the same memory
+    softmax_rows(x, m, has_mask, scale, x)
 
 
 @njit(inline="always", **_OPTS)
