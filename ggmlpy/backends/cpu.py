@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import platform
 import uuid
+import weakref
 from functools import lru_cache
 from typing import Any
 
@@ -167,7 +168,12 @@ class CPUBackend(Backend):
         super().__init__(device)
         self._plans = PlanCache(self._build_plan)
         self._n_threads = cpu_threads.default_n_threads()
+        self._new_pool()
+
+    def _new_pool(self) -> None:
+        # the worker threads stop when the backend is freed or garbage-collected
         self._pool = cpu_threads.Pool(self._n_threads)
+        self._pool_finalizer = weakref.finalize(self, cpu_threads.Pool.close, self._pool)
 
     @property
     def n_threads(self) -> int:
@@ -188,9 +194,9 @@ class CPUBackend(Backend):
         if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
             raise ValueError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
         if n_threads != self._n_threads:
-            self._pool.close()
+            self._pool_finalizer()
             self._n_threads = n_threads
-            self._pool = cpu_threads.Pool(n_threads)
+            self._new_pool()
             self._plans.clear()
 
     def _compile_node(self, xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Any:
@@ -233,7 +239,7 @@ class CPUBackend(Backend):
         return Status.SUCCESS
 
     def _free(self) -> None:
-        self._pool.close()
+        self._pool_finalizer()
 
 
 def _is_host_tensor(t: Tensor) -> bool:
