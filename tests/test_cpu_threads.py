@@ -812,3 +812,40 @@ def test_random_allocated_chains_equal_one_thread(seed) -> None:
         got = _random_graph(seed, n)
         np.testing.assert_array_equal(got.view(np.int32), one.view(np.int32),
                                       err_msg=f"seed {seed}, {n} threads")
+
+
+def _cpu_workers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name.startswith("ggmlpy-cpu-"))
+
+
+@pytest.mark.parametrize("how", ["free", "gc", "set_n_threads"])
+def test_worker_threads_stop_with_their_backend(how: str) -> None:
+    """A backend's worker threads end when it is freed, garbage-collected, or given another
+    thread count (the old pool's threads end, the new pool starts its own on first use)."""
+    import gc
+
+    before = _cpu_workers()
+    ctx = Context()
+    x = ctx.new_tensor_2d(Type.F32, 1024, MIN_ELEMENTS[Op.SCALE] // 1024)
+    y = ops.scale(ctx, x, 2.0)
+    buf = alloc_ctx(ctx)
+    backend = backend_cpu_init()
+    backend.set_n_threads(3)
+    backend_tensor_set(x, np.ones(x.ne[1::-1], np.float32))
+    g = Graph(8)
+    g.build_forward_expand(y)
+    backend.graph_compute(g)
+    np.testing.assert_array_equal(backend_tensor_get(y), 2.0)
+    assert _cpu_workers() == before + 2
+    if how == "free":
+        backend.free()
+    elif how == "gc":
+        del backend, g
+        gc.collect()
+    else:
+        backend.set_n_threads(1)
+    deadline = time.monotonic() + 5.0
+    while _cpu_workers() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _cpu_workers() == before
+    buf.free()
