@@ -206,7 +206,13 @@ def buffer_written(buffer: Buffer) -> None:
     compiled graph steps whose destination lives in a buffer that is not COMPUTE
     (``kernels.registry.compile_node``). Code that writes a buffer's memory any other way (a
     NumPy view from ``Tensor.numpy()``, a wrapped user array) must call it too, or converted
-    weight copies may be stale. Synchronous; thread-safe."""
+    weight copies may be stale. Synchronous; thread-safe.
+
+    Raises:
+        TypeError: ``buffer`` is not a :class:`Buffer`.
+    """
+    if not isinstance(buffer, Buffer):
+        raise TypeError(f"buffer_written: buffer must be a Buffer, got {type(buffer).__name__}")
     buffer._data_gen = next(_DATA_GEN)
 
 

@@ -52,6 +52,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import platform  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -309,7 +310,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cooldown", type=float, default=COOLDOWN_S,
-                    help="idle seconds before every timed call (spinning thread pools settle)")
+                    help="idle seconds before every timed call, so that thread pools left "
+                    "spinning by the previous tool settle (default 0.5)")
     ap.add_argument("--threads", type=int, default=2,
                     help="BLAS/OpenMP/torch threads for every tool (set before NumPy loads)")
     ap.add_argument("--seed", type=int, default=0)
@@ -324,8 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="add a cProfile top-15 of one more ggmlpy run of each workload")
     ap.add_argument("--no-st", action="store_true", help="skip sentence-transformers")
     args = ap.parse_args(argv)
-    if args.cooldown < 0:
-        ap.error("--cooldown must be >= 0")
+    if not (math.isfinite(args.cooldown) and args.cooldown >= 0):
+        ap.error(f"--cooldown must be a finite number >= 0, got {args.cooldown}")
     globals()["COOLDOWN_S"] = args.cooldown
     if min(args.n_sentences, args.n_e2e, args.batch_size, args.repeats, args.threads) < 1:
         ap.error("--n-sentences, --n-e2e, --batch-size, --repeats and --threads must be >= 1")

@@ -567,7 +567,8 @@ def test_threaded_plan_holds_blas_at_one_thread(n_threads) -> None:
 # ---------------------------------------------------------------------------------------------
 # set_n_threads
 
-@pytest.mark.parametrize("bad", [0, -1, True, False, 2.0, "2", None])
+@pytest.mark.parametrize("bad", [0, -1, True, False, 2.0, "2", None,
+                                 cpu_threads.MAX_N_THREADS + 1, 100000])
 def test_set_n_threads_validation(bad) -> None:
     backend = backend_cpu_init()
     try:

@@ -37,7 +37,8 @@ def test_n_threads_reaches_backend_and_matches_fixture(model_dir: Path, public: 
     assert cos.min() >= EMB_MIN_COS
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-2, ValueError), (True, TypeError),
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-2, ValueError), (513, ValueError),
+                                      (True, TypeError),
                                       (2.0, TypeError), ("2", TypeError)])
 def test_n_threads_refused(model_dir: Path, bad: object, exc: type) -> None:
     from ggmlpy.models.bert import BertModel

@@ -479,3 +479,11 @@ def test_a_failing_synchronize_still_ends_the_pending_async_writes(monkeypatch):
     finally:
         s.free()
         be.free()
+
+
+@pytest.mark.parametrize("bad", [None, 3, "buf", np.zeros(4)])
+def test_buffer_written_refuses_non_buffers(bad) -> None:
+    from ggmlpy.backend import buffer_written
+
+    with pytest.raises(TypeError, match="buffer_written: buffer must be a Buffer"):
+        buffer_written(bad)

@@ -189,10 +189,14 @@ class CPUBackend(Backend):
         the other ops (:mod:`ggmlpy.backends.cpu_threads`). Plans built before are dropped.
 
         Raises:
-            ValueError: ``n_threads`` is not an int >= 1.
+            ValueError: ``n_threads`` is not an int in 1..:data:`~ggmlpy.backends.cpu_threads.MAX_N_THREADS`
+                (512, ggml's ``GGML_MAX_N_THREADS``).
         """
-        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
-            raise ValueError(f"set_n_threads: n_threads must be an int >= 1, got {n_threads!r}")
+        top = cpu_threads.MAX_N_THREADS
+        if (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                or not 1 <= n_threads <= top):
+            raise ValueError(f"set_n_threads: n_threads must be an int in 1..{top}, "
+                             f"got {n_threads!r}")
         if n_threads != self._n_threads:
             self._pool_finalizer()
             self._n_threads = n_threads
@@ -272,7 +276,7 @@ class CPUDevice(Device):
             description=f"{platform.processor() or platform.machine()} (NumPy {np.__version__})",
             memory_free=free, memory_total=total, type=DeviceType.CPU,
             caps=self._CAPS,
-            extra={"threads": os.cpu_count() or 1})
+            extra={"threads": cpu_threads.default_n_threads(), "cores": os.cpu_count() or 1})
 
     def _init_backend(self, params: str | None) -> Backend:
         if params:

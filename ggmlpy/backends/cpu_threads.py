@@ -46,10 +46,13 @@ from ..opcodes import Op
 from ..tensor import Tensor
 
 __all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "blas_single_thread", "SPLIT_OPS",
-           "MIN_ELEMENTS", "MIN_MACS"]
+           "MIN_ELEMENTS", "MIN_MACS", "MAX_N_THREADS"]
 
 Step = Callable[[], None]
 Compile = Callable[[Any, Tensor, Any, list[Any]], "Step | None"]
+
+#: the most threads a CPU backend may use (ggml's ``GGML_MAX_N_THREADS``)
+MAX_N_THREADS = 512
 
 _ELEMENTWISE = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 _SAME_SHAPE = (Op.SCALE, Op.UNARY, Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.CPY, Op.DUP, Op.CONT)
@@ -142,8 +145,10 @@ class Pool:
     """
 
     def __init__(self, n_threads: int) -> None:
-        if isinstance(n_threads, bool) or not isinstance(n_threads, int) or n_threads < 1:
-            raise ValueError(f"Pool: n_threads must be an int >= 1, got {n_threads!r}")
+        if (isinstance(n_threads, bool) or not isinstance(n_threads, int)
+                or not 1 <= n_threads <= MAX_N_THREADS):
+            raise ValueError(f"Pool: n_threads must be an int in 1..{MAX_N_THREADS}, "
+                             f"got {n_threads!r}")
         self.n_threads = n_threads
         self._lock = threading.Lock()
         self._pid = -1

@@ -236,8 +236,8 @@ class BertModel:
         check_int("max_batch", max_batch, 1, None, where)
         check_bool("op_offload", op_offload, where)
         check_optional("n_threads", n_threads, int, where)
-        if n_threads is not None and (isinstance(n_threads, bool) or n_threads < 1):
-            raise ValueError(f"n_threads must be an int >= 1, got {n_threads!r}")
+        if n_threads is not None and (isinstance(n_threads, bool) or not 1 <= n_threads <= 512):
+            raise ValueError(f"n_threads must be an int in 1..512, got {n_threads!r}")
         gguf_weights = None
         if is_gguf_path(model_dir):  # a GGUF file (python -m ggmlpy convert, or llama.cpp's)
             config, tokenizer, gguf_weights = read_bert_gguf(model_dir)
