@@ -53,6 +53,9 @@ MAX_CHUNKS = 16
 #: offline (largest first, lowest free offset over its lifetime) and keeps that layout when it is
 #: smaller (single-chunk plans only).
 POLICIES = ("ggml", "compact")
+#: when True, a graph the scheduler vouches for (:meth:`GraphAllocator._vouch`) is compared
+#: anyway and a mismatch raises RuntimeError (tests turn it on)
+VERIFY_VOUCH = False
 
 # ggml's SIZE_MAX / 2: the size of an "unbounded" free block.
 _UNBOUNDED = sys.maxsize
@@ -66,6 +69,15 @@ def _pad(size: int, align: int) -> int:
 # =================================================================================================
 # dynamic allocator (planning only)
 # =================================================================================================
+
+
+def _init_is_noop(buf: Buffer) -> bool:
+    """Whether ``buf.init_tensor`` is :class:`~ggmlpy.backend.Buffer`'s own, which does nothing
+    (neither the class nor the instance overrides it or its ``_init_tensor`` hook)."""
+    cls = type(buf)
+    d = getattr(buf, "__dict__", {})
+    return (cls.init_tensor is Buffer.init_tensor and cls._init_tensor is Buffer._init_tensor
+            and "init_tensor" not in d and "_init_tensor" not in d)
 
 
 class _Chunk:
@@ -337,6 +349,7 @@ class GraphAllocator:
         # what the recorded plan read from its graph (wiring, flags, ne/nb, views, placements of
         # tensors not owned here), taken with the graph's owned tensors reset: None = no plan
         self._snap: Snapshot | None = None
+        self._vouched: Graph | None = None  # see _vouch
         # (graph, generation) right after the last alloc_graph placed it (the fast path)
         self._last_placed: tuple[weakref.ref, int] | None = None
         # id(tensor) -> (tensor, buffer, offset) of every tensor this allocator placed
@@ -382,6 +395,13 @@ class GraphAllocator:
         ``Scheduler.reset``) — before placing ``graph`` afresh. With ``only_graph`` (used when
         planning) owned tensors outside ``graph`` keep their placement."""
         stale: list[Tensor] = []
+        if not only_graph:
+            self._reset_views(graph, stale)
+            self._reset_owned()
+            for t in stale:
+                t.buffer = None
+                t.offset = None
+            return
         seen: set[int] = set()
 
         def visit(t: Tensor | None) -> None:
@@ -406,6 +426,33 @@ class GraphAllocator:
         for t in stale:
             t.buffer = None
             t.offset = None
+
+    def _reset_views(self, graph: Graph, stale: list[Tensor]) -> None:
+        """:meth:`_reset_graph`'s walk without ``only_graph`` (the hot path of every fresh
+        allocation): appends to ``stale`` every placed view of ``graph`` (leaf, node or source)
+        that is not owned here and whose memory is not its ``view_src``'s, or whose ``view_src``
+        is owned here. Only views are examined (a tensor may be appended twice: harmless)."""
+        owns = self._owns
+
+        def check(t: Tensor) -> None:
+            vs = t.view_src
+            if owns(t):
+                return
+            if (vs._buffer is not t._buffer or vs._offset is None
+                    or t._offset != vs._offset + t.view_offs or owns(vs)):
+                stale.append(t)
+
+        for t in graph._leafs:
+            if t.view_src is not None and t._buffer is not None:
+                check(t)
+        smap = graph._src_map
+        smap_get = smap.get if smap is not None else None
+        for n in graph._nodes:
+            if n.view_src is not None and n._buffer is not None:
+                check(n)
+            for t in (n.src if smap_get is None else smap_get(id(n), n.src)):
+                if t is not None and t.view_src is not None and t._buffer is not None:
+                    check(t)
 
     # -- planning ------------------------------------------------------------------------------
     def _hn(self, t: Tensor) -> _HashNode:
@@ -707,7 +754,7 @@ class GraphAllocator:
             sizes.append(0 if shared else self._tallocs[k].total_size)
         return sizes
 
-    def _needs_realloc(self, graph: Graph) -> bool:
+    def _needs_realloc(self, graph: Graph, vouched: bool = False) -> bool:
         # mirrors ggml_gallocr_needs_realloc, plus: every planned buffer must exist and be big
         # enough, and the graph must still be what the plan read (ggmlpy.snapshot: the wiring
         # -- which tensor feeds which node --, flags, ne/nb, views and foreign placements; ggml
@@ -725,7 +772,19 @@ class GraphAllocator:
         # checks (ggml_gallocr_node_needs_realloc: sizes within the planned sizes, memory as
         # when planned) cannot fail; they are not repeated (they cost as much as the compare)
         snap = self._snap
+        if snap is not None and vouched:
+            if VERIFY_VOUCH and not snap.matches(graph):
+                raise RuntimeError("GraphAllocator: a vouched graph does not match the plan")
+            return False
         return snap is None or not snap.matches(graph)
+
+    def _vouch(self, graph: Graph) -> None:
+        """The caller (the scheduler, which built ``graph``) vouches that ``graph`` has the state
+        the current plan was validated for (``Scheduler._alloc_slow``: same user-graph state and
+        split signature as the last allocation): the next :meth:`alloc_graph` of ``graph`` skips
+        the snapshot compare (counts and buffers are still checked). One-shot; with
+        :data:`VERIFY_VOUCH` the compare runs anyway and a mismatch raises RuntimeError."""
+        self._vouched = graph
 
     def alloc_graph(self, graph: Graph) -> bool:
         """Place every tensor of ``graph`` at its planned address (mirrors ``ggml_gallocr_alloc_graph``).
@@ -753,8 +812,10 @@ class GraphAllocator:
         last = self._last_placed
         unchanged = (last is not None and last[0]() is graph
                      and last[1] == _snapshot.generation())
+        vouched = self._vouched is graph
+        self._vouched = None
         self._reset_graph(graph)
-        if not unchanged and self._needs_realloc(graph):
+        if not unchanged and self._needs_realloc(graph, vouched):
             if len(self.bufts) == 1:
                 log.debug("GraphAllocator: graph changed, re-planning")
                 if not self.reserve(graph):
@@ -782,6 +843,8 @@ class GraphAllocator:
         osa = object.__setattr__
         placed = self._placed
         vbufs = [self._vbuffers[k] for k in self._talloc_of]  # per buffer id
+        # chunk buffers whose init_tensor is Buffer's (a no-op): not called for their tensors
+        noop = {id(b) for cur in vbufs for b in cur or () if _init_is_noop(b)}
 
         def init(t: Tensor, rec: _Rec) -> None:
             vs = t.view_src
@@ -806,19 +869,23 @@ class GraphAllocator:
             osa(t, "_offset", off)
             if t._ver >= 0:
                 osa(t, "_ver", gen)
-            buf.init_tensor(t)
+            if id(buf) not in noop:
+                buf.init_tensor(t)
             placed[id(t)] = (t, buf, off)
 
+        # (a tensor with a buffer is placed: init would return at once, so it is not called)
         for leaf, rec in zip(graph._leafs, self._leaf_recs):
-            init(leaf, rec)
+            if leaf._buffer is None:
+                init(leaf, rec)
         smap = graph._src_map
         smap_get = smap.get if smap is not None else None
         for node, (dst_rec, src_recs) in zip(graph._nodes, self._node_recs):
             srcs = node.src if smap_get is None else smap_get(id(node), node.src)
             for src, rec in zip(srcs, src_recs):
-                if src is not None:
+                if src is not None and src._buffer is None:
                     init(src, rec)
-            init(node, dst_rec)
+            if node._buffer is None:
+                init(node, dst_rec)
 
     def placement(self) -> list[tuple[Tensor, Buffer, int]]:
         """``[(tensor, buffer, offset_bytes)]`` of every tensor this allocator placed and still

@@ -59,7 +59,7 @@ from .backend import (Backend, BufferType, BufferUsage, DeviceType, EvalCallback
 from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
 from .sched_assign import AssignPasses, op_memo_token
-from .sched_reuse import ReuseCache, SplitRecord
+from .sched_reuse import ReuseCache, SplitRecord, split_signature
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -175,6 +175,8 @@ class Scheduler(AssignPasses):
         self._placement: list[tuple[Tensor, Any, Any]] | None = None  # what the last alloc placed
         self._pins: dict[Tensor, int] = {}   # set_tensor_backend since the last reset
         self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
+        # (user-graph state, split signature, allocator snapshot) of the last fresh allocation
+        self._vouch: tuple[tuple, tuple, Any] | None = None
         self._ctx = Context()
         self._op_memo: dict[tuple[int, int], bool] = {}
         self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
@@ -547,15 +549,32 @@ class Scheduler(AssignPasses):
     def _alloc_slow(self, graph: Graph, eligible: bool) -> bool:
         reuse = self.reuse
         snap = None
+        pos: dict[int, int] = {}
         if eligible:
-            snap = reuse.begin(graph, self._pins)
+            snap = reuse.begin(graph, self._pins, pos)
         else:
             reuse.clear()
         self.split_graph(graph)
         recs_before = self.galloc._node_recs  # replaced whenever the allocator plans anew
+        # vouch for the scheduler's graph (skip the allocator's state compare): the user graph's
+        # state and the split signature equal those of the last allocation, so the scheduler's
+        # graph has the state the allocator's current plan was validated for
+        vouch = None
+        if snap is not None and not snap._outside:
+            sig = split_signature(self.splits, self._graph_inputs, pos, self._node_ids,
+                                  self._leaf_ids, self.cur_copy)
+            if sig is not None:
+                last = self._vouch
+                if (last is not None and last[2] is self.galloc._snap and last[1] == sig
+                        and last[0] == snap.state):
+                    self.galloc._vouch(self.graph)
+                vouch = (snap.state, sig)
+        self._vouch = None
         if not self._alloc_splits():
             reuse.clear()
             return False
+        if vouch is not None:
+            self._vouch = (vouch[0], vouch[1], self.galloc._snap)
         self._placement = [(t, t._buffer, t._offset) for t in self._placed]
         if snap is not None:
             reuse.misses += 1

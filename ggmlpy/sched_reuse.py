@@ -46,7 +46,7 @@ from typing import Any
 
 from .snapshot import Snapshot, generation, on_buffer_free, touch
 
-__all__ = ["SplitRecord", "ReuseCache", "DEFAULT_CAPACITY"]
+__all__ = ["SplitRecord", "ReuseCache", "DEFAULT_CAPACITY", "split_signature"]
 
 _osa = object.__setattr__
 
@@ -70,10 +70,11 @@ class SplitRecord:
 def park(placement: list[tuple[Any, Any, Any]]) -> None:
     """Un-place every tensor of ``placement`` still at its recorded (buffer, offset), without
     stamping it (see the module docstring)."""
+    osa = _osa
     for t, b, o in placement:
         if t._buffer is b and t._offset == o:
-            _osa(t, "_buffer", None)
-            _osa(t, "_offset", None)
+            osa(t, "_buffer", None)
+            osa(t, "_offset", None)
 
 
 def unpark(placement: list[tuple[Any, Any, Any]]) -> None:
@@ -88,6 +89,30 @@ def _layout(rec: SplitRecord) -> tuple:
     """The addresses of a record's placement, position by position (buffer identity, offset);
     views are left out (they own no memory: a view of the user's input follows its copy slot)."""
     return tuple((id(b), o) for t, b, o in rec.placement if t.view_src is None)
+
+
+def split_signature(splits: list[Any], graph_inputs: list[Any], pos: dict[int, int],
+                    node_ids: list[int], leaf_ids: list[int], cur_copy: int) -> tuple | None:
+    """What the scheduler's graph (``Scheduler.graph``) is built from besides the user graph's
+    state, by position: the copy slot, per split its backend, node range ``[i_start, i_end)`` and
+    inputs (positions in the user graph's :class:`~ggmlpy.snapshot.Snapshot`, ``pos`` as filled
+    by :meth:`Snapshot.take`), the pipelined graph inputs, and the backend id of every node and
+    leaf of the scheduler's graph. Two splits with equal user-graph states and equal signatures
+    build scheduler graphs with equal states (which copy feeds which slot follows from the
+    inputs' positions and the backend ids), so the allocator's compare can be skipped (the
+    scheduler *vouches*, see ``Scheduler._alloc_slow``). None when an input has no position
+    (a source outside the snapshot's walk): no vouch then."""
+    get = pos.get
+    sig = []
+    for sp in splits:
+        ins = tuple([get(id(t)) for t in sp.inputs])
+        if None in ins:
+            return None
+        sig.append((sp.backend_id, sp.i_start, sp.i_end, ins))
+    gi = tuple([get(id(t)) for t in graph_inputs])
+    if None in gi:
+        return None
+    return (cur_copy, tuple(sig), gi, node_ids, leaf_ids)
 
 
 class _Entry:
@@ -193,15 +218,16 @@ class ReuseCache:
         self._entries.move_to_end(id(graph))
         return e.slots.get(slot)
 
-    def begin(self, graph: Any, pins: dict[Any, int]) -> Snapshot:
+    def begin(self, graph: Any, pins: dict[Any, int], pos: dict[int, int] | None = None) -> Snapshot:
         """Before a split is built for ``graph``: stamp ``graph``'s own parked tensors, keep its
         other slots' records only when it is unchanged, and take the snapshot the new record
-        will be valid for. Returns it (pass it to :meth:`store`). Other graphs' records stay."""
+        will be valid for. Returns it (pass it to :meth:`store`). Other graphs' records stay.
+        ``pos``: as :meth:`Snapshot.take`."""
         key = id(graph)
         e = self._valid_entry(graph, pins)
         if e is not None:
             self._unpark_entry(e)  # the split below places its tensors anew (stamped)
-        snap = Snapshot.take(graph)
+        snap = Snapshot.take(graph, pos)
         if e is None:
             ref = weakref.ref(graph, self._graph_died(key))
             e = _Entry(ref, snap, dict(pins))

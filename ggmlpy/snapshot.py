@@ -165,11 +165,13 @@ def graph_state(graph: Any) -> tuple:
     return _state(graph, None)
 
 
-def _state(graph: Any, late: list[Any] | None) -> tuple:
+def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None) -> tuple:
     """:func:`graph_state`; appends to ``late`` (when given) every source first reached through
-    a node's sources rather than as a node or leaf (a superset of the outside sources)."""
+    a node's sources rather than as a node or leaf (a superset of the outside sources), and
+    fills ``pos`` (when given, empty) with ``id(tensor) -> position`` in the state."""
     out: list[Any] = []
-    pos: dict[int, int] = {}
+    if pos is None:
+        pos = {}
     add = out.append
     getpos = pos.get
     smap = graph._src_map
@@ -289,11 +291,13 @@ class Snapshot:
         self._graph = weakref.ref(graph) if graph is not None else None
 
     @classmethod
-    def take(cls, graph: Any) -> Snapshot:
-        """Snapshot ``graph`` now (reads the generation first, so a concurrent change is seen)."""
+    def take(cls, graph: Any, pos: dict[int, int] | None = None) -> Snapshot:
+        """Snapshot ``graph`` now (reads the generation first, so a concurrent change is seen).
+        ``pos`` (optional, an empty dict) receives ``id(tensor) -> position`` of every tensor
+        the state names by position (valid while those tensors live)."""
         gen = _generation
         late: list[Any] = []
-        state = _state(graph, late)
+        state = _state(graph, late, pos)
         if late:  # (usually none: sources are nodes or leafs)
             inside = {id(t) for t in graph._nodes}
             outside = tuple({id(t): t for t in late if id(t) not in inside}.values())
