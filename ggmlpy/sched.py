@@ -303,26 +303,32 @@ class Scheduler(AssignPasses):
         splits: list[Split] = []
         split: Split | None = None
         n_copies = self.n_copies
+        weights = BufferUsage.WEIGHTS
+        view_ops = VIEW_OPS
+        split_b = -1  # split.backend_id
         for i, node in enumerate(nodes):
-            if node.op in VIEW_OPS:
+            if node.op in view_ops:
                 continue
             b = bo[node]
             if split is None:
                 split = Split(b, 0)
                 splits.append(split)
+                split_b = b
             need_new = False
-            if b == split.backend_id and split.inputs:
+            if b == split_b and split.inputs:
                 for s in node.src:
                     if s is None:
                         continue
-                    if (s.buffer is not None and s.buffer.usage == BufferUsage.WEIGHTS
+                    sbuf = s._buffer
+                    if (sbuf is not None and sbuf.usage == weights
                             and bo.get(s, -1) != b and not self._buffer_supported(s, b)):
                         need_new = True
                         break
-            if b != split.backend_id or need_new:
+            if b != split_b or need_new:
                 split.i_end = i
                 split = Split(b, i)
                 splits.append(split)
+                split_b = b
             new_srcs: list[Tensor | None] | None = None
             for j, s in enumerate(node.src):
                 if s is None:

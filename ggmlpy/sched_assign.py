@@ -40,9 +40,17 @@ def node_key(node: Tensor) -> tuple:
     (bytes), ``op_params``, whether it is a view, and per source its op, type, ``ne``, ``nb`` and
     the class and buffer type of its memory (None when unplaced). Raises TypeError when an
     ``op_params`` value is unhashable."""
+    srcs = []
+    for s in node.src:
+        if s is None:
+            srcs.append(None)
+            continue
+        buf = s._buffer  # (_mem_kind written out)
+        if buf is None and s.view_src is not None:
+            buf = s.view_src._buffer
+        srcs.append((s.op, s.type, s.ne, s.nb, None if buf is None else (buf.__class__, buf.buft)))
     return (node.op, node.type, node.ne, node.nb, tuple(node.op_params), node.view_src is None,
-            tuple(None if s is None else (s.op, s.type, s.ne, s.nb, _mem_kind(s))
-                  for s in node.src))
+            tuple(srcs))
 
 
 def op_memo_token(backend: Backend) -> Any:

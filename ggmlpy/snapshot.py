@@ -198,8 +198,20 @@ def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None
     for n in graph._leafs:
         visit(n)
     for n in graph._nodes:
-        if id(n) not in pos:
-            visit(n)
+        if id(n) not in pos:  # (visit written out: most nodes are first reached here)
+            pos[id(n)] = len(pos)
+            vs = n.view_src
+            if vs is not None:
+                p = getpos(id(vs))
+                vs = p if p is not None else ("id", id(vs))
+            b = n._buffer
+            add((n.op, n.type, n.ne, n.nb, tuple(n.op_params), vs, n.view_offs,
+                 id(b) if b is not None else 0, n._offset))
+            if xf_get is None:
+                add(n.flags)
+            else:
+                e = xf_get(id(n))
+                add(n.flags if e is None else i_or(n.flags, e))
         srcs = n.src if smap_get is None else smap_get(id(n), n.src)
         ps = []
         for s in srcs:
