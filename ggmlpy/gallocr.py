@@ -395,41 +395,20 @@ class GraphAllocator:
         ``Scheduler.reset``) — before placing ``graph`` afresh. With ``only_graph`` (used when
         planning) owned tensors outside ``graph`` keep their placement."""
         stale: list[Tensor] = []
-        if not only_graph:
-            self._reset_views(graph, stale)
-            self._reset_owned()
-            for t in stale:
-                t.buffer = None
-                t.offset = None
-            return
-        seen: set[int] = set()
-
-        def visit(t: Tensor | None) -> None:
-            if t is None or id(t) in seen:
-                return
-            seen.add(id(t))
-            vs = t.view_src
-            if vs is None or t._buffer is None or self._owns(t):
-                return
-            moved = (vs._buffer is not t._buffer or vs._offset is None
-                     or t._offset != vs._offset + t.view_offs)
-            if moved or self._owns(vs):
-                stale.append(t)
-
-        for leaf in graph.leafs:
-            visit(leaf)
-        for node in graph.nodes:
-            visit(node)
-            for s in graph.node_srcs(node):
-                visit(s)
-        self._reset_owned(tensors=seen if only_graph else None)
+        self._reset_views(graph, stale)
+        seen = None
+        if only_graph:
+            seen = {id(t) for t in graph.leafs}
+            for node in graph.nodes:
+                seen.add(id(node))
+                seen.update(id(s) for s in graph.node_srcs(node) if s is not None)
+        self._reset_owned(tensors=seen)
         for t in stale:
             t.buffer = None
             t.offset = None
 
     def _reset_views(self, graph: Graph, stale: list[Tensor]) -> None:
-        """:meth:`_reset_graph`'s walk without ``only_graph`` (the hot path of every fresh
-        allocation): appends to ``stale`` every placed view of ``graph`` (leaf, node or source)
+        """:meth:`_reset_graph`'s walk (the hot path of every fresh allocation): appends to ``stale`` every placed view of ``graph`` (leaf, node or source)
         that is not owned here and whose memory is not its ``view_src``'s, or whose ``view_src``
         is owned here. Only views are examined (a tensor may be appended twice: harmless)."""
         owns = self._owns
