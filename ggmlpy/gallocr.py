@@ -864,7 +864,18 @@ class GraphAllocator:
                 if src is not None and src._buffer is None:
                     init(src, rec)
             if node._buffer is None:
-                init(node, dst_rec)
+                if node.view_src is None and node._offset is None and dst_rec.buffer_id >= 0:
+                    # (init written out for the common case: a computed tensor)
+                    buf, off = vbufs[dst_rec.buffer_id][dst_rec.chunk], dst_rec.offset
+                    osa(node, "_buffer", buf)
+                    osa(node, "_offset", off)
+                    if node._ver >= 0:
+                        osa(node, "_ver", gen)
+                    if id(buf) not in noop:
+                        buf.init_tensor(node)
+                    placed[id(node)] = (node, buf, off)
+                else:
+                    init(node, dst_rec)
 
     def placement(self) -> list[tuple[Tensor, Buffer, int]]:
         """``[(tensor, buffer, offset_bytes)]`` of every tensor this allocator placed and still

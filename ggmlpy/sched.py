@@ -48,6 +48,7 @@ import os
 import sys
 import weakref
 from collections import OrderedDict
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +61,7 @@ from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
 from .sched_assign import AssignPasses, op_memo_token
 from .sched_reuse import ReuseCache, SplitRecord, split_signature
+from .snapshot import TrackedList
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -78,6 +80,20 @@ def _debug_level() -> int:
     if v in ("", "0", "1", "2"):
         return int(v or 0)
     raise ValueError(f"GGMLPY_SCHED_DEBUG must be 0, 1 or 2, got {v!r}")
+
+
+_first = itemgetter(0)
+
+
+def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
+    """A new split graph over ``nodes`` (``graph_view`` of the split's range, built directly:
+    a graph no cache has seen needs no generation bump for its fields)."""
+    g = Graph(0)
+    g._nodes = TrackedList.of(nodes, g)
+    g._src_map = src_map
+    g._extra_flags = extra_flags
+    g._visited = set(map(id, nodes))
+    return g
 
 
 @dataclass
@@ -178,7 +194,7 @@ class Scheduler(AssignPasses):
         # (user-graph state, split signature, allocator snapshot) of the last fresh allocation
         self._vouch: tuple[tuple, tuple, Any] | None = None
         self._ctx = Context()
-        self._op_memo: dict[tuple[int, int], bool] = {}
+        self._op_memo: dict[int, bool] = {}  # id(node) << 4 | backend index (sched_assign)
         self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
         self._op_tokens: list[Any] = [None] * n
         self._bid_of_buft: dict[BufferType, int] = {}  # first backend using a buffer type
@@ -402,15 +418,19 @@ class Scheduler(AssignPasses):
             self._views = kept[1] if kept is not None and kept[0]() is graph else {}
             self._views_of = weakref.ref(graph)
         views: dict[tuple[int, int, int, int], Graph] = {}
+        old_views = self._views
+        cur_copy = self.cur_copy
         for sp in splits:
-            key = (sp.backend_id, sp.i_start, sp.i_end, self.cur_copy)  # a view per copy slot
-            view = self._views.get(key)
-            if view is None or view._nodes != nodes[sp.i_start:sp.i_end]:
+            key = (sp.backend_id, sp.i_start, sp.i_end, cur_copy)  # a view per copy slot
+            view = old_views.get(key)
+            part = nodes[sp.i_start:sp.i_end]
+            if view is None or view._nodes != part:
                 # (a graph rewired since keeps its node count: compare the nodes themselves)
-                view = graph_view(graph, sp.i_start, sp.i_end)
+                view = _split_view(part, src_map, extra_flags)
+            else:
+                view.src_map = src_map  # (stamped: plans cached for the view revalidate)
+                view.extra_flags = extra_flags
             views[key] = view
-            view.src_map = src_map
-            view.extra_flags = extra_flags
             sp.graph = view
         self._views = views
         self._keep_views(graph, views)
@@ -467,6 +487,7 @@ class Scheduler(AssignPasses):
                     changed = True
                     break
         self._placed = []
+        self._placement = None
         if changed or not self.galloc.alloc_graph(sg):
             for b in self.backends:
                 b.synchronize()
@@ -475,8 +496,10 @@ class Scheduler(AssignPasses):
                 log.error("Scheduler: failed to allocate the graph (buffer sizes: %s)",
                           [self.galloc.get_buffer_size(i) for i in range(len(self.backends))])
                 return False
-        # remember what this allocation placed, so reset() can un-place it
-        self._placed = [t for t, _b, _o in self.galloc.placement()]
+        # remember what this allocation placed, so reset() can un-place it (the placement's
+        # entries are (t, t._buffer, t._offset): it filters out tensors placed elsewhere since)
+        self._placement = self.galloc.placement()
+        self._placed = list(map(_first, self._placement))
         return True
 
     def reserve(self, graph: Graph) -> bool:
@@ -581,7 +604,6 @@ class Scheduler(AssignPasses):
             return False
         if vouch is not None:
             self._vouch = (vouch[0], vouch[1], self.galloc._snap)
-        self._placement = [(t, t._buffer, t._offset) for t in self._placed]
         if snap is not None:
             reuse.misses += 1
             rec = SplitRecord(splits=self.splits, graph=self.graph, node_ids=self._node_ids,

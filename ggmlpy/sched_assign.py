@@ -73,7 +73,7 @@ class AssignPasses:
     op_offload: bool
     _backend_of: dict[Tensor, int]
     _cause: dict[Tensor, str]
-    _op_memo: dict[tuple[int, int], bool]
+    _op_memo: dict[int, bool]  # id(node) << 4 | backend index
     _op_key_memo: dict[tuple, bool]
     _op_tokens: list[Any]
     _bid_of_buft: dict[BufferType, int]
@@ -83,7 +83,7 @@ class AssignPasses:
         answers are dropped at the next :meth:`split_graph`: a node's sources may change), and
         for backends whose device allows it (:func:`op_memo_token`) answered from a memo keyed
         by the node's key (:func:`node_key`) that lives across splits."""
-        key = (id(node), b)
+        key = id(node) << 4 | b  # (an int: no tuple per (node, backend); b < MAX_BACKENDS = 16)
         r = self._op_memo.get(key)
         if r is None:
             tok = self._op_tokens[b]
@@ -237,7 +237,7 @@ class AssignPasses:
                 if b >= 0:
                     cur = -1 if (skip_cpu and b == cpu) else b
                 elif cur >= 0:
-                    ok = memo_get((id(node), cur))  # (_set_if_supported written out)
+                    ok = memo_get(id(node) << 4 | cur)  # (_set_if_supported written out)
                     if ok is None:
                         ok = op_ok(cur, node)
                     if ok:
