@@ -148,9 +148,9 @@ _int_or = int.__or__  # C-level flag union: plain ints, no IntFlag objects in th
 
 def graph_state(graph: Any) -> tuple:
     """The compact state of ``graph`` a cache depends on: for every node, leaf and source (each
-    tensor once, in visiting order) :func:`_tensor_state` and its flags as a plain int (with the
-    graph's ``extra_flags``), then per node its sources as the graph resolves them
-    (``graph.node_srcs``) and its flags.
+    tensor once, in visiting order) what :func:`_tensor_state` reads and its flags as a plain
+    int (with the graph's ``extra_flags``), and per node its sources as the graph resolves them
+    (``graph.node_srcs``); one flat tuple (layout: :func:`_state`).
 
     Tensors are named by their position in that visiting order, not by identity, so the state
     says which position feeds which node (the wiring) and two graph objects built the same way
@@ -159,8 +159,7 @@ def graph_state(graph: Any) -> tuple:
     source outside the graph is named by its identity. Only positions, ids and scalars are
     stored: no tensor, graph or buffer is kept alive.
 
-    (Hot path of every fresh split and allocation: written out inline, same content as
-    :func:`_tensor_state` per tensor.)
+    (Hot path of every fresh split and allocation: written out inline.)
     """
     return _state(graph, None)
 
@@ -168,11 +167,22 @@ def graph_state(graph: Any) -> tuple:
 def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None) -> tuple:
     """:func:`graph_state`; appends to ``late`` (when given) every source first reached through
     a node's sources rather than as a node or leaf (a superset of the outside sources), and
-    fills ``pos`` (when given, empty) with ``id(tensor) -> position`` in the state."""
-    out: list[Any] = []
+    fills ``pos`` (when given, empty) with ``id(tensor) -> position`` in the state.
+
+    Layout (one flat tuple: a few objects for the cyclic GC to scan instead of several per
+    tensor; every variable part is preceded by a count or a marker, so equal tuples mean equal
+    states): ``n_leafs, n_nodes``, a record per leaf, then per node ``1`` and its record (or
+    ``0`` when already recorded), its source count and per source its position, ``-1`` for
+    None, or ``-2`` followed by the source's record (a source not recorded yet: its position
+    is the next). A record is ``op, type, ne, nb, len(op_params), *op_params, view_src (its
+    position, or ("id", id) outside the state), view_offs, id(buffer) or 0, offset, flags``.
+    """
+    leafs, nodes = graph._leafs, graph._nodes
+    out: list[Any] = [len(leafs), len(nodes)]
     if pos is None:
         pos = {}
     add = out.append
+    ext = out.extend
     getpos = pos.get
     smap = graph._src_map
     smap_get = smap.get if smap is not None else None
@@ -187,17 +197,18 @@ def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None
             p = getpos(id(vs))
             vs = p if p is not None else ("id", id(vs))
         b = t._buffer
-        add((t.op, t.type, t.ne, t.nb, tuple(t.op_params), vs, t.view_offs,
-             id(b) if b is not None else 0, t._offset))
-        if xf_get is None:
-            add(t.flags)
-        else:
+        f = t.flags
+        if xf_get is not None:
             e = xf_get(id(t))
-            add(t.flags if e is None else i_or(t.flags, e))
+            if e is not None:
+                f = i_or(f, e)
+        opp = t.op_params
+        ext((t.op, t.type, t.ne, t.nb, len(opp), *opp, vs, t.view_offs,
+             id(b) if b is not None else 0, t._offset, f))
 
-    for n in graph._leafs:
+    for n in leafs:
         visit(n)
-    for n in graph._nodes:
+    for n in nodes:
         if id(n) not in pos:  # (visit written out: most nodes are first reached here)
             pos[id(n)] = len(pos)
             vs = n.view_src
@@ -205,32 +216,30 @@ def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None
                 p = getpos(id(vs))
                 vs = p if p is not None else ("id", id(vs))
             b = n._buffer
-            add((n.op, n.type, n.ne, n.nb, tuple(n.op_params), vs, n.view_offs,
-                 id(b) if b is not None else 0, n._offset))
-            if xf_get is None:
-                add(n.flags)
-            else:
+            f = n.flags
+            if xf_get is not None:
                 e = xf_get(id(n))
-                add(n.flags if e is None else i_or(n.flags, e))
+                if e is not None:
+                    f = i_or(f, e)
+            opp = n.op_params
+            ext((1, n.op, n.type, n.ne, n.nb, len(opp), *opp, vs, n.view_offs,
+                 id(b) if b is not None else 0, n._offset, f))
+        else:
+            add(0)
         srcs = n.src if smap_get is None else smap_get(id(n), n.src)
-        ps = []
+        add(len(srcs))
         for s in srcs:
             if s is None:
-                ps.append(-1)
+                add(-1)
                 continue
             p = getpos(id(s))
             if p is None:
+                add(-2)
                 visit(s)
-                p = len(pos) - 1
                 if late is not None:
                     late.append(s)
-            ps.append(p)
-        add(tuple(ps))
-        if xf_get is None:
-            add(n.flags)
-        else:
-            e = xf_get(id(n))
-            add(n.flags if e is None else i_or(n.flags, e))
+            else:
+                add(p)
     return tuple(out)
 
 
