@@ -194,13 +194,24 @@ class AssignPasses:
             UnsupportedOpError: a pre-allocated tensor is in a buffer no capable backend can use.
         """
         bo, cause = self._backend_of, self._cause
-        for leaf in graph.leafs:
+        # a placed op NONE tensor goes by its buffer type alone when every backend runs op NONE
+        # (_backend_from_buffer's first case, written out: most leafs are weights)
+        by_buft = self._bid_of_buft.get if None not in self._op_tokens else None
+        none = Op.NONE
+        for leaf in graph._leafs:
             if bo.get(leaf, -1) < 0:
+                buf = leaf._buffer
+                if by_buft is not None and buf is not None and leaf.op is none:
+                    b = by_buft(buf.buft, -1)
+                    if b >= 0:
+                        bo[leaf] = b
+                        cause[leaf] = "1.dst"
+                        continue
                 b, c = self._backend_id_from_cur(leaf)
                 if b >= 0:
                     bo[leaf], cause[leaf] = b, c
         weights = BufferUsage.WEIGHTS
-        for node in graph.nodes:
+        for node in graph._nodes:
             if bo.get(node, -1) >= 0:
                 continue
             vs = node.view_src
