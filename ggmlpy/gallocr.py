@@ -71,6 +71,10 @@ def _pad(size: int, align: int) -> int:
 # =================================================================================================
 
 
+# stamp-free setters of the Tensor slots (ggmlpy.snapshot.slot_setter)
+_SET_BUFFER, _SET_OFFSET, _SET_VER = (_snapshot.slot_setter(Tensor, k) for k in ("_buffer", "_offset", "_ver"))
+
+
 def _init_is_noop(buf: Buffer) -> bool:
     """Whether ``buf.init_tensor`` is :class:`~ggmlpy.backend.Buffer`'s own, which does nothing
     (neither the class nor the instance overrides it or its ``_init_tensor`` hook)."""
@@ -819,7 +823,7 @@ class GraphAllocator:
         skipped. All placements are stamped with one generation (one bump for the whole graph,
         not two per tensor)."""
         gen = _snapshot.bump()
-        osa = object.__setattr__
+        set_buffer, set_offset, set_ver = _SET_BUFFER, _SET_OFFSET, _SET_VER
         placed = self._placed
         vbufs = [self._vbuffers[k] for k in self._talloc_of]  # per buffer id
         # chunk buffers whose init_tensor is Buffer's (a no-op): not called for their tensors
@@ -844,10 +848,10 @@ class GraphAllocator:
                 buf, off = vbufs[rec.buffer_id][rec.chunk], rec.offset  # type: ignore[index]
             else:
                 return
-            osa(t, "_buffer", buf)
-            osa(t, "_offset", off)
+            set_buffer(t, buf)
+            set_offset(t, off)
             if t._ver >= 0:
-                osa(t, "_ver", gen)
+                set_ver(t, gen)
             if id(buf) not in noop:
                 buf.init_tensor(t)
             placed[id(t)] = (t, buf, off)
@@ -867,10 +871,10 @@ class GraphAllocator:
                 if node.view_src is None and node._offset is None and dst_rec.buffer_id >= 0:
                     # (init written out for the common case: a computed tensor)
                     buf, off = vbufs[dst_rec.buffer_id][dst_rec.chunk], dst_rec.offset
-                    osa(node, "_buffer", buf)
-                    osa(node, "_offset", off)
+                    set_buffer(node, buf)
+                    set_offset(node, off)
                     if node._ver >= 0:
-                        osa(node, "_ver", gen)
+                        set_ver(node, gen)
                     if id(buf) not in noop:
                         buf.init_tensor(node)
                     placed[id(node)] = (node, buf, off)

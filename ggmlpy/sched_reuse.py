@@ -44,11 +44,14 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-from .snapshot import Snapshot, generation, on_buffer_free, touch
+from .snapshot import Snapshot, generation, on_buffer_free, slot_setter, touch
+from .tensor import Tensor
 
 __all__ = ["SplitRecord", "ReuseCache", "DEFAULT_CAPACITY", "split_signature"]
 
 _osa = object.__setattr__
+# stamp-free setters of the Tensor slots (ggmlpy.snapshot.slot_setter)
+_SET_BUFFER, _SET_OFFSET = (slot_setter(Tensor, k) for k in ("_buffer", "_offset"))
 
 
 class SplitRecord:
@@ -70,11 +73,11 @@ class SplitRecord:
 def park(placement: list[tuple[Any, Any, Any]]) -> None:
     """Un-place every tensor of ``placement`` still at its recorded (buffer, offset), without
     stamping it (see the module docstring)."""
-    osa = _osa
+    set_buffer, set_offset = _SET_BUFFER, _SET_OFFSET
     for t, b, o in placement:
         if t._buffer is b and t._offset == o:
-            osa(t, "_buffer", None)
-            osa(t, "_offset", None)
+            set_buffer(t, None)
+            set_offset(t, None)
 
 
 def unpark(placement: list[tuple[Any, Any, Any]]) -> None:
@@ -279,9 +282,10 @@ class ReuseCache:
         (stamped) assignments followed by a re-baselined snapshot of ``graph``."""
         parked = self._parked.pop(id(rec.placement), None)
         if parked is not None:
+            set_buffer, set_offset = _SET_BUFFER, _SET_OFFSET
             for t, b, o in parked:
-                _osa(t, "_buffer", b)
-                _osa(t, "_offset", o)
+                set_buffer(t, b)
+                set_offset(t, o)
         else:
             for t, b, o in rec.placement:
                 t.buffer = b

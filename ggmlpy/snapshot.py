@@ -50,7 +50,7 @@ from operator import attrgetter
 from typing import Any
 
 __all__ = ["generation", "bump", "touch", "TrackedList", "Snapshot", "graph_state", "on_buffer_free",
-           "buffer_freed"]
+           "buffer_freed", "slot_setter"]
 
 _lock = threading.Lock()
 _generation = 0
@@ -259,6 +259,27 @@ def _outside_sources(graph: Any) -> tuple:
     return tuple(out.values())
 
 
+_setters: dict[tuple[type, str], Callable[[Any, Any], None]] = {}
+
+
+def slot_setter(cls: type, name: str) -> Callable[[Any, Any], None]:
+    """``f(obj, value)`` setting attribute ``name`` of instances of ``cls`` without
+    ``cls.__setattr__`` (no stamp): the slot's own descriptor when ``name`` is a ``__slots__``
+    member (about half the cost of ``object.__setattr__``), else ``object.__setattr__``.
+    Cached per (class, name)."""
+    key = (cls, name)
+    f = _setters.get(key)
+    if f is None:
+        d = next((k.__dict__[name] for k in cls.__mro__ if name in k.__dict__), None)
+        if type(d).__name__ == "member_descriptor":
+            f = d.__set__
+        else:
+            def f(obj: Any, value: Any, _n: str = name) -> None:
+                object.__setattr__(obj, _n, value)
+        _setters[key] = f
+    return f
+
+
 def _publish(graph: Any, outside: tuple) -> None:
     """Mark every tensor a snapshot records as published (``_ver`` -1 -> 0, ``op_params`` and
     ``src`` replaced by tracked copies): from now on its changes are stamped. Tensors never
@@ -268,17 +289,21 @@ def _publish(graph: Any, outside: tuple) -> None:
     osa = object.__setattr__
     new = TrackedList
     wref = weakref.ref
+    cls = None
     for seq in (graph._nodes, graph._leafs, outside):
         for t in seq:
             if t._ver < 0:
+                if type(t) is not cls:
+                    cls = type(t)
+                    set_op, set_src, set_ver = (slot_setter(cls, k) for k in ("op_params", "src", "_ver"))
                 r = wref(t)  # (TrackedList.of written out: one weak reference for both lists)
                 op = new(t.op_params)
                 op._owner = r
                 src = new(t.src)
                 src._owner = r
-                osa(t, "op_params", op)
-                osa(t, "src", src)
-                osa(t, "_ver", 0)
+                set_op(t, op)
+                set_src(t, src)
+                set_ver(t, 0)
     if graph._ver < 0:
         osa(graph, "_ver", 0)
 
