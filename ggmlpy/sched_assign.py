@@ -261,8 +261,15 @@ class AssignPasses:
         with compatible buffer types (cause ``3.upg``), and give each still-unassigned node the
         backend that supports it and can use the most of its already-placed sources (``3.best``)."""
         bo, cause = self._backend_of, self._cause
+        bufts = self.bufts
+        # per backend b: the higher-priority backends i < b with the same buffer type (the only
+        # upgrade candidates; usually none)
+        lower = [[i for i in range(b) if bufts[i] is bufts[b]] for b in range(len(bufts))]
+        bo_get = bo.get
         for node in compute_nodes:
-            b = bo.get(node, -1)
+            b = bo_get(node, -1)
+            if b >= 0 and not lower[b]:
+                continue
             srcs = [s for s in node.src if s is not None]
             if b < 0:
                 best = -1
@@ -275,8 +282,8 @@ class AssignPasses:
                             best = n_sup
                             bo[node], cause[node] = i, "3.best"
             else:
-                for i in range(b):
-                    if (self.bufts[i] is self.bufts[b] and self._op_ok(i, node)
+                for i in lower[b]:
+                    if (self._op_ok(i, node)
                             and all(self._buffer_supported(s, i) for s in srcs)):
                         bo[node], cause[node] = i, "3.upg"
                         break
