@@ -476,12 +476,12 @@ class Scheduler(AssignPasses):
         bufts = self.bufts
         changed = (len(self._node_ids) != len(self._prev_node_ids)
                    or len(self._leaf_ids) != len(self._prev_leaf_ids))
-        if not changed:
+        if not changed and self._node_ids != self._prev_node_ids:  # (equal lists: C-speed)
             for a, b in zip(self._node_ids, self._prev_node_ids):
                 if a != b and bufts[a] is not bufts[b]:
                     changed = True
                     break
-        if not changed:
+        if not changed and self._leaf_ids != self._prev_leaf_ids:
             for a, b in zip(self._leaf_ids, self._prev_leaf_ids):
                 if a != b and bufts[a] is not bufts[b]:
                     changed = True

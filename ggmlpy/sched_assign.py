@@ -238,22 +238,26 @@ class AssignPasses:
         memo_get = self._op_memo.get
         op_ok = self._op_ok
         cpu = len(self.backends) - 1
-        for order, skip_cpu, tag in ((compute_nodes, True, "2.gpu_down"),
-                                     (compute_nodes[::-1], True, "2.gpu_up"),
-                                     (compute_nodes, False, "2.down"),
-                                     (compute_nodes[::-1], False, "2.up")):
+        for forward, skip_cpu, tag in ((True, True, "2.gpu_down"), (False, True, "2.gpu_up"),
+                                       (True, False, "2.down"), (False, False, "2.up")):
             cur = -1
-            for node in order:
+            left = 0  # nodes this sweep left unassigned
+            for node in (compute_nodes if forward else reversed(compute_nodes)):
                 b = bo_get(node, -1)
                 if b >= 0:
                     cur = -1 if (skip_cpu and b == cpu) else b
-                elif cur >= 0:
+                    continue
+                if cur >= 0:
                     ok = memo_get(id(node) << 4 | cur)  # (_set_if_supported written out)
                     if ok is None:
                         ok = op_ok(cur, node)
                     if ok:
                         bo[node] = cur
                         cause[node] = tag
+                        continue
+                left += 1
+            if not left:
+                break  # every node has a backend: the later sweeps would change nothing
 
 
     def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:
