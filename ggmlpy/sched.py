@@ -464,7 +464,9 @@ class Scheduler(AssignPasses):
         sg.nodes = sg_nodes
         sg.leafs = sg_leafs
         sg.size = max(len(sg.nodes), len(sg.leafs))
-        sg._visited = {id(t) for t in sg.nodes} | {id(t) for t in sg.leafs}
+        visited = set(map(id, sg_nodes))
+        visited.update(map(id, sg_leafs))
+        sg._visited = visited
         self.graph = sg
         self._node_ids, self._leaf_ids = node_ids, leaf_ids
 
