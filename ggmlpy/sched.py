@@ -83,6 +83,11 @@ def _debug_level() -> int:
 
 
 _first = itemgetter(0)
+# the scheduler's own copies and dependency views, made with known-valid arguments: the
+# Context/Tensor methods without their argument type checks (ggmlpy._check)
+_dup_layout = getattr(Context.dup_tensor_layout, "__wrapped__", Context.dup_tensor_layout)
+_new_view = getattr(Context.new_view, "__wrapped__", Context.new_view)
+_set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
 
 
 def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
@@ -357,8 +362,8 @@ class Scheduler(AssignPasses):
                             t = s  # the user's tensor is the current slot; never reuse its memory
                             extra_flags[id(s)] = Flag.INPUT | Flag.OUTPUT
                         else:
-                            t = self._ctx.dup_tensor_layout(s)
-                            t.set_name(f"{self.backends[sb].name}#{s.name}#{c}")
+                            t = _dup_layout(self._ctx, s)
+                            _set_name(t, f"{self.backends[sb].name}#{s.name}#{c}")
                             t.flags |= Flag.INPUT | Flag.OUTPUT
                             bo[t], cause[t] = sb, "5.cpy"
                         copies.append(t)
@@ -369,8 +374,8 @@ class Scheduler(AssignPasses):
                     if key not in self._copies:
                         copies = []
                         for c in range(n_copies):
-                            t = self._ctx.dup_tensor_layout(s)
-                            t.set_name(f"{self.backends[b].name}#{s.name}#{c}")
+                            t = _dup_layout(self._ctx, s)
+                            _set_name(t, f"{self.backends[b].name}#{s.name}#{c}")
                             if n_copies > 1:
                                 t.flags |= Flag.INPUT | Flag.OUTPUT
                             bo[t], cause[t] = b, "5.cpy"
@@ -437,9 +442,9 @@ class Scheduler(AssignPasses):
         for sp in splits:
             for inp in sp.inputs:
                 cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
-                dep = self._ctx.new_view(inp, inp.type, inp.ne, inp.nb, 0)
+                dep = _new_view(self._ctx, inp, inp.type, inp.ne, inp.nb, 0)
                 dep.src = [inp]
-                dep.set_name(f"{inp.name} (dep)")
+                _set_name(dep, f"{inp.name} (dep)")
                 sg_nodes.append(dep)
                 node_ids.append(bo[inp])
                 sg_nodes.append(cpy)
