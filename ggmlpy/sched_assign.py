@@ -21,6 +21,8 @@ __all__ = ["AssignPasses", "node_key", "op_memo_token", "OP_KEY_MEMO_SIZE"]
 
 _INPUT = int(Flag.INPUT)
 _NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}
+#: ops that do not follow their weights (ggml: ROPE's and FLASH_ATTN_EXT's extra inputs)
+_NO_WEIGHTS_RULE = (Op.ROPE, Op.FLASH_ATTN_EXT)
 _int_and = int.__and__  # C-level test of IntFlag bits (Flag.__and__ is Python code)
 
 
@@ -153,7 +155,7 @@ class AssignPasses:
                 f"GraphAllocator placed it, call its reset() or free() first)")
         if _int_and(t.flags, _INPUT):
             return len(self.backends) - 1, "1.inp"
-        if t.op not in (Op.ROPE, Op.FLASH_ATTN_EXT):
+        if t.op not in _NO_WEIGHTS_RULE:
             for s in t.src:
                 if s is None or s.buffer is None or s.buffer.usage != BufferUsage.WEIGHTS:
                     continue
@@ -211,6 +213,7 @@ class AssignPasses:
                 if b >= 0:
                     bo[leaf], cause[leaf] = b, c
         weights = BufferUsage.WEIGHTS
+        offload = self.op_offload
         for node in graph._nodes:
             if bo.get(node, -1) >= 0:
                 continue
@@ -222,6 +225,14 @@ class AssignPasses:
                     if s is not None and s._buffer is not None and s._buffer.usage == weights:
                         break
                 else:
+                    continue
+                if not offload and node.op not in _NO_WEIGHTS_RULE:
+                    # (the weights rule of _backend_id_from_cur written out: s is the first
+                    # source in a weights buffer)
+                    b = self._backend_from_buffer(s, node)
+                    if b >= 0:
+                        bo[node] = b
+                        cause[node] = "1.wgt"
                     continue
             b, c = self._backend_id_from_cur(node)
             if b >= 0:
