@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parent.parent / "ggmlpy"
 #: a new module must be given its layer here).
 LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.types", "ggmlpy.errors", "ggmlpy.opcodes", "ggmlpy.special", "ggmlpy._aliases",
-     "ggmlpy._check", "ggmlpy.snapshot"),
+     "ggmlpy._check", "ggmlpy.snapshot", "ggmlpy.dyn_alloc"),
     ("ggmlpy.env",),
     ("ggmlpy.quants",),
     ("ggmlpy.tensor",),
