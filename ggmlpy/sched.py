@@ -171,6 +171,11 @@ class Scheduler(AssignPasses):
         self.events: list[list[Event | None]] = [
             [event_new(b.device) if self.n_copies > 1 else None for _ in range(self.n_copies)]
             for b in self.backends]
+        from .gallocr import POLICIES  # noqa: PLC0415
+
+        if alloc_policy not in POLICIES:
+            raise ValueError(f"Scheduler: alloc_policy must be one of {POLICIES}, "
+                             f"got {alloc_policy!r}")
         self.galloc = GraphAllocator.new_n(self.bufts, policy=alloc_policy)
         self.debug = _debug_level()
         self.callback_eval: EvalCallback | None = None

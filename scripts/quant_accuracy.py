@@ -28,7 +28,11 @@ from ggmlpy.models.loader import find_default_model_dir
 def fixture_sentences() -> tuple[list[str], np.ndarray]:
     """The fixture sentences and their sentence-transformers embeddings."""
     root = os.environ.get("GGMLPY_FIXTURES") or Path(__file__).resolve().parents[1].parent / "shared" / "fixtures"
-    d = json.loads((Path(root) / "minilm_public.json").read_text())
+    path = Path(root) / "minilm_public.json"
+    if not path.is_file():
+        sys.exit(f"quant_accuracy.py: no fixture file {path}; set GGMLPY_FIXTURES to the folder "
+                 "holding minilm_public.json")
+    d = json.loads(path.read_text())
     return list(d["sentences"]), np.asarray(d["embeddings"], np.float64)
 
 

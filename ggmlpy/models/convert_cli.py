@@ -21,8 +21,10 @@ __all__ = ["convert_main"]
 def _parser() -> argparse.ArgumentParser:
     from .gguf_bert import SCHEMES  # noqa: PLC0415
 
-    p = argparse.ArgumentParser(
-        prog="python -m ggmlpy convert",
+    from .._check import OneLineArgumentParser  # noqa: PLC0415
+
+    p = OneLineArgumentParser(
+        prog="python -m ggmlpy convert", error_name="ggmlpy convert",
         description="Convert a sentence-transformers BERT model to GGUF (llama.cpp's BERT layout).")
     p.add_argument("model", metavar="MODEL",
                    help="all-MiniLM-L6-v2 (the installed model package) or a model directory")

@@ -96,6 +96,8 @@ def check_model_dir(model_dir: str | Path) -> Path:
     """
     check_type("model_dir", model_dir, (str, Path), "check_model_dir")
     model_dir = Path(model_dir)
+    if model_dir.is_file():
+        raise _missing(f"{str(model_dir)!r} is a file, not a model directory (nor a .gguf file)")
     if not model_dir.is_dir():
         raise _missing(f"model directory {str(model_dir)!r} does not exist")
     for name in _REQUIRED_FILES:
