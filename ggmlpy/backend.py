@@ -204,8 +204,9 @@ def buffer_written(buffer: Buffer) -> None:
     package calls it: ``backend_tensor_set``/``memset``/``copy`` (dst), their async forms (at
     enqueue, see :func:`buffer_write_queued`), :meth:`Buffer.clear`, :meth:`Buffer.free` and
     compiled graph steps whose destination lives in a buffer that is not COMPUTE
-    (``kernels.registry.compile_node``). Code that writes a buffer's memory any other way (a
-    NumPy view from ``Tensor.numpy()``, a wrapped user array) must call it too, or converted
+    (:meth:`ggmlpy.backends.plan.Plan.run`: once per run, or after each writing step when
+    the same plan also reads the buffer through the weight cache). Code that writes a buffer's
+    memory any other way (a NumPy view from ``Tensor.numpy()``, a wrapped user array) must call it too, or converted
     weight copies may be stale. Synchronous; thread-safe.
 
     Raises:

@@ -487,3 +487,48 @@ def test_buffer_written_refuses_non_buffers(bad) -> None:
 
     with pytest.raises(TypeError, match="buffer_written: buffer must be a Buffer"):
         buffer_written(bad)
+
+
+def _sim_backend():
+    return sim_reg(1, latency_us=0.0).devices[0].init_backend()
+
+
+@pytest.mark.parametrize("make_backend", [backend_cpu_init, _sim_backend], ids=["CPU", "SIM"])
+@pytest.mark.parametrize("t", [Type.F16, Type.Q8_0])
+def test_one_graph_reads_writes_and_reads_again(make_backend, t):
+    """One graph: ``y1 = w x``, then a CPY writes new values into ``w``, then ``y2 = w x``
+    (through the CPY's result, so after it). The plan bumps the weight's write generation right
+    after the CPY step (it also reads ``w`` through the cache), so ``y2`` uses the new values;
+    repeated runs (SIM: a replayed launch list) stay right, and a plan that only writes a
+    weights buffer bumps once when it returns."""
+    _types(t)
+    s = _Setup(make_backend(), t, seed=7)
+    try:
+        ctx = Context(no_alloc=True)
+        src = ctx.new_tensor(Type.F32, (K, M)).set_name("new_w")
+        y1 = ops.mul_mat(ctx, s.w, s.x)
+        cp = ops.cpy(ctx, src, s.w)
+        y2 = ops.mul_mat(ctx, cp, s.x)
+        buf = alloc_ctx_tensors(ctx, s.backend)
+        g = Graph(16)
+        g.build_forward_expand(y1)
+        g.build_forward_expand(y2)
+        x64 = s.xv.astype(np.float64)
+        for run in range(3):
+            vals = s.rng.uniform(-1, 1, (M, K)).astype(np.float32)
+            backend_tensor_set(src, vals)
+            old = _values(t, s.raw)
+            s.backend.graph_compute(g)
+            s.backend.synchronize()
+            s.raw = np.ascontiguousarray(quantize(vals, t)).reshape(-1).view(np.uint8)
+            got1 = np.asarray(backend_tensor_get(y1)).reshape(N, M)
+            got2 = np.asarray(backend_tensor_get(y2)).reshape(N, M)
+            np.testing.assert_allclose(got1, x64 @ old.T, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"run {run}: y1 must see the old weight")
+            np.testing.assert_allclose(got2, x64 @ _values(t, s.raw).T, rtol=1e-5, atol=1e-5,
+                                       err_msg=f"run {run}: y2 must see the new weight")
+        s.check()  # the plain product afterwards sees the last write too
+        buf.free()
+    finally:
+        s.free()
+        s.backend.free()

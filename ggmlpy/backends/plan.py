@@ -19,6 +19,7 @@ synchronize with the host, an op CuPy cannot capture) is marked and always runs 
 from __future__ import annotations
 
 import threading
+from functools import partial
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Buffer, tensor_buffer
+from ..backend import Buffer, BufferUsage, buffer_written, tensor_buffer
 from ..errors import NotAllocatedError, UnsupportedOpError
 from .. import snapshot as _snapshot
 from ..graph import Graph
@@ -34,6 +35,7 @@ from ..snapshot import Snapshot
 from ..opcodes import VIEW_OPS, Op
 from ..sched_assign import node_key
 from ..tensor import Tensor
+from ..types import Type
 from . import kernels
 
 __all__ = ["Plan", "build_plan", "PlanCache", "ReplayStats", "launch_plan"]
@@ -53,7 +55,7 @@ class Plan:
     """
 
     __slots__ = ("steps", "nodes", "buffers", "runs", "graph", "capture_failed", "checks",
-                 "__weakref__")
+                 "written", "__weakref__")
 
     def __init__(self, steps: list[Step], nodes: list[Tensor], buffers: list[Buffer] | None = None) -> None:
         self.steps = steps
@@ -70,6 +72,10 @@ class Plan:
         #: raises ComputeError for a fault its step flagged on the device
         self.checks: list[Callable[[], None]] = [c for c in (getattr(s, "check", None)
                                                              for s in steps) if c is not None]
+        #: buffers (not of usage COMPUTE) the steps write: :meth:`run` gives each a new write
+        #: generation when it returns (:func:`ggmlpy.backend.buffer_written`), which is what
+        #: keeps converted weight copies (kernels/weight_cache.py) from going stale
+        self.written: list[Buffer] = []
 
     def check_live(self, backend_name: str = "") -> None:
         """Raise NotAllocatedError if a buffer the plan uses was freed since it was built."""
@@ -84,6 +90,8 @@ class Plan:
         with np.errstate(all="ignore"):
             for step in self.steps:
                 step()
+        for b in self.written:
+            buffer_written(b)
 
 
 class ReplayStats:
@@ -133,7 +141,9 @@ def launch_plan(runtime: Any, stream: Any, plan: Plan, stats: ReplayStats, repla
         stats.eager += 1
         return
     try:
-        graph = runtime.graph_capture(stream, list(plan.steps))
+        # the write-generation bumps of Plan.run are part of what a replay must do
+        graph = runtime.graph_capture(stream, list(plan.steps) + [
+            partial(buffer_written, b) for b in plan.written])
     except Exception:  # noqa: BLE001 - any capture failure: eager from now on
         plan.capture_failed = True
         stats.capture_failures += 1
@@ -176,6 +186,8 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     smap = graph.src_map
     no_compute = _NO_COMPUTE
     compile_node = compile_node or kernels.compile_node
+    writes: dict[int, tuple[Buffer, list[int]]] = {}  # non-COMPUTE buffers written, by step
+    cache_reads: set[int] = set()  # buffers a MUL_MAT may read through the weight cache
     for node in graph.nodes:
         if node.op in no_compute or min(node.ne) == 0:  # (ggml_is_empty)
             continue
@@ -204,7 +216,49 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
         if step is not None:
             steps.append(step)
             nodes.append(node)
-    return Plan(steps, nodes, list(buffers.values()))
+            if xp is np:
+                _note_write_and_cache_read(node, len(steps) - 1, writes, cache_reads)
+    plan = Plan(steps, nodes, list(buffers.values()))
+    if writes:
+        _track_writes(plan, writes, cache_reads)
+    return plan
+
+
+def _note_write_and_cache_read(node: Tensor, i: int, writes: dict[int, tuple[Buffer, list[int]]],
+                               cache_reads: set[int]) -> None:
+    """Record step ``i`` as a writer of its destination's buffer when that buffer is not COMPUTE,
+    and a MUL_MAT whose ``src0`` is not F32 as a possible weight-cache reader of its buffer."""
+    buf = tensor_buffer(node)
+    if buf is not None and getattr(buf, "usage", BufferUsage.COMPUTE) != BufferUsage.COMPUTE:
+        writes.setdefault(id(buf), (buf, []))[1].append(i)
+    if node.op == Op.MUL_MAT and node.src[0] is not None and node.src[0].type != Type.F32:
+        wb = tensor_buffer(node.src[0])
+        if wb is not None:
+            cache_reads.add(id(wb))
+
+
+def _track_writes(plan: Plan, writes: dict[int, tuple[Buffer, list[int]]],
+                  cache_reads: set[int]) -> None:
+    """Keep the weight cache's write generations right for a NumPy plan (issue 11, item 4).
+
+    A buffer the plan writes gets one new generation when :meth:`Plan.run` returns, after all
+    its bytes are in place: one call per buffer and run, not one per node. Where the same plan
+    may also *read* that buffer through the cache (a MUL_MAT with a converted ``src0`` in it),
+    each writing step bumps right after it runs instead, so a later step never uses a copy made
+    before the write."""
+    for key, (buf, idx) in writes.items():
+        if key in cache_reads:
+            for i in idx:
+                plan.steps[i] = _bump_after(plan.steps[i], buf)
+        else:
+            plan.written.append(buf)
+
+
+def _bump_after(step: Step, buf: Buffer) -> Step:
+    def run() -> None:
+        step()
+        buffer_written(buf)
+    return run
 
 
 _NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}

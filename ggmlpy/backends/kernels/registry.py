@@ -29,9 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ...backend import BufferUsage, buffer_written
 from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
@@ -198,8 +195,6 @@ class KernelRegistry:
         wrap = WRAPPERS.get(node.op)  # index bounds checks (kernels/bounds.py)
         if wrap is not None and step is not None:
             step = wrap(xp, node, dst, srcs, step)
-        if step is not None and xp is np:
-            step = _track_write(node, step)
         return step
 
     def supports_op(self, node: Tensor, xp: Any) -> bool:
@@ -230,23 +225,6 @@ class KernelRegistry:
             return bool(e.supports(node, xp))
         except (ValueError, TypeError, IndexError):
             return False
-
-
-def _track_write(node: Tensor, step: Step) -> Step:
-    """``step`` followed by :func:`~ggmlpy.backend.buffer_written` of its destination's buffer
-    when that buffer is not of usage COMPUTE (weights, user buffers: what the weight cache of
-    :mod:`.weight_cache` may hold copies of); ``step`` itself otherwise. NumPy steps only (the
-    cache is NumPy-only; device plans may be replayed as CUDA graphs without Python)."""
-    buf = node.buffer
-    if buf is None and node.view_src is not None:
-        buf = node.view_src.buffer
-    if buf is None or getattr(buf, "usage", BufferUsage.COMPUTE) == BufferUsage.COMPUTE:
-        return step
-
-    def written() -> None:
-        step()
-        buffer_written(buf)
-    return written
 
 
 #: the registry every backend uses
