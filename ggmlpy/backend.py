@@ -206,8 +206,8 @@ def buffer_written(buffer: Buffer) -> None:
     compiled graph steps whose destination lives in a buffer that is not COMPUTE
     (:meth:`ggmlpy.backends.plan.Plan.run`: once per run, or after each writing step when
     the same plan also reads the buffer through the weight cache). Code that writes a buffer's
-    memory any other way (a NumPy view from ``Tensor.numpy()``, a wrapped user array) must call it too, or converted
-    weight copies may be stale. Synchronous; thread-safe.
+    memory any other way (a NumPy view from ``Tensor.numpy()``, a wrapped user array) must call
+    it too, or converted weight copies may be stale. Synchronous; thread-safe.
 
     Raises:
         TypeError: ``buffer`` is not a :class:`Buffer`.
