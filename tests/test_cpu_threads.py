@@ -533,8 +533,12 @@ def test_blas_single_thread_from_any_thread() -> None:
         assert _blas_threads() == before
 
 
-@pytest.mark.parametrize("n_threads", [1, 2])
-def test_threaded_plan_holds_blas_at_one_thread(n_threads) -> None:
+@pytest.mark.parametrize("n_threads, rows, held", [(1, 64, False), (2, 64, False),
+                                                   (1, 4096, False), (2, 4096, True)])
+def test_threaded_plan_holds_blas_at_one_thread(n_threads, rows, held) -> None:
+    """BLAS is held at one thread exactly while a plan with split steps runs (decided when the
+    plan is built); a plan whose nodes all run whole, e.g. too small to split, leaves BLAS's
+    own threads alone (no worker of ours competes with them), and the count is restored."""
     threadpoolctl = pytest.importorskip("threadpoolctl")
     with threadpoolctl.threadpool_limits(limits=2, user_api="blas"):
         before = _blas_threads()
@@ -544,19 +548,19 @@ def test_threaded_plan_holds_blas_at_one_thread(n_threads) -> None:
         backend = backend_cpu_init()
         backend.set_n_threads(n_threads)
         ctx = Context()
-        a = ctx.new_tensor(F32, (64, 64))
+        a = ctx.new_tensor(F32, (512, rows))
         out = ops.scale(ctx, a, 2.0)
         buf = alloc_ctx(ctx)
         try:
-            v = _rand(np.random.default_rng(0), (64, 64))
+            v = _rand(np.random.default_rng(0), (512, rows))
             backend_tensor_set(a, v)
             g = Graph(8)
             g.build_forward_expand(out)
             plan = backend.graph_plan_create(g)
+            assert plan.threaded == held
             plan.steps.append(lambda: seen.append(_blas_threads()))  # observe during the run
             backend.graph_plan_compute(plan)
-            # a node too small to split still runs under the hold when n_threads > 1
-            assert seen == [[1] * len(before) if n_threads > 1 else before]
+            assert seen == [[1] * len(before) if held else before]
             assert _blas_threads() == before
             np.testing.assert_array_equal(backend_tensor_get(out).reshape(v.shape), v * np.float32(2.0))
         finally:

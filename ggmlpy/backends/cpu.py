@@ -216,10 +216,11 @@ class CPUBackend(Backend):
                           self._compile_node)
         if self._n_threads > 1:
             plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
+            plan.threaded = any(isinstance(s, cpu_threads.Split) for s in plan.steps)
         return plan
 
     def _run(self, plan: Plan) -> None:
-        if self._n_threads > 1:
+        if plan.threaded:  # decided at build: a plan without split steps keeps BLAS as it is
             with cpu_threads.blas_single_thread():
                 plan.run()
         else:

@@ -44,6 +44,7 @@ import numpy as np
 
 from ..opcodes import Op
 from ..tensor import Tensor
+from .kernels.common import same_memory
 
 __all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "blas_single_thread", "SPLIT_OPS",
            "MIN_ELEMENTS", "MIN_MACS", "MAX_N_THREADS"]
@@ -317,11 +318,6 @@ class Split:
                 f"ax={self.ax}, bounds={self.bounds}, big={self.big})")
 
 
-def _same(x: Any, y: Any) -> bool:
-    return (x.shape == y.shape and x.strides == y.strides
-            and x.__array_interface__["data"][0] == y.__array_interface__["data"][0])
-
-
 def _can_join(chain: Split, s: Split) -> bool:
     """Whether node step ``s`` may run slice by slice right after the nodes of ``chain``: same
     cut, every source it shares memory with a chain destination is that destination cut alike,
@@ -330,13 +326,13 @@ def _can_join(chain: Split, s: Split) -> bool:
         return False
     for r, aligned in s.reads:
         for d in chain.dsts:
-            if np.may_share_memory(r, d) and not (aligned and _same(r, d)):
+            if np.may_share_memory(r, d) and not (aligned and same_memory(r, d)):
                 return False
     for r, aligned in chain.reads:
-        if np.may_share_memory(s.dst, r) and not (aligned and _same(s.dst, r)):
+        if np.may_share_memory(s.dst, r) and not (aligned and same_memory(s.dst, r)):
             return False
     for d in chain.dsts:
-        if np.may_share_memory(s.dst, d) and not _same(s.dst, d):
+        if np.may_share_memory(s.dst, d) and not same_memory(s.dst, d):
             return False
     return True
 

@@ -60,7 +60,7 @@ from . import kernels
 from .cpu import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type, kernel_memo_token
 from .plan import Plan, PlanCache, ReplayStats, build_plan, launch_plan
 
-__all__ = ["Runtime", "DeviceMemory", "DeviceInfo", "AsyncBufferType", "AsyncBuffer",
+__all__ = ["Runtime", "reads_foreign_device_memory", "DeviceMemory", "DeviceInfo", "AsyncBufferType", "AsyncBuffer",
            "AsyncHostBufferType", "AsyncHostBuffer", "AsyncBackend", "AsyncDevice",
            "make_reg", "OFFLOAD_MIN_BATCH"]
 
@@ -684,6 +684,20 @@ class AsyncBackend(Backend):
 # device
 
 
+def reads_foreign_device_memory(op: Tensor, buft: Any) -> bool:
+    """True when a source of ``op`` (or the tensor it views) lives in an :class:`AsyncBuffer`
+    of another buffer type than ``buft``: another device's memory, which a device backend
+    cannot read directly (its ``supports_op`` then says no and the scheduler copies)."""
+    for s in op.src:
+        if s is None:
+            continue
+        b = s.buffer if s.buffer is not None else (s.view_src.buffer if s.view_src is not None
+                                                   else None)
+        if isinstance(b, AsyncBuffer) and b.buft is not buft:
+            return True
+    return False
+
+
 class AsyncDevice(Device):
     """One device of a runtime (mirrors ``ggml_backend_cuda_device``).
 
@@ -777,12 +791,8 @@ class AsyncDevice(Device):
     def _supports_op(self, op: Tensor) -> bool:
         if op.op in self.refuse_ops:
             return False
-        for s in op.src:
-            if s is None:
-                continue
-            b = s.buffer if s.buffer is not None else (s.view_src.buffer if s.view_src is not None else None)
-            if isinstance(b, AsyncBuffer) and b.buft is not self.buft:
-                return False
+        if reads_foreign_device_memory(op, self.buft):
+            return False
         return kernels.supports_op(op, self.runtime.xp)
 
     def supports_op_memo_token(self) -> tuple | None:

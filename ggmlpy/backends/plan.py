@@ -38,7 +38,7 @@ from ..tensor import Tensor
 from ..types import Type
 from . import kernels
 
-__all__ = ["Plan", "build_plan", "PlanCache", "ReplayStats", "launch_plan"]
+__all__ = ["Plan", "check_buffers_live", "build_plan", "PlanCache", "ReplayStats", "launch_plan"]
 
 Step = Callable[[], None]
 
@@ -55,7 +55,7 @@ class Plan:
     """
 
     __slots__ = ("steps", "nodes", "buffers", "runs", "graph", "capture_failed", "checks",
-                 "written", "__weakref__")
+                 "written", "threaded", "__weakref__")
 
     def __init__(self, steps: list[Step], nodes: list[Tensor], buffers: list[Buffer] | None = None) -> None:
         self.steps = steps
@@ -76,13 +76,13 @@ class Plan:
         #: generation when it returns (:func:`ggmlpy.backend.buffer_written`), which is what
         #: keeps converted weight copies (kernels/weight_cache.py) from going stale
         self.written: list[Buffer] = []
+        #: CPU: some steps run on the backend's worker threads (cpu_threads.Split), so BLAS is
+        #: held at one thread while the plan runs; set by the backend at build time
+        self.threaded = False
 
     def check_live(self, backend_name: str = "") -> None:
         """Raise NotAllocatedError if a buffer the plan uses was freed since it was built."""
-        for b in self.buffers:
-            if b.freed:
-                raise NotAllocatedError(f"{backend_name}: the graph uses buffer {b.name} of "
-                                        f"{b.size} bytes, which was freed")
+        check_buffers_live(self.buffers, backend_name)
 
     def run(self) -> None:
         """Run every step in order on the calling thread, with NumPy's floating-point warnings
@@ -92,6 +92,15 @@ class Plan:
                 step()
         for b in self.written:
             buffer_written(b)
+
+
+def check_buffers_live(buffers: list[Buffer], backend_name: str = "") -> None:
+    """Raise NotAllocatedError naming the first of ``buffers`` that was freed (a plan or an
+    encoded graph must not run on memory that was handed back)."""
+    for b in buffers:
+        if b.freed:
+            raise NotAllocatedError(f"{backend_name}: the graph uses buffer {b.name} of "
+                                    f"{b.size} bytes, which was freed")
 
 
 class ReplayStats:

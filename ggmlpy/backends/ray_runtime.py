@@ -45,8 +45,10 @@ from ..errors import BackendUnavailableError, ComputeError, NotAllocatedError, O
     UnsupportedOpError
 from ..graph import Graph
 from ..tensor import Tensor
-from .device import AsyncBackend, AsyncBuffer, AsyncBufferType, AsyncDevice, DeviceInfo, DeviceMemory, Runtime
+from .device import (AsyncBackend, AsyncBuffer, AsyncBufferType, AsyncDevice, DeviceInfo,
+                     DeviceMemory, Runtime, reads_foreign_device_memory)
 from .graph_spec import GraphSpec, encode_graph
+from .plan import check_buffers_live
 from .ray_actor import PLAN_CACHE_SIZE, DeviceActor
 from .ray_env import DEFAULT_TIMEOUT_S, RayEnv, ray_env
 
@@ -463,10 +465,7 @@ class _RemotePlan:
 
     def check_live(self, backend_name: str = "") -> None:
         """Raise NotAllocatedError if a buffer the spec uses was freed since it was encoded."""
-        for b in self.buffers:
-            if b.freed:
-                raise NotAllocatedError(f"{backend_name}: the graph uses buffer {b.name} of "
-                                        f"{b.size} bytes, which was freed")
+        check_buffers_live(self.buffers, backend_name)
 
     def run(self) -> None:
         """Refused: a remote plan runs on its actor."""
@@ -573,12 +572,8 @@ class RayDevice(AsyncDevice):
         return op.op not in self.refuse_ops and kernels.supports_op(op, self.xp)
 
     def _supports_op(self, op: Tensor) -> bool:
-        for s in op.src:
-            if s is None:
-                continue
-            b = s.buffer if s.buffer is not None else (s.view_src.buffer if s.view_src is not None else None)
-            if isinstance(b, AsyncBuffer) and b.buft is not self.buft:
-                return False
+        if reads_foreign_device_memory(op, self.buft):
+            return False
         return self.can_compute(op)
 
     def _init_backend(self, params: str | None) -> Backend:
