@@ -224,6 +224,7 @@ def test_soft_max_inf_masks_and_all_inf_row(inplace) -> None:
 def test_soft_max_nan_and_underflow() -> None:
     x = np.zeros((1, 1, 3, 8), np.float32)
     x[0, 0, 0, 3] = np.nan                       # a NaN poisons its row (as in ggml)
+    x[0, 0, 0, 5] = -np.float32(np.nan)          # (a negative NaN too: it orders lowest)
     x[0, 0, 1, 6:] = (-87.0, -87.3)              # exp >= tiny, but p = exp / 6.x < tiny
     x[0, 0, 2, :] = np.float32([0, -200, -1e30, -np.inf, 1, 2, 3, -50])
     out = np.empty_like(x)
@@ -231,6 +232,31 @@ def test_soft_max_nan_and_underflow() -> None:
     assert np.all(np.isnan(out[0, 0, 0]))
     _no_subnormals(out)  # regression: results in (0, tiny) were left subnormal
     _assert_sm_close(out[:, :, 1:], _softmax_ref(x[:, :, 1:], None, 1.0))
+
+
+def test_expf_dense_grid_below_one_ulp() -> None:
+    """The float32 ``exp`` both kernels use (module docstring: < 1 ulp on ``[ln(tiny), 0]``,
+    0 below, NaN kept), on a dense grid, against float64 ``np.exp``."""
+    from numba import njit
+
+    from ggmlpy.backends import _jit_kernels as kj
+
+    @njit(**{**kj._OPTS, "cache": False})  # the kernels' flags (inline="always" takes the caller's)
+    def apply(y, out):
+        for i in range(y.size):
+            out[i] = kj.expf_nonpos(y[i])
+
+    y = np.concatenate([-np.linspace(0.0, 90.0, 2_000_001).astype(np.float32),
+                        np.float32([-np.inf, np.nan, -0.0, -1e-30, -87.33654, -87.3366])])
+    out = np.empty_like(y)
+    apply(y, out)
+    ref = np.exp(y.astype(np.float64))
+    normal = ref >= F32_TINY
+    ulp = np.spacing(ref[normal].astype(np.float32)).astype(np.float64)
+    err_ulp = np.abs(out[normal] - ref[normal]) / ulp
+    assert err_ulp.max() < 1.0, f"{err_ulp.max():.3f} ulp at y={y[normal][np.argmax(err_ulp)]!r}"
+    assert np.all(out[~normal & ~np.isnan(y)] == 0.0)  # below ln(tiny): flushed (no subnormals)
+    assert np.isnan(out[np.isnan(y)]).all()
 
 
 # ---------------------------------------------------------------------------------------------

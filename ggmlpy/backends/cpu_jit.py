@@ -12,18 +12,22 @@ layer) launched then competes with them for the cores: measured on a 2-core mach
 row-broadcast add right after a 2-thread GEMM took 2.7-5 ms multithreaded against 0.15 ms on
 one thread (``scripts/bench_jit.py`` reports both kernels' rates).
 
-Accuracy. ``exp`` is evaluated in float64 as ``2^k * q(r)``, ``r = y - k ln 2``, ``|r| <= ln2/2``,
-``q`` the degree-9 Taylor polynomial (relative error below 1e-10 on ``[-104, 0]``), ``2^k``
-built from its bits: a formulation without calls into libm, so the loops vectorize. Intermediates are float64, results are rounded once to float32, and
-results below float32's smallest normal number are flushed to zero (subnormal operands make the
-next GEMM up to 13x slower; the flush moves a value by less than 1.2e-38):
+Accuracy. ``exp`` is evaluated in float32 as ggml's vectorized ``expf`` is: ``2^k * q(r)``,
+``r = y - k ln 2`` in two Cody-Waite steps, ``|r| <= ln2/2``, ``q`` the degree-7 Taylor polynomial,
+``2^k`` built from its bits: no calls into libm, so the loops vectorize with 8 or 16 float32
+lanes (twice the float64 lanes of the previous formulation: softmax 1.7-2.2x, GELU 1.5x faster).
+Error below 1 ulp (7.9e-8 relative, measured on a 4e6-point grid of ``[-87.3, 0]``). Results below
+float32's smallest normal number are flushed to zero (subnormal operands make the next GEMM up to
+13x slower; the flush moves a value by less than 1.2e-38):
 
 * :func:`gelu_erf` ``max(x, 0) - 0.5|x| erfc(|x|/sqrt 2)`` with Abramowitz & Stegun 7.1.26 for
-  ``erfc``: error <= ``GELU_ERF_F32_BOUND * max(1, |x|)`` (2e-7, the bound of
-  :func:`ggmlpy.special.gelu_erf_f32`; measured 1.27e-7); NaN propagates, ``+inf -> +inf``,
+  ``erfc``, in float32: error <= ``GELU_ERF_F32_BOUND * max(1, |x|)`` (2e-7, the bound of
+  :func:`ggmlpy.special.gelu_erf_f32`; measured 1.5e-7); NaN propagates, ``+inf -> +inf``,
   ``-inf -> 0``.
 * :func:`soft_max` ``softmax(x * scale + mask)`` per row (``x * scale + mask`` in float32 as
-  ggml, the exponentials and their sum in float64); a row of only ``-inf`` gives NaN, as in ggml.
+  ggml, the exponentials in float32, their sum in float64, as ggml's ``ggml_float`` sum); a row
+  of only ``-inf`` gives NaN, as in ggml. The row maximum is taken over the float32 bit patterns
+  mapped to order-preserving int32 keys (an integer max vectorizes, a float one does not here).
 * :func:`norm` ggml's NORM with float64 mean and variance (as ggml's ``ggml_float`` sums).
 * :func:`binary` ADD/SUB/MUL/DIV of float32 rows with a same-shape or one-row (bias) operand:
   IEEE float32 results, identical to NumPy's.
@@ -52,6 +56,7 @@ __all__ = ["available", "reason", "warm_up", "gelu_erf", "soft_max", "norm", "bi
 BINARY_OPS = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
 
 _state: dict[str, Any] = {}
+_NO_MASK = np.zeros(1, np.float32)
 
 
 def _build() -> dict[str, Any]:
@@ -162,20 +167,23 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarr
     if x.ndim != 4 or out.shape != x.shape:
         raise ValueError(f"cpu_jit.soft_max: x must be 4-D and out of its shape, got "
                          f"{x.shape} and {out.shape}")
+    X3, X2, X1, X0 = x.shape
     if mask is None:
-        m, has = np.zeros((1, 1, 1, 1), np.float32), False
+        m, has = _NO_MASK, False
+        dims = (X3, X2, X1, X0, 1, 1, 1)
     else:
         _check_f32_c("soft_max", mask=mask)
-        X3, X2, X1, X0 = x.shape
         if (mask.ndim != 4 or mask.shape[3] != X0 or mask.shape[2] < X1
                 or min(mask.shape[:2]) < 1 or X2 % mask.shape[1] or X3 % mask.shape[0]):
             raise ValueError(f"cpu_jit.soft_max: mask {mask.shape} does not broadcast to rows "
                              f"of x {x.shape}")
-        m, has = mask, True
+        m, has = mask.reshape(-1), True
+        dims = (X3, X2, X1, X0, *mask.shape[:3])
     if _same(x, out):
-        _call("softmax_inplace", x.size, out, m, has, np.float32(scale))
+        _call("softmax_inplace", x.size, out.reshape(-1), m, has, dims, np.float32(scale))
     else:
-        _call("softmax", x.size, x, m, has, np.float32(scale), out)
+        _call("softmax", x.size, x.reshape(-1), m, has, dims, np.float32(scale),
+              out.reshape(-1))
     return out
 
 
