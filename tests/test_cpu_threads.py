@@ -117,6 +117,19 @@ def _cont_t(ne):
     return build
 
 
+def _cont_merge(ne, f16=False):
+    """Attention's merged heads: [d, L, h, B] permuted to [d, h, L, B], copied into a 2-D
+    [d*h, L*B] (another shape than its source: split along the source's outer axis)."""
+    def build(ctx, rng):
+        a = ctx.new_tensor(F32, ne)
+        p = ops.permute(ctx, a, 0, 2, 1, 3)
+        if f16:
+            d = ctx.new_tensor(F16, (ne[0] * ne[2], ne[1] * ne[3]))
+            return ops.cpy(ctx, p, d), {a: _rand(rng, ne)}
+        return ops.cont_2d(ctx, p, ne[0] * ne[2], ne[1] * ne[3]), {a: _rand(rng, ne)}
+    return build
+
+
 def _soft_max(ne, ne_m, scale=0.5, max_bias=0.0):
     def build(ctx, rng):
         a = ctx.new_tensor(F32, ne)
@@ -163,6 +176,9 @@ _CASES = [
     ("dup-ax2", Op.DUP, _unary("dup", AX2), True),
     ("cont-transposed-ax0", Op.CONT, _cont_t(AX0), True),
     ("cont-transposed-ax2", Op.CONT, _cont_t(AX2), True),
+    ("cont-merge-heads-2d", Op.CONT, _cont_merge((64, 128, 16, 8)), True),
+    ("cont-merge-heads-one-batch", Op.CONT, _cont_merge((64, 1024, 16, 1)), True),
+    ("cpy-merge-heads-f16", Op.CPY, _cont_merge((64, 128, 16, 8), f16=True), True),
     # unary
     ("gelu_erf-ax0", Op.UNARY, _unary("gelu_erf", (512, 64, 2, 2)), True),
     ("gelu_erf-ax2", Op.UNARY, _unary("gelu_erf", (256, 512, 1, 1)), True),
@@ -443,6 +459,8 @@ def _blas_threads() -> list[int]:
 
 
 def test_blas_single_thread_nested_restores() -> None:
+    from ggmlpy.backends.kernels import matmul
+
     threadpoolctl = pytest.importorskip("threadpoolctl")
     if not _blas_threads():
         pytest.skip("NumPy's BLAS is not visible to threadpoolctl")
@@ -450,12 +468,16 @@ def test_blas_single_thread_nested_restores() -> None:
         before = _blas_threads()
         if max(before) < 2:
             pytest.skip("NumPy's BLAS runs one thread here: nothing to restore")
+        flag = list(matmul.BLAS_ONE_THREAD)
         with cpu_threads.blas_single_thread():
             assert set(_blas_threads()) == {1}
+            assert matmul.BLAS_ONE_THREAD == [True]  # MUL_MAT then skips its copy + NN
             with cpu_threads.blas_single_thread():
                 assert set(_blas_threads()) == {1}
             assert set(_blas_threads()) == {1}  # the outer hold is still on
+            assert matmul.BLAS_ONE_THREAD == [True]
         assert _blas_threads() == before
+        assert matmul.BLAS_ONE_THREAD == flag
         with pytest.raises(RuntimeError, match="inside"):
             with cpu_threads.blas_single_thread():
                 raise RuntimeError("inside")

@@ -242,14 +242,18 @@ def test_precise_kernels_variable_rejects(monkeypatch, value):
 # MUL_MAT: batched products with a transposed src0 view (attention) go through copy + NN
 
 
+@pytest.mark.parametrize("blas_one", [False, True])
 @pytest.mark.parametrize("L", [8, 31, 32, 48])
 @pytest.mark.parametrize("pattern", ["kq", "kqv"])
-def test_batched_mul_mat_with_transposed_views(L, pattern, monkeypatch):
+def test_batched_mul_mat_with_transposed_views(L, pattern, blas_one, monkeypatch):
+    """Copy + NN when it pays (BLAS multi-threaded); with BLAS at one thread (a threaded CPU
+    plan's hold, or the environment) the transposed view goes to BLAS as it is: same results."""
     from ggmlpy.backends.kernels import matmul
 
     calls = []
-    real = matmul._matmul_nn
-    monkeypatch.setattr(matmul, "_matmul_nn", lambda *a: (calls.append(1), real(*a)))
+    scratch = matmul._scratch  # only the copy + NN path takes a scratch
+    monkeypatch.setattr(matmul, "BLAS_ONE_THREAD", [blas_one])
+    monkeypatch.setattr(matmul, "_scratch", lambda *a: (calls.append(1), scratch(*a))[1])
     rng = np.random.default_rng(L)
     d, nh, S = 8, 3, 2
     ctx = Context()
@@ -270,4 +274,4 @@ def test_batched_mul_mat_with_transposed_views(L, pattern, monkeypatch):
         inputs = {qkv: X, kq_in: K}
     (got,) = run_graph(ctx, [out], inputs)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * L)
-    assert bool(calls) == (L >= matmul.NN_MIN_ROWS)
+    assert bool(calls) == (L >= matmul.NN_MIN_ROWS and not blas_one)

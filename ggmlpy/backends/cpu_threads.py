@@ -44,6 +44,7 @@ import numpy as np
 
 from ..opcodes import Op
 from ..tensor import Tensor
+from .kernels import matmul
 from .kernels.common import same_memory
 
 __all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "blas_single_thread", "SPLIT_OPS",
@@ -83,6 +84,7 @@ _blas_ctl: list[Any] = []
 _blas_lock = threading.Lock()
 _blas_depth = [0]
 _blas_saved: list[int] = []
+_blas_one: list[bool] = [False]  # matmul.BLAS_ONE_THREAD before the hold
 
 
 def _blas_libs() -> list[Any]:
@@ -123,6 +125,8 @@ def blas_single_thread() -> Iterator[None]:
             _blas_saved[:] = [c.num_threads for c in libs]
             for c in libs:
                 _set_blas_threads(c, 1)
+            _blas_one[:] = [matmul.BLAS_ONE_THREAD[0]]
+            matmul.BLAS_ONE_THREAD[0] = True
         _blas_depth[0] += 1
     try:
         yield
@@ -132,6 +136,7 @@ def blas_single_thread() -> Iterator[None]:
             if _blas_depth[0] == 0:
                 for c, n in zip(libs, _blas_saved):
                     _set_blas_threads(c, n)
+                matmul.BLAS_ONE_THREAD[0] = _blas_one[0]
 
 
 class Pool:
@@ -436,7 +441,11 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         if op == Op.SOFT_MAX and len(node.op_params) > 1 and float(node.op_params[1]) != 0.0:
             return None  # ALiBi slopes depend on the head index
         if op in (Op.CPY, Op.DUP, Op.CONT) and srcs[0].shape != dst.shape:
-            return None
+            # a copy into a C-contiguous dst of another shape (attention's merged heads): dst
+            # seen in the source's shape is the same row-major order, and then slices alike
+            if not (dst.flags.c_contiguous and srcs[0].ndim == 4 and srcs[0].size == dst.size):
+                return None
+            dst = dst.reshape(srcs[0].shape)
         if op in _SAME_SHAPE and srcs[0].shape != dst.shape:
             return None
         ax = _plan_axis(dst, n_parts)

@@ -133,12 +133,12 @@ def _k_copy(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
             return lambda: copyto(dst, a_r.astype(F32), casting="unsafe")
         return partial(copyto, dst, a_r, casting="unsafe")
     if c_contig(dst):
-        d_flat = dst.reshape(-1)
-
-        def run_flat() -> None:
-            src = a.reshape(-1)  # a copy for non-contiguous a (logical order)
-            copyto(d_flat, src.astype(F32) if need_f32 else src, casting="unsafe")
-        return run_flat
+        # dst seen in a's shape: the same logical row-major order, one pass and no temporary
+        # (reshaping a non-contiguous a would copy it first, e.g. attention's merged heads)
+        d_r = dst.reshape(a.shape)
+        if need_f32:
+            return lambda: copyto(d_r, a.astype(F32), casting="unsafe")
+        return partial(copyto, d_r, a, casting="unsafe")
 
     def run() -> None:
         src = a.reshape(shape)
