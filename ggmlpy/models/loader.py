@@ -335,7 +335,9 @@ class BertTokenizer:
         texts = self._prepare(sentences)
         if not texts:
             return []
-        return [list(enc.ids) for enc in self._tok.encode_batch(texts)]
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets: same ids, ~15% less
+        enc = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
+        return [list(e.ids) for e in enc(texts)]
 
 
 def load_tokenizer(model_dir: str | Path, max_seq_length: int,
