@@ -242,3 +242,23 @@ def test_context_with_memory():
     backend_tensor_set(a, np.array([1, 2, 3], np.float32))
     v = gp.view_1d(ctx, a, 2, 4)
     np.testing.assert_array_equal(backend_tensor_get(v).ravel(), [2, 3])
+
+
+@pytest.mark.parametrize("size", [1, 4096, (1 << 20) - 1, 1 << 20, (3 << 20) + 5])
+def test_cpu_buffer_memory_small_and_populated(size, monkeypatch):
+    """CPU buffers below and from POPULATE_MIN_BYTES (a MAP_POPULATE mapping on Linux, else
+    np.empty): 64-byte aligned base, writable, exact size, every byte addressable; a size no
+    machine has raises OutOfMemoryError naming the request."""
+    from ggmlpy.backends import cpu as cpu_mod
+    from ggmlpy.errors import OutOfMemoryError
+
+    buf = cpu_mod.cpu_buffer_type().alloc_buffer(size)
+    data = buf.data
+    assert data.size == size and data.dtype == np.uint8 and data.flags.writeable
+    assert data.ctypes.data % cpu_mod.MEMORY_ALIGNMENT == 0
+    data[:] = 7
+    data[-1] = 9
+    assert np.all(data[:-1] == 7) and int(data[-1]) == 9
+    buf.free()
+    with pytest.raises(OutOfMemoryError, match=str(1 << 55)):
+        cpu_mod.cpu_buffer_type().alloc_buffer(1 << 55)
