@@ -332,6 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.n_sentences, args.n_e2e, args.batch_size, args.repeats, args.threads) < 1:
         ap.error("--n-sentences, --n-e2e, --batch-size, --repeats and --threads must be >= 1")
 
+    from ggmlpy import registry
+
+    _ensure_sim(args.device)
+    if registry.dev_by_name(args.device) is None:  # a usage error: one line, exit 2
+        names = [registry.dev_get(i).name for i in range(registry.dev_count())]
+        ap.error(f"--device {args.device!r}: no such device here; available: {', '.join(names)}")
     model_dir = args.model_dir if args.model_dir is not None else find_default_model_dir()
     st_reason = None
     if not args.no_st:
