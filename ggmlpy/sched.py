@@ -49,7 +49,6 @@ import sys
 import weakref
 from collections import OrderedDict
 from operator import itemgetter
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._check import describe
@@ -61,6 +60,7 @@ from .graph import Graph, graph_view
 from .opcodes import VIEW_OPS
 from .sched_assign import AssignPasses, op_memo_token
 from .sched_reuse import ReuseCache, SplitRecord, split_signature
+from .sched_template import Split, SplitTemplate, TemplateCache, TemplateSplits, pins_key
 from .snapshot import TrackedList
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
@@ -83,9 +83,8 @@ def _debug_level() -> int:
 
 
 _first = itemgetter(0)
-# the scheduler's own copies and dependency views, made with known-valid arguments: the
-# Context/Tensor methods without their argument type checks (ggmlpy._check)
-_dup_layout = getattr(Context.dup_tensor_layout, "__wrapped__", Context.dup_tensor_layout)
+# the scheduler's dependency views, made with known-valid arguments: the Context/Tensor methods
+# without their argument type checks (ggmlpy._check)
 _new_view = getattr(Context.new_view, "__wrapped__", Context.new_view)
 _set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
 
@@ -101,25 +100,7 @@ def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
     return g
 
 
-@dataclass
-class Split:
-    """One per-backend piece of the graph (mirrors ``ggml_backend_sched_split``).
-
-    Attributes:
-        backend_id: index of the backend that computes it.
-        i_start, i_end: node range ``[i_start, i_end)`` of the user's graph.
-        inputs: tensors from other backends copied in before the split runs.
-        graph: the graph view the backend computes (shares the scheduler's ``src_map``).
-    """
-
-    backend_id: int
-    i_start: int
-    i_end: int = 0
-    inputs: list[Tensor] = field(default_factory=list)
-    graph: Graph | None = None
-
-
-class Scheduler(AssignPasses):
+class Scheduler(AssignPasses, TemplateSplits):
     """Split a graph across backends and run it (mirrors ``ggml_backend_sched_new``).
 
     Args:
@@ -201,6 +182,8 @@ class Scheduler(AssignPasses):
         self._placement: list[tuple[Tensor, Any, Any]] | None = None  # what the last alloc placed
         self._pins: dict[Tensor, int] = {}   # set_tensor_backend since the last reset
         self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
+        self.templates = TemplateCache()     # fresh graphs of a known structure (sched_template.py)
+        self._offload_asked: list[tuple[Tensor, int, bool]] = []
         # (user-graph state, split signature, allocator snapshot) of the last fresh allocation
         self._vouch: tuple[tuple, tuple, Any] | None = None
         self._ctx = Context()
@@ -295,6 +278,7 @@ class Scheduler(AssignPasses):
         self.is_reset = False
         self._ctx = Context()
         self._op_memo = {}
+        self._offload_asked = []
         self._op_tokens = [op_memo_token(b) for b in self.backends]
         self._copies = {}
         self._graph_inputs = []
@@ -323,7 +307,8 @@ class Scheduler(AssignPasses):
             ``(src_map, extra_flags)``: per node id its substituted sources, and per tensor id the
             flags the scheduler graph adds (the user's graph is never rewritten).
         """
-        bo, cause = self._backend_of, self._cause
+        bo = self._backend_of
+        copies = self._copies
         src_map: dict[int, list[Tensor | None]] = {}
         extra_flags: dict[int, Flag] = {}
         splits: list[Split] = []
@@ -360,37 +345,17 @@ class Scheduler(AssignPasses):
                 if s is None:
                     continue
                 sb = bo[s]
-                if n_copies > 1 and s.flags & Flag.INPUT and (s, sb) not in self._copies:
-                    copies = []
-                    for c in range(n_copies):
-                        if c == self.cur_copy:
-                            t = s  # the user's tensor is the current slot; never reuse its memory
-                            extra_flags[id(s)] = Flag.INPUT | Flag.OUTPUT
-                        else:
-                            t = _dup_layout(self._ctx, s)
-                            _set_name(t, f"{self.backends[sb].name}#{s.name}#{c}")
-                            t.flags |= Flag.INPUT | Flag.OUTPUT
-                            bo[t], cause[t] = sb, "5.cpy"
-                        copies.append(t)
-                    self._copies[(s, sb)] = copies
-                    self._graph_inputs.append(s)
+                if n_copies > 1 and s.flags & Flag.INPUT and (s, sb) not in copies:
+                    self._input_copies(s, sb, extra_flags)
                 if sb != b and not self._buffer_supported(s, b):
                     key = (s, b)
-                    if key not in self._copies:
-                        copies = []
-                        for c in range(n_copies):
-                            t = _dup_layout(self._ctx, s)
-                            _set_name(t, f"{self.backends[b].name}#{s.name}#{c}")
-                            if n_copies > 1:
-                                t.flags |= Flag.INPUT | Flag.OUTPUT
-                            bo[t], cause[t] = b, "5.cpy"
-                            copies.append(t)
-                        self._copies[key] = copies
+                    if key not in copies:
+                        self._split_copies(s, b)
                         split.inputs.append(s)
                     # else: the copy made for an earlier split on this backend is reused
                     if new_srcs is None:
                         new_srcs = list(node.src)
-                    new_srcs[j] = self._copies[key][self.cur_copy]
+                    new_srcs[j] = copies[key][self.cur_copy]
             if new_srcs is not None:
                 src_map[id(node)] = new_srcs
         if split is None and nodes:
@@ -591,28 +556,52 @@ class Scheduler(AssignPasses):
         reuse = self.reuse
         snap = None
         pos: dict[int, int] = {}
+        order: list[Tensor] = []
+        templates = self.templates
+        tmpl = tokens = pkey = None
         if eligible:
-            snap = reuse.begin(graph, self._pins, pos)
+            snap = reuse.begin(graph, self._pins, pos, order)
+            if templates.enabled:
+                tokens = tuple(op_memo_token(b) for b in self.backends)
+                pkey = pins_key(self._pins, pos)
+                if None in tokens:
+                    tokens = None
+                elif templates:
+                    tmpl = templates.find(snap.state, self.cur_copy, pkey, tokens)
         else:
             reuse.clear()
-        self.split_graph(graph)
+            templates.clear()
+        if tmpl is not None and self._apply_template(graph, tmpl, order):
+            templates.hits += 1
+            snap.state = tmpl.state  # (equal: one tuple kept, compared by identity below)
+            if self.debug:
+                self.print_report(verbose=self.debug > 1)
+        else:
+            tmpl = None
+            self.split_graph(graph)
         recs_before = self.galloc._node_recs  # replaced whenever the allocator plans anew
         # vouch for the scheduler's graph (skip the allocator's state compare): the user graph's
         # state and the split signature equal those of the last allocation, so the scheduler's
         # graph has the state the allocator's current plan was validated for
-        vouch = None
+        vouch = sig = None
         if snap is not None and not snap._outside:
-            sig = split_signature(self.splits, self._graph_inputs, pos, self._node_ids,
-                                  self._leaf_ids, self.cur_copy)
+            if tmpl is not None:
+                sig = tmpl.sig  # (the same positions: the same signature)
+            else:
+                sig = split_signature(self.splits, self._graph_inputs, pos, self._node_ids,
+                                      self._leaf_ids, self.cur_copy)
             if sig is not None:
                 last = self._vouch
-                if (last is not None and last[2] is self.galloc._snap and last[1] == sig
-                        and last[0] == snap.state):
+                st = snap.state
+                if (last is not None and last[2] is self.galloc._snap
+                        and (last[1] is sig or last[1] == sig)
+                        and (last[0] is st or last[0] == st)):
                     self.galloc._vouch(self.graph)
-                vouch = (snap.state, sig)
+                vouch = (st, sig)
         self._vouch = None
         if not self._alloc_splits():
             reuse.clear()
+            templates.clear()
             return False
         if vouch is not None:
             self._vouch = (vouch[0], vouch[1], self.galloc._snap)
@@ -625,6 +614,9 @@ class Scheduler(AssignPasses):
                               placement=self._placement)
             buffers = [b for i in range(len(self.backends)) for b in self.galloc.get_chunk_buffers(i)]
             reuse.store(snap, self.cur_copy, rec, buffers, self.galloc._node_recs is not recs_before)
+            if tmpl is None and tokens is not None and pkey is not None:
+                templates.add(SplitTemplate(snap.state, self.cur_copy, pkey, tokens, sig, rec,
+                                            pos, order, self._offload_asked))
         self.is_alloc = True
         return True
 
@@ -825,6 +817,7 @@ class Scheduler(AssignPasses):
         self.synchronize()
         self.reset()
         self.reuse.clear()
+        self.templates.clear()
         self.galloc.free()
 
     # ------------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def op_memo_token(backend: Backend) -> Any:
 
 class AssignPasses:
     """Passes 1-4 of the seed's split (a mixin: the scheduler provides ``backends``, ``bufts``,
-    ``op_offload``, ``_backend_of``, ``_cause``, ``_op_memo`` and ``_buft_memo``)."""
+    ``op_offload``, ``_backend_of``, ``_cause``, ``_op_memo``, ``_buft_memo`` and
+    ``_offload_asked``, where pass 1 records every ``offload_op`` answer it used)."""
 
     backends: list[Backend]
     bufts: list[BufferType]
@@ -80,6 +81,8 @@ class AssignPasses:
     _op_tokens: list[Any]
     _bid_of_buft: dict[BufferType, int]
     _buft_memo: dict[tuple[int, BufferType], bool]
+    _offload_asked: list[tuple[Tensor, int, bool]]  # offload_op answers of the current split
+
     def _op_ok(self, b: int, node: Tensor) -> bool:
         """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
         answers are dropped at the next :meth:`split_graph`: a node's sources may change), and
@@ -162,8 +165,12 @@ class AssignPasses:
                 sb = self._backend_from_buffer(s, t)
                 if (self.op_offload and sb == len(self.backends) - 1 and s.buffer.is_host()):
                     for i, b in enumerate(self.backends[:-1]):
-                        if self._op_ok(i, t) and b.offload_op(t):
-                            return i, "1.off"
+                        if self._op_ok(i, t):
+                            off = bool(b.offload_op(t))
+                            # (recorded: a split template replays only with the same answers)
+                            self._offload_asked.append((t, i, off))
+                            if off:
+                                return i, "1.off"
                 return sb, "1.wgt"
         return -1, ""
 

@@ -221,16 +221,17 @@ class ReuseCache:
         self._entries.move_to_end(id(graph))
         return e.slots.get(slot)
 
-    def begin(self, graph: Any, pins: dict[Any, int], pos: dict[int, int] | None = None) -> Snapshot:
+    def begin(self, graph: Any, pins: dict[Any, int], pos: dict[int, int] | None = None,
+              order: list[Any] | None = None) -> Snapshot:
         """Before a split is built for ``graph``: stamp ``graph``'s own parked tensors, keep its
         other slots' records only when it is unchanged, and take the snapshot the new record
         will be valid for. Returns it (pass it to :meth:`store`). Other graphs' records stay.
-        ``pos``: as :meth:`Snapshot.take`."""
+        ``pos``, ``order``: as :meth:`Snapshot.take`."""
         key = id(graph)
         e = self._valid_entry(graph, pins)
         if e is not None:
             self._unpark_entry(e)  # the split below places its tensors anew (stamped)
-        snap = Snapshot.take(graph, pos)
+        snap = Snapshot.take(graph, pos, order)
         if e is None:
             ref = weakref.ref(graph, self._graph_died(key))
             e = _Entry(ref, snap, dict(pins))

@@ -164,10 +164,12 @@ def graph_state(graph: Any) -> tuple:
     return _state(graph, None)
 
 
-def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None) -> tuple:
+def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None,
+           order: list[Any] | None = None) -> tuple:
     """:func:`graph_state`; appends to ``late`` (when given) every source first reached through
-    a node's sources rather than as a node or leaf (a superset of the outside sources), and
-    fills ``pos`` (when given, empty) with ``id(tensor) -> position`` in the state.
+    a node's sources rather than as a node or leaf (a superset of the outside sources), fills
+    ``pos`` (when given, empty) with ``id(tensor) -> position`` in the state and ``order`` (when
+    given, empty) with the tensors by position (``order[pos[id(t)]] is t``).
 
     Layout (one flat tuple: a few objects for the cyclic GC to scan instead of several per
     tensor; every variable part is preceded by a count or a marker, so equal tuples mean equal
@@ -190,8 +192,12 @@ def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None
     xf_get = xf.get if xf else None
     i_or = _int_or
 
+    order_add = order.append if order is not None else None
+
     def visit(t: Any) -> None:
         pos[id(t)] = len(pos)
+        if order_add is not None:
+            order_add(t)
         vs = t.view_src
         if vs is not None:
             p = getpos(id(vs))
@@ -211,6 +217,8 @@ def _state(graph: Any, late: list[Any] | None, pos: dict[int, int] | None = None
     for n in nodes:
         if id(n) not in pos:  # (visit written out: most nodes are first reached here)
             pos[id(n)] = len(pos)
+            if order_add is not None:
+                order_add(n)
             vs = n.view_src
             if vs is not None:
                 p = getpos(id(vs))
@@ -337,13 +345,15 @@ class Snapshot:
         self._graph = weakref.ref(graph) if graph is not None else None
 
     @classmethod
-    def take(cls, graph: Any, pos: dict[int, int] | None = None) -> Snapshot:
+    def take(cls, graph: Any, pos: dict[int, int] | None = None,
+             order: list[Any] | None = None) -> Snapshot:
         """Snapshot ``graph`` now (reads the generation first, so a concurrent change is seen).
         ``pos`` (optional, an empty dict) receives ``id(tensor) -> position`` of every tensor
-        the state names by position (valid while those tensors live)."""
+        the state names by position (valid while those tensors live); ``order`` (optional, an
+        empty list) those tensors by position."""
         gen = _generation
         late: list[Any] = []
-        state = _state(graph, late, pos)
+        state = _state(graph, late, pos, order)
         if late:  # (usually none: sources are nodes or leafs)
             inside = {id(t) for t in graph._nodes}
             outside = tuple({id(t): t for t in late if id(t) not in inside}.values())

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.tensor_data",),
     ("ggmlpy.gallocr",),
     ("ggmlpy.alloc",),
-    ("ggmlpy.sched_reuse", "ggmlpy.sched_assign"),
+    ("ggmlpy.sched_reuse", "ggmlpy.sched_assign", "ggmlpy.sched_template"),
     ("ggmlpy.sched",),
     ("ggmlpy.backends._jit_kernels",),
     ("ggmlpy.backends.fastpath", "ggmlpy.backends.cpu_jit"),
