@@ -567,17 +567,18 @@ class Scheduler(AssignPasses, TemplateSplits):
                 if None in tokens:
                     tokens = None
                 elif templates:
-                    tmpl = templates.find(snap.state, self.cur_copy, pkey, tokens)
+                    tmpl = templates.find(snap.state, self.cur_copy, pkey, tokens, order,
+                                          self.backends)
         else:
             reuse.clear()
             templates.clear()
-        if tmpl is not None and self._apply_template(graph, tmpl, order):
+        if tmpl is not None:
+            self._apply_template(graph, tmpl, order)
             templates.hits += 1
             snap.state = tmpl.state  # (equal: one tuple kept, compared by identity below)
             if self.debug:
                 self.print_report(verbose=self.debug > 1)
         else:
-            tmpl = None
             self.split_graph(graph)
         recs_before = self.galloc._node_recs  # replaced whenever the allocator plans anew
         # vouch for the scheduler's graph (skip the allocator's state compare): the user graph's

@@ -155,6 +155,21 @@ class SplitTemplate:
                 self._rec = self._pos = self._offload = None  # (the order list stays: ids)
         return self._plan
 
+    def usable(self, order: list[Tensor], backends: list[Any]) -> bool:
+        """Whether the template applies to the graph whose tensors by position are ``order``
+        (its state already found equal): it has a plan, every buffer's usage is as recorded
+        and every recorded ``offload_op`` answer is the same for the node at that position."""
+        plan = self.plan()
+        if plan is None:
+            return False
+        for b, u in self.usages:
+            if b.usage != u:
+                return False
+        for p, i, a in plan.offload:
+            if bool(backends[i].offload_op(order[p])) != a:
+                return False
+        return True
+
     def _convert(self) -> _Plan | None:
         rec, pos, slot = self._rec, self._pos, self.slot
         get = pos.get
@@ -226,15 +241,17 @@ class TemplateCache:
         """Drop every template."""
         self._items = []
 
-    def find(self, state: tuple, slot: int, pins: tuple | None, tokens: tuple) -> SplitTemplate | None:
-        """The template with this key, or None (moved to the most recently used end)."""
+    def find(self, state: tuple, slot: int, pins: tuple | None, tokens: tuple,
+             order: list[Tensor], backends: list[Any]) -> SplitTemplate | None:
+        """The usable template with this key for the graph whose tensors by position are
+        ``order`` (:meth:`SplitTemplate.usable`), or None; moved to the most recently used end."""
         if pins is None:
             return None
         items = self._items
         for k in range(len(items) - 1, -1, -1):
             t = items[k]
             if (t.slot == slot and t.pins == pins and t.tokens == tokens
-                    and (t.state is state or t.state == state)):
+                    and (t.state is state or t.state == state) and t.usable(order, backends)):
                 if k != len(items) - 1:
                     items.append(items.pop(k))
                 return t
@@ -297,20 +314,11 @@ class TemplateSplits:
             copies.append(t)
         self._copies[(s, b)] = copies
 
-    def _apply_template(self, graph: Graph, tmpl: SplitTemplate, order: list[Tensor]) -> bool:
+    def _apply_template(self, graph: Graph, tmpl: SplitTemplate, order: list[Tensor]) -> None:
         """Make the split of ``tmpl`` the current split of ``graph`` (whose tensors by position
-        are ``order``; the state was found equal). False (nothing changed) when the template is
-        unusable: no plan, another ``offload_op`` answer or a buffer's usage changed."""
+        are ``order``; found by :meth:`TemplateCache.find`, so its key holds and it is usable)."""
         plan = tmpl.plan()
-        if plan is None:
-            return False
-        backends = self.backends
-        for p, i, a in plan.offload:
-            if bool(backends[i].offload_op(order[p])) != a:
-                return False
-        for b, u in tmpl.usages:
-            if b.usage != u:
-                return False
+        assert plan is not None  # (usable)
         self.is_reset = False
         self._ctx = Context()
         self._op_memo = {}
@@ -341,4 +349,3 @@ class TemplateSplits:
                 srcs[j] = copies[(srcs[j], b)][cur]
             src_map[id(node)] = srcs
         self._build_sched_graph(graph, src_map, extra_flags)
-        return True

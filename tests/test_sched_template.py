@@ -1,0 +1,314 @@
+"""Split templates (issue 11 item 3, fresh split+alloc): a new graph object with the structure
+of an earlier split reuses that split by position (:mod:`ggmlpy.sched_template`).
+
+Every test runs two schedulers side by side on separately built but identical graphs: one with
+templates (the default) and a reference with ``templates.enabled = False`` (every graph split in
+full). The split (assignments, causes, ranges, inputs, copies, substituted sources, scheduler
+graph, backend ids) and the placement (by position, offsets and chunk indices) must be equal field
+by field, the results equal float64 NumPy, and the two schedulers' results bit-identical. A graph
+that differs from the template's in any one thing the key covers must not take the template.
+The allocator's vouch is verified (``gallocr.VERIFY_VOUCH``) throughout.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ggmlpy as gp
+from ggmlpy import Context, Graph, Type, gallocr
+from ggmlpy.alloc import alloc_ctx_tensors_from_buft
+from ggmlpy.backend import BufferUsage, Status, backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.sim_runtime import sim_reg
+from ggmlpy.sched import Scheduler
+from ggmlpy.sched_template import TemplateCache
+from ggmlpy.snapshot import _state
+
+
+@pytest.fixture(scope="module")
+def env():
+    reg = sim_reg(1, latency_us=0.0)
+    sim, cpu = reg.devices[0].init_backend(), gp.backend_cpu_init()
+    rng = np.random.default_rng(17)
+    arrs = {k: (rng.standard_normal((8, 8)) / 3).astype(np.float32) for k in ("a", "b", "c")}
+    w = {}
+    for be_name, be in (("sim", sim), ("cpu", cpu), ("cpu2", cpu)):
+        c = Context()
+        ts = {k: c.new_tensor_2d(Type.F32, 8, 8).set_name(f"{k}_{be_name}") for k in arrs}
+        buf = alloc_ctx_tensors_from_buft(c, be.get_default_buffer_type())
+        buf.set_usage(BufferUsage.WEIGHTS)
+        for k, t in ts.items():
+            backend_tensor_set(t, arrs[k])
+        w[be_name] = (ts, buf)
+    return sim, cpu, arrs, w
+
+
+@pytest.fixture(autouse=True)
+def verify(monkeypatch):
+    monkeypatch.setattr(gallocr, "VERIFY_VOUCH", True)
+
+
+BASE = {"n_tok": 3, "scale": 0.5, "wiring": 0, "b_on": "sim", "a_buf": "cpu", "mid_output": False,
+        "view_col": 0, "pin_mid": False}
+
+# one entry per kind of difference the template key covers (each must withhold the template)
+KINDS = {
+    "wiring": {"wiring": 1},           # the residual add reads another tensor (same sizes)
+    "shape": {"n_tok": 5},             # ne/nb
+    "op_params": {"scale": 0.25},      # an op parameter
+    "placement": {"b_on": "cpu"},      # a weight on the other backend: other splits and copies
+    "weight_buffer": {"a_buf": "cpu2"},  # same backend, another weights buffer (buffer identity)
+    "flags": {"mid_output": True},     # OUTPUT flag on a middle tensor
+    "view": {"view_col": 1},           # a view at another offset
+    "pin": {"pin_mid": True},          # a user pin (set_tensor_backend)
+}
+
+
+def _build(env, v):
+    """x [8, n_tok] -> h = tanh(A x) (CPU) -> m = scale(B h) (b_on) -> r = m + (h or x) ->
+    out = C r + concat(view(x), view(x)) (CPU). Returns (graph, x, out, mid, reference(X))."""
+    sim, cpu, arrs, w = env
+    ctx = Context()
+    x = ctx.new_tensor_2d(Type.F32, 8, v["n_tok"]).set_name("x").set_input()
+    h = gp.tanh(ctx, gp.mul_mat(ctx, w[v["a_buf"]][0]["a"], x))
+    m = gp.scale(ctx, gp.mul_mat(ctx, w[v["b_on"]][0]["b"], h), v["scale"]).set_name("mid")
+    if v["mid_output"]:
+        m.set_output()
+    r = gp.add(ctx, m, h if v["wiring"] == 0 else x)
+    xv = gp.view_2d(ctx, x, 4, v["n_tok"], x.nb[1], v["view_col"] * 16)  # (bytes: 4 floats)
+    xv2 = gp.concat(ctx, xv, xv, 0)
+    out = gp.add(ctx, gp.mul_mat(ctx, w["cpu"][0]["c"], r), xv2).set_name("out").set_output()
+    g = Graph()
+    g.build_forward_expand(out)
+
+    def ref(X):
+        X = X.astype(np.float64)
+        hh = np.tanh(X @ arrs["a"].T.astype(np.float64))
+        mm = v["scale"] * (hh @ arrs["b"].T.astype(np.float64))
+        rr = mm + (hh if v["wiring"] == 0 else X)
+        xvv = X[:, v["view_col"] * 4:v["view_col"] * 4 + 4]
+        return rr @ arrs["c"].T.astype(np.float64) + np.concatenate([xvv, xvv], axis=1)
+
+    return g, x, out, m, ref
+
+
+def describe(sched, graph):
+    """The scheduler's current split and placement, by position in ``graph``'s snapshot state
+    (copies and dependency views by their source's position, backend and slot): comparable
+    between two schedulers over two equal graphs."""
+    pos, order = {}, []
+    _state(graph, None, pos, order)
+    copy_of = {}
+    for (s, b), cl in sched._copies.items():
+        for c, t in enumerate(cl):
+            copy_of[id(t)] = ("copy", pos[id(s)], b, c, t is s, t.name, int(t.flags), t.ne, t.nb)
+    chunk = {}
+    for i in range(sched.get_n_backends()):
+        for k, buf in enumerate(sched.galloc.get_chunk_buffers(i)):
+            chunk.setdefault(id(buf), (i, k))
+
+    def name(t):
+        if t is None:
+            return None
+        if id(t) in copy_of:
+            return copy_of[id(t)]
+        if id(t) in pos:
+            return ("pos", pos[id(t)])
+        if t.name.endswith(" (dep)"):
+            return ("dep", name(t.src[0]), t.ne, t.nb, t.view_offs)
+        raise AssertionError(f"unnamed tensor {t.name}")
+
+    sg = sched.graph
+    return {
+        "splits": [(sp.backend_id, sp.i_start, sp.i_end, [name(t) for t in sp.inputs],
+                    len(sp.graph.nodes)) for sp in sched.splits],
+        "backend_of": sorted((repr(name(t)), b, sched._cause.get(t)) for t, b in sched._backend_of.items()),
+        "graph_inputs": [name(t) for t in sched._graph_inputs],
+        "src_map": sorted((repr(name(sg.nodes[i])), repr([name(s) for s in sg.src_map[id(n)]]))
+                          for i, n in enumerate(sg.nodes) if id(n) in (sg.src_map or {})),
+        "extra_flags": sorted((repr(name(t)), int(sg.extra_flags[id(t)]))
+                              for t in list(sg.nodes) + list(sg.leafs)
+                              if id(t) in (sg.extra_flags or {})),
+        "sched_nodes": [name(t) for t in sg.nodes],
+        "sched_leafs": [name(t) for t in sg.leafs],
+        "node_ids": list(sched._node_ids), "leaf_ids": list(sched._leaf_ids),
+        "placement": sorted((repr(name(t)), chunk.get(id(b)), o) for t, b, o in sched._placement),
+    }
+
+
+def _run(env, sched, v, X):
+    g, x, out, mid, ref = _build(env, v)
+    sched.reset()
+    if v["pin_mid"]:
+        sched.set_tensor_backend(mid, env[1])  # the CPU (B's product stays on SIM0)
+    assert sched.alloc_graph(g)
+    d = describe(sched, g)
+    backend_tensor_set(x, X)
+    assert sched.graph_compute(g) == Status.SUCCESS
+    got = backend_tensor_get(out)[0, 0].copy()
+    # three float32 GEMMs of K = 8 against float64
+    np.testing.assert_allclose(got, ref(X), rtol=1e-5, atol=1e-5)
+    return d, got
+
+
+def _pair(env, parallel=False, op_offload=False):
+    sim, cpu = env[0], env[1]
+    s = Scheduler([sim, cpu], parallel=parallel, op_offload=op_offload)
+    ref = Scheduler([sim, cpu], parallel=parallel, op_offload=op_offload)
+    ref.templates.enabled = False
+    return s, ref
+
+
+def _both(env, s, ref, v, rng):
+    """Run variant ``v`` through both schedulers (separately built graphs); assert equal
+    splits, placements and bit-identical results."""
+    X = rng.standard_normal((v["n_tok"], 8)).astype(np.float32)
+    d1, r1 = _run(env, s, v, X)
+    d2, r2 = _run(env, ref, v, X)
+    assert d1 == d2
+    np.testing.assert_array_equal(r1, r2)
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_same_structure_fresh_graphs_take_the_template(env, parallel):
+    s, ref = _pair(env, parallel)
+    rng = np.random.default_rng(1)
+    n_slots = s.get_n_copies()
+    for k in range(3 * n_slots):
+        _both(env, s, ref, BASE, rng)
+    # one full split per copy slot, then templates only; every graph was a new object
+    assert s.templates.hits == 2 * n_slots and len(s.templates) == n_slots
+    assert s.reuse.misses == ref.reuse.misses == 3 * n_slots
+    assert ref.templates.hits == 0 and len(ref.templates) == 0
+    s.free()
+    ref.free()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_each_kind_of_difference_withholds_the_template(env, kind):
+    s, ref = _pair(env)
+    rng = np.random.default_rng(2)
+    _both(env, s, ref, BASE, rng)
+    _both(env, s, ref, BASE, rng)
+    assert s.templates.hits == 1  # the control: the same structure takes the template
+    var = {**BASE, **KINDS[kind]}
+    _both(env, s, ref, var, rng)
+    assert s.templates.hits == 1, f"{kind}: a different graph took the template"
+    _both(env, s, ref, var, rng)  # the variant's own template
+    assert s.templates.hits == 2
+    _both(env, s, ref, BASE, rng)  # and the base's is still kept
+    assert s.templates.hits == 3
+    s.free()
+    ref.free()
+
+
+def test_buffer_usage_change_withholds_the_template(env):
+    # WEIGHTS or not steers passes 1 and 5 (the weights rule), but is no tensor field
+    s, ref = _pair(env)
+    rng = np.random.default_rng(3)
+    buf = env[3]["sim"][1]
+    _both(env, s, ref, BASE, rng)
+    try:
+        buf.set_usage(BufferUsage.ANY)
+        _both(env, s, ref, BASE, rng)
+        assert s.templates.hits == 0
+        _both(env, s, ref, BASE, rng)
+        assert s.templates.hits == 1  # (a template of its own, with the new usage)
+    finally:
+        buf.set_usage(BufferUsage.WEIGHTS)
+    _both(env, s, ref, BASE, rng)
+    assert s.templates.hits == 2
+    s.free()
+    ref.free()
+
+
+def test_offload_answers_are_part_of_the_key(env):
+    # op_offload: the CPU weights' matmuls are offered to SIM0 (offload_op by batch size); a
+    # changed device threshold changes the answers and must not reuse the template
+    sim = env[0]
+    s, ref = _pair(env, op_offload=True)
+    rng = np.random.default_rng(4)
+    v = {**BASE, "n_tok": 6}
+    old = sim.device.offload_min_batch
+    try:
+        sim.device.offload_min_batch = 4
+        _both(env, s, ref, v, rng)
+        assert any(c == "1.off" for c in s._cause.values())  # (the control: it offloads)
+        _both(env, s, ref, v, rng)
+        assert s.templates.hits == 1
+        sim.device.offload_min_batch = 32
+        _both(env, s, ref, v, rng)
+        assert s.templates.hits == 1
+        assert not any(c == "1.off" for c in s._cause.values())
+    finally:
+        sim.device.offload_min_batch = old
+    s.free()
+    ref.free()
+
+
+def test_no_template_for_a_backend_asked_every_time(env):
+    # a backend whose supports_op is overridden has no memo token: its answers may depend on
+    # anything, so no template is made
+    sim, cpu = env[0], env[1]
+    reg = sim_reg(1, latency_us=0.0)
+    odd = reg.devices[0].init_backend()
+    odd.supports_op = lambda op: op.op != gp.Op.TANH  # type: ignore[method-assign]
+    s = Scheduler([odd, cpu], op_offload=False)
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        g, x, out, mid, refn = _build(env, {**BASE, "b_on": "cpu"})
+        s.reset()
+        assert s.alloc_graph(g)
+        X = rng.standard_normal((3, 8)).astype(np.float32)
+        backend_tensor_set(x, X)
+        assert s.graph_compute(g) == Status.SUCCESS
+        np.testing.assert_allclose(backend_tensor_get(out)[0, 0], refn(X), rtol=1e-5, atol=1e-5)
+    assert len(s.templates) == 0 and s.templates.hits == 0
+    s.free()
+
+
+def test_random_sequences_of_variants_equal_full_splits(env):
+    rng = np.random.default_rng(6)
+    for parallel in (False, True):
+        s, ref = _pair(env, parallel)
+        for _ in range(30):
+            v = dict(BASE)
+            for kind in rng.choice(sorted(KINDS), size=rng.integers(0, 3), replace=False):
+                v.update(KINDS[kind])
+            _both(env, s, ref, v, rng)
+        assert s.templates.hits > 0
+        s.free()
+        ref.free()
+
+
+def test_template_cache_is_bounded(env):
+    s, ref = _pair(env)
+    s.templates = TemplateCache(capacity=2)
+    rng = np.random.default_rng(7)
+    variants = [{**BASE, "n_tok": n} for n in (2, 3, 4)]
+    for v in variants:
+        _both(env, s, ref, v, rng)
+    assert len(s.templates) == 2
+    _both(env, s, ref, variants[0], rng)  # evicted: split in full
+    assert s.templates.hits == 0
+    _both(env, s, ref, variants[0], rng)
+    _both(env, s, ref, variants[2], rng)
+    assert s.templates.hits == 2
+    with pytest.raises(ValueError, match="capacity"):
+        TemplateCache(capacity=0)
+    s.free()
+    ref.free()
+
+
+def test_template_survives_its_graph_and_free_drops_it(env):
+    import gc
+    s, ref = _pair(env)
+    rng = np.random.default_rng(8)
+    _both(env, s, ref, BASE, rng)  # that graph is gone after the call (only the scheduler refs)
+    _both(env, s, ref, BASE, rng)
+    gc.collect()
+    _both(env, s, ref, BASE, rng)
+    assert s.templates.hits == 2
+    s.free()
+    assert len(s.templates) == 0
+    ref.free()
