@@ -83,10 +83,20 @@ def _debug_level() -> int:
 
 
 _first = itemgetter(0)
-# the scheduler's dependency views, made with known-valid arguments: the Context/Tensor methods
-# without their argument type checks (ggmlpy._check)
-_new_view = getattr(Context.new_view, "__wrapped__", Context.new_view)
+# the scheduler's dependency views, made with known-valid arguments: without the Context/Tensor
+# methods' argument checks (ggmlpy._check, new_view's bounds checks)
 _set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
+
+
+def _dep_view(ctx: Context, t: Tensor) -> Tensor:
+    """``ctx.new_view(t, t.type, t.ne, t.nb, 0)`` (a view of the whole of ``t`` with its own
+    layout, always in bounds: the checks are skipped), its source ``t``, named ``"<t> (dep)"``."""
+    vs = t.view_src
+    dep = ctx._add(Tensor(t.type, t.ne, t.nb, view_src=t if vs is None else vs,
+                          view_offs=0 if vs is None else t.view_offs))
+    dep.src = [t]
+    _set_name(dep, f"{t.name} (dep)")
+    return dep
 
 
 def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
@@ -412,10 +422,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         for sp in splits:
             for inp in sp.inputs:
                 cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
-                dep = _new_view(self._ctx, inp, inp.type, inp.ne, inp.nb, 0)
-                dep.src = [inp]
-                _set_name(dep, f"{inp.name} (dep)")
-                sg_nodes.append(dep)
+                sg_nodes.append(_dep_view(self._ctx, inp))
                 node_ids.append(bo[inp])
                 sg_nodes.append(cpy)
                 node_ids.append(sp.backend_id)

@@ -1,13 +1,16 @@
 """Scheduler benchmarks (JSON on stdout).
 
 1. split+alloc time per node (``sched.reset(); sched.alloc_graph(g)``) for 1k- and 10k-node graphs
-   on CPU + SIM0 (weights of every other block on SIM0, so the graph really splits), in three
+   on CPU + SIM0 (weights of every other block on SIM0, so the graph really splits), in four
    forms: ``unchanged`` (the same graph again: the scheduler's fast path, counted in
    ``reuse_hits``), ``fresh`` (a new graph of the same structure each time, built before the
-   clock starts: split + snapshot + allocation) and ``fresh_split_only`` (``split_graph`` of a
-   new graph, no allocation). Printed next to ``numpy_ufunc_call_us``, one
-   ``np.add(a, b, out=c)`` on the same small arrays timed in the same run, as the machine's
-   yardstick (targets, issue 11: fresh <= 5 us/node, unchanged <= 0.5 us/node).
+   clock starts: snapshot + split + allocation, the split taken from the template the first
+   split of that structure left, see ``ggmlpy.sched_template``; counted in ``template_hits``),
+   ``fresh_no_template`` (the same with templates disabled: what a never-seen structure costs)
+   and ``fresh_split_only`` (``split_graph`` of a new graph, always in full, no allocation).
+   Printed next to ``numpy_ufunc_call_us``, one ``np.add(a, b, out=c)`` on the same small arrays
+   timed in the same run, as the machine's yardstick (targets, issue 11: fresh <= 5 us/node,
+   unchanged <= 0.5 us/node).
 2. Throughput of a stream of micro-batches through a balanced two-backend graph (first half of the
    layers' weights on the CPU and second half on SIM0, as with partial offload; and SIM0 then
    SIM1, as with two GPUs): unpipelined (``parallel=False``, synchronous compute per batch),
@@ -106,18 +109,28 @@ def bench_split_alloc(n_nodes: int, sim, cpu, reps: int) -> dict:
 
     unchanged = best_of([g] * (reps + 1), alloc=True)  # the first is a miss
     fresh = best_of([_chain_graph(n_nodes, w_sim, w_cpu) for _ in range(reps)], alloc=True)
+    templates = getattr(sched, "templates", None)  # (None before split templates existed)
+    t_hits = templates.hits if templates is not None else None
+    if templates is not None:  # every graph split in full (no template): the first-seen cost
+        templates.enabled = False
+        no_tmpl = best_of([_chain_graph(n_nodes, w_sim, w_cpu) for _ in range(reps)], alloc=True)
+        templates.enabled = True
+    else:
+        no_tmpl = fresh
     split_only = best_of([_chain_graph(n_nodes, w_sim, w_cpu) for _ in range(reps)], alloc=False)
     ufunc = _ufunc_call_us(n)
     out = {"n_nodes": n, "n_splits": sched.get_n_splits(),
            "unchanged_us_per_node": unchanged / n * 1e6,
            "fresh_us_per_node": fresh / n * 1e6,
            "fresh_split_only_us_per_node": split_only / n * 1e6,
+           "fresh_no_template_us_per_node": no_tmpl / n * 1e6,
            "numpy_ufunc_call_us": ufunc,
            "unchanged_in_ufunc_calls": unchanged / n * 1e6 / ufunc,
            "fresh_in_ufunc_calls": fresh / n * 1e6 / ufunc,
            # (None with a scheduler that predates the fast path, to compare before/after)
            "reuse_hits": getattr(getattr(sched, "reuse", None), "hits", None),
-           "reuse_misses": getattr(getattr(sched, "reuse", None), "misses", None)}
+           "reuse_misses": getattr(getattr(sched, "reuse", None), "misses", None),
+           "template_hits": t_hits}
     sched.free()
     return out
 

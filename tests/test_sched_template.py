@@ -312,3 +312,18 @@ def test_template_survives_its_graph_and_free_drops_it(env):
     s.free()
     assert len(s.templates) == 0
     ref.free()
+
+
+def test_dep_view_equals_new_view():
+    # the scheduler's dependency views skip new_view's checks: same tensor as new_view's
+    from ggmlpy.sched import _dep_view
+    ctx = Context()
+    a = ctx.new_tensor_3d(Type.F32, 6, 4, 3).set_name("a")
+    v = gp.view_2d(ctx, a, 3, 4, a.nb[1], 12).set_name("v")  # a strided view at 12 bytes
+    for t in (a, v):
+        d = _dep_view(ctx, t)
+        ref = ctx.new_view(t, t.type, t.ne, t.nb, 0)
+        for f in ("type", "ne", "nb", "view_src", "view_offs"):
+            assert getattr(d, f) == getattr(ref, f), (t.name, f)
+        assert d.view_src is (a if t is v else t)
+        assert list(d.src) == [t] and d.name == f"{t.name} (dep)"
