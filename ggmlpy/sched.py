@@ -28,6 +28,11 @@ Differences from ggml, on purpose:
   32 graphs (LRU), so alternating between cached graphs (one per batch shape) replays each.
   When pipelining, replaying another graph than the last one synchronizes the backends first.
   See :mod:`ggmlpy.sched_reuse`.
+* Split templates: a *new* graph object with the structure of one split before (equal snapshot
+  state, copy slot, pins by position, ``supports_op`` memo tokens, ``offload_op`` answers and
+  buffer usages) takes that split by position instead of running passes 1-5 again (the last 8
+  structures; ``templates.hits`` counts it, ``templates.enabled = False`` turns it off). See
+  :mod:`ggmlpy.sched_template`.
 * Upstream fixes over the seed are taken: growable split inputs and splits, copy rotation at
   allocation time (``next_copy``), the alloc-twice guard, events recorded after every split and
   the host wait before an input-less split on another backend.
@@ -520,8 +525,10 @@ class Scheduler(AssignPasses, TemplateSplits):
 
         Rotates the copy slot (``cur_copy``) first. Returns False when allocation failed. An
         unchanged graph (one of the last 32 allocated, see :mod:`ggmlpy.sched_reuse`) replays its
-        recorded split and placement; otherwise the split and allocation run with Python's cyclic
-        garbage collector paused (process-wide, re-enabled before returning when it was on).
+        recorded split and placement; otherwise the split (taken from a split template when a
+        graph of the same structure was split before, see :mod:`ggmlpy.sched_template`) and
+        allocation run with Python's cyclic garbage collector paused (process-wide, re-enabled
+        before returning when it was on).
 
         Raises:
             ValueError: the scheduler already holds an allocated graph (call :meth:`reset` first).
