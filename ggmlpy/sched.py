@@ -66,7 +66,6 @@ from .opcodes import VIEW_OPS
 from .sched_assign import AssignPasses, op_memo_token
 from .sched_reuse import ReuseCache, SplitRecord, split_signature
 from .sched_template import Split, SplitTemplate, TemplateCache, TemplateSplits, pins_key
-from .snapshot import TrackedList
 from .tensor import Context, Flag, Tensor
 from .tensor_data import backend_tensor_copy
 
@@ -76,8 +75,6 @@ log = logging.getLogger("ggmlpy.sched")
 
 MAX_BACKENDS = 16
 MAX_COPIES = 4
-#: user graphs whose split-graph views the scheduler keeps (least recently split dropped first)
-VIEW_CACHE_GRAPHS = 64
 
 
 def _debug_level() -> int:
@@ -88,33 +85,6 @@ def _debug_level() -> int:
 
 
 _first = itemgetter(0)
-# the scheduler's dependency views, made with known-valid arguments: without the Context/Tensor
-# methods' argument checks (ggmlpy._check, new_view's bounds checks)
-_set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
-
-
-def _dep_view(ctx: Context, t: Tensor) -> Tensor:
-    """``ctx.new_view(t, t.type, t.ne, t.nb, 0)`` (a view of the whole of ``t`` with its own
-    layout, always in bounds: the checks are skipped), its source ``t``, named ``"<t> (dep)"``."""
-    vs = t.view_src
-    dep = ctx._add(Tensor(t.type, t.ne, t.nb, view_src=t if vs is None else vs,
-                          view_offs=0 if vs is None else t.view_offs))
-    dep.src = [t]
-    _set_name(dep, f"{t.name} (dep)")
-    return dep
-
-
-def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
-    """A new split graph over ``nodes`` (``graph_view`` of the split's range, built directly:
-    a graph no cache has seen needs no generation bump for its fields)."""
-    g = Graph(0)
-    g._nodes = TrackedList.of(nodes, g)
-    g._src_map = src_map
-    g._extra_flags = extra_flags
-    g._visited = set(map(id, nodes))
-    return g
-
-
 class Scheduler(AssignPasses, TemplateSplits):
     """Split a graph across backends and run it (mirrors ``ggml_backend_sched_new``).
 
@@ -383,80 +353,6 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.splits = splits
         return src_map, extra_flags
 
-    def _build_sched_graph(self, graph: Graph, src_map: dict[int, list[Tensor | None]],
-                           extra_flags: dict[int, Flag]) -> None:
-        """Build the scheduler's graph (ggml's ``sched->graph``): per split its input dependencies
-        and copies, then its nodes; the copies' and the user graph's leafs. Sets :attr:`graph` and
-        the per-node/leaf backend ids the allocator reserves with."""
-        bo = self._backend_of
-        nodes = graph.nodes
-        splits = self.splits
-        n_copies = self.n_copies
-        # the scheduler's graph: per split its input dependencies and copies, then its nodes
-        self._prev_node_ids, self._prev_leaf_ids = self._node_ids, self._leaf_ids
-        sg = Graph(0)
-        sg.src_map = src_map
-        sg.extra_flags = extra_flags
-        node_ids: list[int] = []
-        leaf_ids: list[int] = []
-        sg_nodes: list[Tensor] = []  # plain lists, assigned once below (one stamp, not one per append)
-        sg_leafs: list[Tensor] = []
-        # reuse the split graph objects of the previous split of the same graph and ranges, so
-        # backends' plan caches (keyed by graph object and placement) hit across evaluations
-        if self._views_of is None or self._views_of() is not graph:
-            kept = self._views_by_graph.get(id(graph))
-            self._views = kept[1] if kept is not None and kept[0]() is graph else {}
-            self._views_of = weakref.ref(graph)
-        views: dict[tuple[int, int, int, int], Graph] = {}
-        old_views = self._views
-        cur_copy = self.cur_copy
-        for sp in splits:
-            key = (sp.backend_id, sp.i_start, sp.i_end, cur_copy)  # a view per copy slot
-            view = old_views.get(key)
-            part = nodes[sp.i_start:sp.i_end]
-            if view is None or view._nodes != part:
-                # (a graph rewired since keeps its node count: compare the nodes themselves)
-                view = _split_view(part, src_map, extra_flags)
-            else:
-                view.src_map = src_map  # (stamped: plans cached for the view revalidate)
-                view.extra_flags = extra_flags
-            views[key] = view
-            sp.graph = view
-        self._views = views
-        self._keep_views(graph, views)
-        for sp in splits:
-            for inp in sp.inputs:
-                cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
-                sg_nodes.append(_dep_view(self._ctx, inp))
-                node_ids.append(bo[inp])
-                sg_nodes.append(cpy)
-                node_ids.append(sp.backend_id)
-            part = nodes[sp.i_start:sp.i_end]
-            sg_nodes.extend(part)
-            node_ids.extend(map(bo.__getitem__, part))
-        if n_copies > 1:
-            for inp in self._graph_inputs:
-                ib = bo[inp]
-                for cpy in self._copies[(inp, ib)]:
-                    sg_leafs.append(cpy)
-                    leaf_ids.append(ib)
-            for sp in splits:
-                for inp in sp.inputs:
-                    for cpy in self._copies[(inp, sp.backend_id)]:
-                        sg_leafs.append(cpy)
-                        leaf_ids.append(sp.backend_id)
-        cpu = len(self.backends) - 1
-        sg_leafs.extend(graph.leafs)
-        leaf_ids.extend(bo.get(leaf, cpu) for leaf in graph.leafs)
-        sg.nodes = sg_nodes
-        sg.leafs = sg_leafs
-        sg.size = max(len(sg.nodes), len(sg.leafs))
-        visited = set(map(id, sg_nodes))
-        visited.update(map(id, sg_leafs))
-        sg._visited = visited
-        self.graph = sg
-        self._node_ids, self._leaf_ids = node_ids, leaf_ids
-
     # ------------------------------------------------------------------------------------------
     # allocation
 
@@ -634,19 +530,6 @@ class Scheduler(AssignPasses, TemplateSplits):
                                             pos, order, self._offload_asked))
         self.is_alloc = True
         return True
-
-    def _keep_views(self, graph: Graph, views: dict) -> None:
-        gid, cache = id(graph), self._views_by_graph
-        kept = cache.get(gid)
-        if kept is not None and kept[0]() is graph:
-            ref = kept[0]
-        else:
-            ref = weakref.ref(graph, lambda r: cache.pop(gid) if cache.get(gid, (None,))[0] is r
-                              else None)
-        cache[gid] = (ref, views)
-        cache.move_to_end(gid)
-        while len(cache) > VIEW_CACHE_GRAPHS:
-            cache.popitem(last=False)
 
     def _restore(self, graph: Graph, rec: SplitRecord) -> None:
         """The fast path: make ``rec`` (a split + allocation of ``graph`` still valid for this

@@ -31,24 +31,27 @@ full split; the allocation follows as usual (the allocator's plan is checked as 
 for). The result equals a full split's (tests/test_sched_template.py compares every field against
 a scheduler with templates disabled).
 
-:class:`Split` (ggml's ``ggml_backend_sched_split``) lives here too, re-exported by
-:mod:`ggmlpy.sched`.
+:class:`Split` (ggml's ``ggml_backend_sched_split``), the split-input copies and the scheduler
+graph's construction (shared by both paths) live here too; :mod:`ggmlpy.sched` re-exports
+:class:`Split`.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
 
 from .graph import Graph
+from .snapshot import TrackedList
 from .tensor import Context, Flag, Tensor
 
 __all__ = ["Split", "SplitTemplate", "TemplateCache", "TemplateSplits", "pins_key",
            "DEFAULT_TEMPLATES"]
 
-# the scheduler's own copies, made with known-valid arguments: the Context/Tensor methods
-# without their argument type checks (ggmlpy._check)
+# the scheduler's own copies and dependency views, made with known-valid arguments: without the
+# Context/Tensor methods' argument checks (ggmlpy._check; new_view's bounds checks)
 _dup_layout = getattr(Context.dup_tensor_layout, "__wrapped__", Context.dup_tensor_layout)
 _set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
 _INOUT = Flag.INPUT | Flag.OUTPUT
@@ -57,6 +60,30 @@ _view_src_of = attrgetter("view_src")
 
 #: split templates a scheduler keeps (least recently used dropped first)
 DEFAULT_TEMPLATES = 8
+#: user graphs whose split-graph views the scheduler keeps (least recently split dropped first)
+VIEW_CACHE_GRAPHS = 64
+
+
+def _dep_view(ctx: Context, t: Tensor) -> Tensor:
+    """``ctx.new_view(t, t.type, t.ne, t.nb, 0)`` (a view of the whole of ``t`` with its own
+    layout, always in bounds: the checks are skipped), its source ``t``, named ``"<t> (dep)"``."""
+    vs = t.view_src
+    dep = ctx._add(Tensor(t.type, t.ne, t.nb, view_src=t if vs is None else vs,
+                          view_offs=0 if vs is None else t.view_offs))
+    dep.src = [t]
+    _set_name(dep, f"{t.name} (dep)")
+    return dep
+
+
+def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
+    """A new split graph over ``nodes`` (``graph_view`` of the split's range, built directly:
+    a graph no cache has seen needs no generation bump for its fields)."""
+    g = Graph(0)
+    g._nodes = TrackedList.of(nodes, g)
+    g._src_map = src_map
+    g._extra_flags = extra_flags
+    g._visited = set(map(id, nodes))
+    return g
 
 
 @dataclass
@@ -265,9 +292,10 @@ class TemplateCache:
 
 
 class TemplateSplits:
-    """The scheduler's copy making (pass 5's, shared) and the template path (a mixin: the
-    scheduler provides ``backends``, ``n_copies``, ``cur_copy``, ``_ctx``, ``_backend_of``,
-    ``_cause``, ``_copies``, ``_graph_inputs`` and ``_build_sched_graph``)."""
+    """What a full split (pass 5) and the template path share, and the template path itself (a
+    mixin of the scheduler, whose per-split state it reads and sets): making the split-input
+    copies, building the scheduler graph and its per-split views (kept per user graph, so the
+    backends' plan caches hit), and applying a template."""
 
     backends: list[Any]
     n_copies: int
@@ -349,3 +377,90 @@ class TemplateSplits:
                 srcs[j] = copies[(srcs[j], b)][cur]
             src_map[id(node)] = srcs
         self._build_sched_graph(graph, src_map, extra_flags)
+
+    def _build_sched_graph(self, graph: Graph, src_map: dict[int, list[Tensor | None]],
+                           extra_flags: dict[int, Flag]) -> None:
+        """Build the scheduler's graph (ggml's ``sched->graph``): per split its input dependencies
+        and copies, then its nodes; the copies' and the user graph's leafs. Sets :attr:`graph` and
+        the per-node/leaf backend ids the allocator reserves with."""
+        bo = self._backend_of
+        nodes = graph.nodes
+        splits = self.splits
+        n_copies = self.n_copies
+        # the scheduler's graph: per split its input dependencies and copies, then its nodes
+        self._prev_node_ids, self._prev_leaf_ids = self._node_ids, self._leaf_ids
+        sg = Graph(0)
+        sg.src_map = src_map
+        sg.extra_flags = extra_flags
+        node_ids: list[int] = []
+        leaf_ids: list[int] = []
+        sg_nodes: list[Tensor] = []  # plain lists, assigned once below (one stamp, not one per append)
+        sg_leafs: list[Tensor] = []
+        # reuse the split graph objects of the previous split of the same graph and ranges, so
+        # backends' plan caches (keyed by graph object and placement) hit across evaluations
+        if self._views_of is None or self._views_of() is not graph:
+            kept = self._views_by_graph.get(id(graph))
+            self._views = kept[1] if kept is not None and kept[0]() is graph else {}
+            self._views_of = weakref.ref(graph)
+        views: dict[tuple[int, int, int, int], Graph] = {}
+        old_views = self._views
+        cur_copy = self.cur_copy
+        for sp in splits:
+            key = (sp.backend_id, sp.i_start, sp.i_end, cur_copy)  # a view per copy slot
+            view = old_views.get(key)
+            part = nodes[sp.i_start:sp.i_end]
+            if view is None or view._nodes != part:
+                # (a graph rewired since keeps its node count: compare the nodes themselves)
+                view = _split_view(part, src_map, extra_flags)
+            else:
+                view.src_map = src_map  # (stamped: plans cached for the view revalidate)
+                view.extra_flags = extra_flags
+            views[key] = view
+            sp.graph = view
+        self._views = views
+        self._keep_views(graph, views)
+        for sp in splits:
+            for inp in sp.inputs:
+                cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
+                sg_nodes.append(_dep_view(self._ctx, inp))
+                node_ids.append(bo[inp])
+                sg_nodes.append(cpy)
+                node_ids.append(sp.backend_id)
+            part = nodes[sp.i_start:sp.i_end]
+            sg_nodes.extend(part)
+            node_ids.extend(map(bo.__getitem__, part))
+        if n_copies > 1:
+            for inp in self._graph_inputs:
+                ib = bo[inp]
+                for cpy in self._copies[(inp, ib)]:
+                    sg_leafs.append(cpy)
+                    leaf_ids.append(ib)
+            for sp in splits:
+                for inp in sp.inputs:
+                    for cpy in self._copies[(inp, sp.backend_id)]:
+                        sg_leafs.append(cpy)
+                        leaf_ids.append(sp.backend_id)
+        cpu = len(self.backends) - 1
+        sg_leafs.extend(graph.leafs)
+        leaf_ids.extend(bo.get(leaf, cpu) for leaf in graph.leafs)
+        sg.nodes = sg_nodes
+        sg.leafs = sg_leafs
+        sg.size = max(len(sg.nodes), len(sg.leafs))
+        visited = set(map(id, sg_nodes))
+        visited.update(map(id, sg_leafs))
+        sg._visited = visited
+        self.graph = sg
+        self._node_ids, self._leaf_ids = node_ids, leaf_ids
+
+    def _keep_views(self, graph: Graph, views: dict) -> None:
+        gid, cache = id(graph), self._views_by_graph
+        kept = cache.get(gid)
+        if kept is not None and kept[0]() is graph:
+            ref = kept[0]
+        else:
+            ref = weakref.ref(graph, lambda r: cache.pop(gid) if cache.get(gid, (None,))[0] is r
+                              else None)
+        cache[gid] = (ref, views)
+        cache.move_to_end(gid)
+        while len(cache) > VIEW_CACHE_GRAPHS:
+            cache.popitem(last=False)

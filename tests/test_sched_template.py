@@ -316,7 +316,7 @@ def test_template_survives_its_graph_and_free_drops_it(env):
 
 def test_dep_view_equals_new_view():
     # the scheduler's dependency views skip new_view's checks: same tensor as new_view's
-    from ggmlpy.sched import _dep_view
+    from ggmlpy.sched_template import _dep_view
     ctx = Context()
     a = ctx.new_tensor_3d(Type.F32, 6, 4, 3).set_name("a")
     v = gp.view_2d(ctx, a, 3, 4, a.nb[1], 12).set_name("v")  # a strided view at 12 bytes
