@@ -471,7 +471,9 @@ class Scheduler(AssignPasses, TemplateSplits):
         tmpl = tokens = pkey = None
         if eligible:
             snap = reuse.begin(graph, self._pins, pos, order)
-            if templates.enabled:
+            # (the passes read node.src and t.flags; a graph that maps sources or adds flags
+            # has a state that does not show those: no template then)
+            if templates.enabled and not graph._src_map and not graph._extra_flags:
                 tokens = tuple(op_memo_token(b) for b in self.backends)
                 pkey = pins_key(self._pins, pos)
                 if None in tokens:

@@ -327,3 +327,26 @@ def test_dep_view_equals_new_view():
             assert getattr(d, f) == getattr(ref, f), (t.name, f)
         assert d.view_src is (a if t is v else t)
         assert list(d.src) == [t] and d.name == f"{t.name} (dep)"
+
+
+@pytest.mark.parametrize("what", ["src_map", "extra_flags"])
+def test_no_template_for_a_graph_with_its_own_src_map(env, what):
+    # the passes read node.src and t.flags, the state the mapped sources and the added flags:
+    # such a graph never uses templates
+    s, ref = _pair(env)
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        g, x, out, mid, refn = _build(env, BASE)
+        if what == "src_map":
+            g.src_map = {id(out): list(out.src)}  # (the same sources)
+        else:
+            g.extra_flags = {id(out): gp.Flag.OUTPUT}  # (a flag it has)
+        s.reset()
+        assert s.alloc_graph(g)
+        X = rng.standard_normal((3, 8)).astype(np.float32)
+        backend_tensor_set(x, X)
+        assert s.graph_compute(g) == Status.SUCCESS
+        np.testing.assert_allclose(backend_tensor_get(out)[0, 0], refn(X), rtol=1e-5, atol=1e-5)
+    assert len(s.templates) == 0 and s.templates.hits == 0
+    s.free()
+    ref.free()
