@@ -350,3 +350,133 @@ def test_no_template_for_a_graph_with_its_own_src_map(env, what):
     assert len(s.templates) == 0 and s.templates.hits == 0
     s.free()
     ref.free()
+
+
+# -- seeded random graphs: the template's split equals a full split ---------------------------
+
+
+def _random_graph(seed, weights):
+    """A random DAG over x [8, 3] (mul_mat with a weight from ``weights``, add, scale, tanh,
+    concat of two column views, mul); the same seed builds the same structure. Returns
+    (graph, x, out, tensors, reference(X, weight_values))."""
+    rng = np.random.default_rng(seed)
+    ctx = Context()
+    x = ctx.new_tensor_2d(Type.F32, 8, 3).set_name("x")
+    if rng.integers(2):
+        x.set_input()
+    ts, prog = [x], []
+    for k in range(int(rng.integers(6, 24))):
+        ia, ib = int(rng.integers(len(ts))), int(rng.integers(len(ts)))
+        a = ts[ia]
+        r = int(rng.integers(6))
+        if r == 0:
+            pool = weights[int(rng.integers(len(weights)))]
+            wt = pool[int(rng.integers(len(pool)))]
+            t = gp.mul_mat(ctx, wt, a)
+            prog.append(("mm", ia, wt))
+        elif r == 1:
+            t = gp.add(ctx, a, ts[ib])
+            prog.append(("add", ia, ib))
+        elif r == 2:
+            t = gp.scale(ctx, a, 0.5)
+            prog.append(("scale", ia))
+        elif r == 3:
+            t = gp.tanh(ctx, a)
+            prog.append(("tanh", ia))
+        elif r == 4:
+            t = gp.concat(ctx, gp.view_2d(ctx, a, 4, 3, a.nb[1], 0),
+                          gp.view_2d(ctx, a, 4, 3, a.nb[1], 16), 0)
+            prog.append(("swap", ia))
+        else:
+            t = gp.mul(ctx, a, a)
+            prog.append(("sq", ia))
+        ts.append(t.set_name(f"t{k}"))
+    out = ts[-1].set_output()
+    g = Graph()
+    g.build_forward_expand(out)
+
+    def ref(X, wval):
+        vals = [X.astype(np.float64)]
+        for p in prog:
+            a = vals[p[1]]
+            if p[0] == "mm":
+                vals.append(a @ wval[id(p[2])].T.astype(np.float64))
+            elif p[0] == "add":
+                vals.append(a + vals[p[2]])
+            elif p[0] == "scale":
+                vals.append(0.5 * a)
+            elif p[0] == "tanh":
+                vals.append(np.tanh(a))
+            elif p[0] == "swap":
+                vals.append(np.concatenate([a[:, :4], a[:, 4:8]], axis=1))
+            else:
+                vals.append(a * a)
+        return vals[-1]
+
+    return g, x, out, ts, ref
+
+
+@pytest.fixture(scope="module")
+def rand_env():
+    from ggmlpy.opcodes import Op
+    reg = sim_reg(2, latency_us=0.0, refuse_ops=[Op.SCALE])  # SIM refuses SCALE: 2.x/3.best paths
+    sims = [d.init_backend() for d in reg.devices]
+    cpu = gp.backend_cpu_init()
+    rng = np.random.default_rng(21)
+    w, wval = {}, {}
+    for b in (*sims, cpu):
+        c = Context()
+        ts = [c.new_tensor_2d(Type.F32, 8, 8) for _ in range(3)]
+        alloc_ctx_tensors_from_buft(c, b.get_default_buffer_type()).set_usage(BufferUsage.WEIGHTS)
+        for t in ts:
+            v = (rng.standard_normal((8, 8)) / 3).astype(np.float32)
+            backend_tensor_set(t, v)
+            wval[id(t)] = v
+        w[id(b)] = ts
+    return sims, cpu, w, wval
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_graphs_template_equals_full_split(rand_env, seed):
+    sims, cpu, w, wval = rand_env
+    rng = np.random.default_rng(500 + seed)
+    backends = [sims[0], sims[1], cpu] if seed % 2 else [sims[0], cpu]
+    parallel = seed % 3 == 0
+    offload = bool(rng.integers(2))
+    n_pins = int(rng.integers(0, 3))
+    s = Scheduler(backends, parallel=parallel, op_offload=offload)
+    ref = Scheduler(backends, parallel=parallel, op_offload=offload)
+    ref.templates.enabled = False
+    weights = [w[id(b)] for b in backends]
+    n_rounds = 2 * s.get_n_copies()
+    pin_rng = np.random.default_rng(900 + seed)
+    pins = None
+    for k in range(n_rounds):
+        X = rng.standard_normal((3, 8)).astype(np.float32)
+        results = []
+        descs = []
+        for sc in (s, ref):
+            g, x, out, ts, refn = _random_graph(1000 + seed, weights)
+            if pins is None:  # (compute nodes by index: a view pinned to SIM0 over CPU memory
+                # fails at compute, full split or not: a separate, pre-existing fault)
+                cand = [i for i, n in enumerate(g.nodes) if n.view_src is None]
+                pins = [(int(cand[i]), int(pin_rng.integers(len(backends))))
+                        for i in pin_rng.choice(len(cand), size=min(n_pins, len(cand)),
+                                                replace=False)]
+            sc.reset()
+            for i, b in pins:
+                sc.set_tensor_backend(g.nodes[i], backends[b])
+            assert sc.alloc_graph(g)
+            descs.append(describe(sc, g))
+            backend_tensor_set(x, X)
+            assert sc.graph_compute(g) == Status.SUCCESS
+            got = backend_tensor_get(out)[0, 0].copy()
+            # float32 chains of <= 24 ops (GEMMs of K = 8, tanh, products) against float64
+            np.testing.assert_allclose(got, refn(X, wval), rtol=2e-4, atol=2e-5)
+            results.append(got)
+        assert descs[0] == descs[1], (seed, k)
+        np.testing.assert_array_equal(results[0], results[1])
+    # one full split per copy slot, templates for the rest
+    assert s.templates.hits == n_rounds - s.get_n_copies(), seed
+    s.free()
+    ref.free()
