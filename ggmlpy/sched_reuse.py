@@ -44,14 +44,14 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
-from .snapshot import Snapshot, generation, on_buffer_free, slot_setter, touch
+from .snapshot import Snapshot, bump, generation, on_buffer_free, slot_setter
 from .tensor import Tensor
 
 __all__ = ["SplitRecord", "ReuseCache", "DEFAULT_CAPACITY", "split_signature"]
 
 _osa = object.__setattr__
 # stamp-free setters of the Tensor slots (ggmlpy.snapshot.slot_setter)
-_SET_BUFFER, _SET_OFFSET = (slot_setter(Tensor, k) for k in ("_buffer", "_offset"))
+_SET_BUFFER, _SET_OFFSET, _SET_VER = (slot_setter(Tensor, k) for k in ("_buffer", "_offset", "_ver"))
 
 
 class SplitRecord:
@@ -82,10 +82,14 @@ def park(placement: list[tuple[Any, Any, Any]]) -> None:
 
 def unpark(placement: list[tuple[Any, Any, Any]]) -> None:
     """Stamp every tensor of a parked ``placement`` that is still un-placed, so caches that
-    recorded its old address revalidate."""
+    recorded its old address revalidate (one new generation for all of them)."""
+    gen = None
+    set_ver = _SET_VER
     for t, _b, _o in placement:
         if t._buffer is None and t._offset is None and t._ver >= 0:
-            touch(t)
+            if gen is None:
+                gen = bump()
+            set_ver(t, gen)
 
 
 def _layout(rec: SplitRecord) -> tuple:
