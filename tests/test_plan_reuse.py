@@ -415,6 +415,7 @@ def test_buffer_free_hooks_die_with_unfreed_buffers():
         pass
 
     cache = Cache()
+    gc.collect()  # (unreachable buffers of earlier tests in this process must not die in between)
     before = len(snapshot._free_hooks)
     for _ in range(100):
         snapshot.on_buffer_free(Buf(), cache.freed)
