@@ -49,6 +49,22 @@ class Graph:
         self._src_map: dict[int, list[Tensor | None]] | None = None
         self._extra_flags: dict[int, Flag] | None = None
 
+    @classmethod
+    def _view_over(cls, nodes: list[Tensor], src_map: dict[int, list[Tensor | None]] | None,
+                   extra_flags: dict[int, Flag] | None) -> Graph:
+        """A size-0 graph over ``nodes`` (no leafs) with the given ``src_map``/``extra_flags``,
+        built directly (the scheduler's split views: a graph no cache has seen needs no stamp;
+        keep in step with ``__init__``)."""
+        g = cls.__new__(cls)
+        g.size = 0
+        g._ver = 0
+        g._nodes = TrackedList.of(nodes, g)
+        g._leafs = TrackedList.of((), g)
+        g._visited = set(map(id, nodes))
+        g._src_map = src_map
+        g._extra_flags = extra_flags
+        return g
+
     # Every edit of what a cache reads bumps the snapshot generation (ggmlpy.snapshot): the node
     # and leaf lists are tracked lists; assigning them, or src_map/extra_flags, bumps too.
     @property

@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
 from .graph import Graph
-from .snapshot import TrackedList
 from .tensor import Context, Flag, Tensor
 
 __all__ = ["Split", "SplitTemplate", "TemplateCache", "TemplateSplits", "pins_key",
@@ -78,12 +78,7 @@ def _dep_view(ctx: Context, t: Tensor) -> Tensor:
 def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
     """A new split graph over ``nodes`` (``graph_view`` of the split's range, built directly:
     a graph no cache has seen needs no generation bump for its fields)."""
-    g = Graph(0)
-    g._nodes = TrackedList.of(nodes, g)
-    g._src_map = src_map
-    g._extra_flags = extra_flags
-    g._visited = set(map(id, nodes))
-    return g
+    return Graph._view_over(nodes, src_map, extra_flags)
 
 
 @dataclass
@@ -442,7 +437,7 @@ class TemplateSplits:
                         leaf_ids.append(sp.backend_id)
         cpu = len(self.backends) - 1
         sg_leafs.extend(graph.leafs)
-        leaf_ids.extend(bo.get(leaf, cpu) for leaf in graph.leafs)
+        leaf_ids.extend(map(bo.get, graph.leafs, repeat(cpu)))
         sg.nodes = sg_nodes
         sg.leafs = sg_leafs
         sg.size = max(len(sg.nodes), len(sg.leafs))

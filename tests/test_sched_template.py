@@ -480,3 +480,19 @@ def test_random_graphs_template_equals_full_split(rand_env, seed):
     assert s.templates.hits == n_rounds - s.get_n_copies(), seed
     s.free()
     ref.free()
+
+
+def test_split_view_graph_has_the_fields_of_a_graph():
+    # Graph._view_over builds the scheduler's split views without __init__: same fields, and
+    # the node list is tracked (an edit stamps the view)
+    ctx = Context()
+    a = ctx.new_tensor_1d(Type.F32, 4)
+    b = gp.scale(ctx, a, 2.0)
+    v = Graph._view_over([b], None, None)
+    g = Graph(0)
+    assert set(vars(v)) == set(vars(g))
+    assert list(v.nodes) == [b] and list(v.leafs) == [] and v.size == 0
+    assert v.src_map is None and v.extra_flags is None
+    v0 = v._ver
+    v.nodes.append(a)
+    assert v._ver > v0
