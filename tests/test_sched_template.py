@@ -48,8 +48,8 @@ def verify(monkeypatch):
     monkeypatch.setattr(gallocr, "VERIFY_VOUCH", True)
 
 
-BASE = {"n_tok": 3, "scale": 0.5, "wiring": 0, "b_on": "sim", "a_buf": "cpu", "mid_output": False,
-        "view_col": 0, "pin_mid": False}
+BASE = {"n_tok": 3, "scale": 0.5, "wiring": 0, "b_on": "sim", "a_buf": "cpu", "a_key": "a",
+        "mid_output": False, "view_col": 0, "pin_mid": False}
 
 # one entry per kind of difference the template key covers (each must withhold the template)
 KINDS = {
@@ -58,6 +58,7 @@ KINDS = {
     "op_params": {"scale": 0.25},      # an op parameter
     "placement": {"b_on": "cpu"},      # a weight on the other backend: other splits and copies
     "weight_buffer": {"a_buf": "cpu2"},  # same backend, another weights buffer (buffer identity)
+    "weight_offset": {"a_key": "c"},   # same buffer, another weight at another offset
     "flags": {"mid_output": True},     # OUTPUT flag on a middle tensor
     "view": {"view_col": 1},           # a view at another offset
     "pin": {"pin_mid": True},          # a user pin (set_tensor_backend)
@@ -70,7 +71,7 @@ def _build(env, v):
     sim, cpu, arrs, w = env
     ctx = Context()
     x = ctx.new_tensor_2d(Type.F32, 8, v["n_tok"]).set_name("x").set_input()
-    h = gp.tanh(ctx, gp.mul_mat(ctx, w[v["a_buf"]][0]["a"], x))
+    h = gp.tanh(ctx, gp.mul_mat(ctx, w[v["a_buf"]][0][v["a_key"]], x))
     m = gp.scale(ctx, gp.mul_mat(ctx, w[v["b_on"]][0]["b"], h), v["scale"]).set_name("mid")
     if v["mid_output"]:
         m.set_output()
@@ -83,7 +84,7 @@ def _build(env, v):
 
     def ref(X):
         X = X.astype(np.float64)
-        hh = np.tanh(X @ arrs["a"].T.astype(np.float64))
+        hh = np.tanh(X @ arrs[v["a_key"]].T.astype(np.float64))
         mm = v["scale"] * (hh @ arrs["b"].T.astype(np.float64))
         rr = mm + (hh if v["wiring"] == 0 else X)
         xvv = X[:, v["view_col"] * 4:v["view_col"] * 4 + 4]
