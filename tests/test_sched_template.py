@@ -500,3 +500,27 @@ def test_split_view_graph_has_the_fields_of_a_graph():
     v0 = v._ver
     v.nodes.append(a)
     assert v._ver > v0
+
+
+def test_a_new_kernel_override_withholds_the_template(env, monkeypatch):
+    # supports_op answers may change when a kernel override is registered (the memo token
+    # changes): a template made before is not used after
+    from ggmlpy.backends import kernels
+    from ggmlpy.backends.kernels.registry import KernelEntry
+    from ggmlpy.opcodes import Op
+    s, ref = _pair(env)
+    rng = np.random.default_rng(10)
+    _both(env, s, ref, BASE, rng)
+    _both(env, s, ref, BASE, rng)
+    assert s.templates.hits == 1
+    reg = kernels.REGISTRY
+    stacked = {op: list(v) for op, v in reg._overrides.items()}
+    never = KernelEntry(Op.SCALE, lambda xp, node, dst, srcs: None, lambda node, xp: False)
+    stacked.setdefault(Op.SCALE, []).append(never)  # (a predicate that never matches)
+    monkeypatch.setattr(reg, "_overrides", stacked)
+    _both(env, s, ref, BASE, rng)
+    assert s.templates.hits == 1
+    _both(env, s, ref, BASE, rng)  # the new token's own template
+    assert s.templates.hits == 2
+    s.free()
+    ref.free()
