@@ -33,6 +33,10 @@ trusting addresses nobody will put back. Replaying a record that is not parked a
 normally (stamped) and then re-baselines the graph's snapshot, as the only changes since it
 were the scheduler's own.
 
+A *new* graph object with the structure of one split before is not replayed here (its tensors
+are other objects) but takes that split by position from a split template, see
+:mod:`ggmlpy.sched_template`; its allocation then runs as usual.
+
 Caveat: between ``reset`` and the next ``alloc_graph`` a parked tensor reads as un-placed but
 caches that recorded its old address are not told; computing such a tensor in that window is a
 misuse (it has no memory) and is not diagnosed. Not thread-safe (neither is the scheduler).
