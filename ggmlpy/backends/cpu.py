@@ -227,19 +227,23 @@ class CPUBackend(Backend):
             self._plans.clear()
 
     def _compile_node(self, xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Any:
-        step = kernels.compile_node(xp, node, dst, srcs)
-        if step is None or self._n_threads < 2:
-            return step
-        split = cpu_threads.split_step(xp, node, dst, srcs, self._pool, kernels.compile_node,
-                                       step)
-        return step if split is None else split
+        # one thread: the unsplit step. Several: the node's slices when it is split (its
+        # unsplit step is then compiled only if it ends up running alone, cpu_threads.Split),
+        # else the unsplit step
+        if self._n_threads >= 2:
+            split = cpu_threads.split_step(xp, node, dst, srcs, self._pool, kernels.compile_node)
+            if split is not None:
+                return split
+        return kernels.compile_node(xp, node, dst, srcs)
 
     def _build_plan(self, graph: Graph) -> Plan:
-        plan = build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
-                          self._compile_node)
-        if self._n_threads > 1:
-            plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
-            plan.threaded = any(isinstance(s, cpu_threads.Split) for s in plan.steps)
+        with kernels.common.plan_build_scope():
+            plan = build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
+                              self._compile_node)
+            if self._n_threads > 1:
+                plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
+                cpu_threads.compile_pending(plan.steps)
+                plan.threaded = any(isinstance(s, cpu_threads.Split) for s in plan.steps)
         return plan
 
     def _run(self, plan: Plan) -> None:

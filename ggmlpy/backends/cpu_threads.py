@@ -45,9 +45,8 @@ import numpy as np
 from ..opcodes import Op
 from ..tensor import Tensor
 from .kernels import matmul
-from .kernels.common import same_memory
 
-__all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "blas_single_thread", "SPLIT_OPS",
+__all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "compile_pending", "blas_single_thread", "SPLIT_OPS",
            "MIN_ELEMENTS", "MIN_MACS", "MAX_N_THREADS"]
 
 Step = Callable[[], None]
@@ -268,7 +267,8 @@ class Split:
 
     A node below its op's threshold still gets a ``Split`` (``big`` False) so that it can join a
     chain (:func:`fuse_chains`); its slices are compiled only then, and on its own it runs
-    ``whole``, the unsplit step.
+    its unsplit step (:meth:`whole_step`). Neither is compiled before it is known to be needed:
+    a node whose slices run never compiles its unsplit step, and the other way round.
 
     Attributes:
         parts: one zero-argument callable per slice (None until compiled).
@@ -282,16 +282,18 @@ class Split:
             GEMM weight, a broadcast bias, a tiled mask).
         n_nodes: nodes computed by the step.
         big: the node reaches its op's threshold on its own.
-        whole: the unsplit step of a single node.
+        whole: the unsplit step of a single node once compiled (None before, and for a node
+            with nothing to compute).
     """
 
     __slots__ = ("pool", "parts", "ax", "bounds", "dst", "dsts", "reads", "n_nodes", "big",
-                 "whole", "_compile")
+                 "whole", "_compile", "_compile_whole", "_dst_ext", "_read_ext")
 
     def __init__(self, pool: Pool, parts: list[Step] | None, ax: int,
                  bounds: list[tuple[int, int]], dst: Any, reads: list[tuple[Any, bool]],
                  big: bool = True, whole: Step | None = None,
-                 compile_parts: Callable[[], list[Step] | None] | None = None) -> None:
+                 compile_parts: Callable[[], list[Step] | None] | None = None,
+                 compile_whole: Callable[[], Step | None] | None = None) -> None:
         self.pool = pool
         self.parts = parts
         self.ax = ax
@@ -303,6 +305,9 @@ class Split:
         self.big = big
         self.whole = whole
         self._compile = compile_parts
+        self._compile_whole = None if whole is not None else compile_whole
+        self._dst_ext: list[_Extent] | None = None
+        self._read_ext: list[tuple[_Extent, bool]] | None = None
 
     def compiled(self) -> bool:
         """Compile the slices if that has not happened yet; False if a slice cannot be
@@ -312,9 +317,37 @@ class Split:
             self._compile = None
         return self.parts is not None
 
+    def whole_step(self) -> Step | None:
+        """The unsplit step of the node, compiled on first use (None: nothing to compute)."""
+        if self._compile_whole is not None:
+            self.whole = self._compile_whole()
+            self._compile_whole = None
+        return self.whole
+
+    def extents(self, memo: dict[int, tuple[Any, _Extent]] | None = None,
+                ) -> tuple[list[_Extent], list[tuple[_Extent, bool]]]:
+        """The memory extents of :attr:`dsts` and :attr:`reads` (computed once, for
+        :func:`_can_join`; ``memo`` shares them between the steps of one plan, by array)."""
+        if self._dst_ext is None:
+            memo = {} if memo is None else memo
+            self._dst_ext = [_extent_memo(d, memo) for d in self.dsts]
+            self._read_ext = [(_extent_memo(r, memo), aligned) for r, aligned in self.reads]
+        return self._dst_ext, self._read_ext  # type: ignore[return-value]
+
+    def absorb(self, s: Split, memo: dict[int, tuple[Any, _Extent]] | None = None) -> None:
+        """Add the destinations and reads of ``s`` (a step joining this chain) to this one's."""
+        d_ext, r_ext = self.extents(memo)
+        s_d, s_r = s.extents(memo)
+        self.dsts.extend(s.dsts)
+        self.reads.extend(s.reads)
+        d_ext.extend(s_d)
+        r_ext.extend(s_r)
+
     def __call__(self) -> None:
         if self.parts is None:
-            self.whole()
+            step = self.whole_step()
+            if step is not None:
+                step()
         else:
             self.pool.run(self.parts)
 
@@ -323,21 +356,62 @@ class Split:
                 f"ax={self.ax}, bounds={self.bounds}, big={self.big})")
 
 
-def _can_join(chain: Split, s: Split) -> bool:
+#: ``(lo, hi, layout)``: the bytes ``[lo, hi)`` an array may touch (its bounds, as
+#: ``np.may_share_memory`` checks them) and ``(address, shape, strides, dtype)``
+_Extent = tuple[int, int, tuple]
+
+
+def _extent(a: Any) -> _Extent:
+    """The byte bounds and layout of NumPy array ``a`` (an empty array touches no byte)."""
+    ptr = a.__array_interface__["data"][0]
+    lo = hi = ptr
+    if a.size:
+        for n, st in zip(a.shape, a.strides):
+            if st >= 0:
+                hi += (n - 1) * st
+            else:
+                lo += (n - 1) * st
+        hi += a.itemsize
+    return lo, hi, (ptr, a.shape, a.strides, a.dtype)
+
+
+def _extent_memo(a: Any, memo: dict[int, tuple[Any, _Extent]]) -> _Extent:
+    hit = memo.get(id(a))
+    if hit is not None and hit[0] is a:
+        return hit[1]
+    e = _extent(a)
+    memo[id(a)] = (a, e)  # the array is held: its id cannot be reused while memo lives
+    return e
+
+
+def _overlap(x: _Extent, y: _Extent) -> bool:
+    # an empty array (lo == hi) overlaps nothing, as for np.may_share_memory
+    return x[0] < y[1] and y[0] < x[1] and x[0] < x[1] and y[0] < y[1]
+
+
+def _can_join(chain: Split, s: Split,
+              memo: dict[int, tuple[Any, _Extent]] | None = None) -> bool:
     """Whether node step ``s`` may run slice by slice right after the nodes of ``chain``: same
     cut, every source it shares memory with a chain destination is that destination cut alike,
-    and its destination overwrites nothing another slice of the chain still reads."""
+    and its destination overwrites nothing another slice of the chain still reads.
+
+    "Shares memory" is ``np.may_share_memory``'s bounds test and "that destination" is
+    :func:`~.kernels.common.same_memory` (address, shape, strides, dtype), both answered from
+    extents computed once per step (:meth:`Split.extents`)."""
     if s.ax != chain.ax or s.bounds != chain.bounds:
         return False
-    for r, aligned in s.reads:
-        for d in chain.dsts:
-            if np.may_share_memory(r, d) and not (aligned and same_memory(r, d)):
+    c_dsts, c_reads = chain.extents(memo)
+    s_dsts, s_reads = s.extents(memo)
+    (s_dst,) = s_dsts
+    for r, aligned in s_reads:
+        for d in c_dsts:
+            if _overlap(r, d) and not (aligned and r[2] == d[2]):
                 return False
-    for r, aligned in chain.reads:
-        if np.may_share_memory(s.dst, r) and not (aligned and same_memory(s.dst, r)):
+    for r, aligned in c_reads:
+        if _overlap(s_dst, r) and not (aligned and s_dst[2] == r[2]):
             return False
-    for d in chain.dsts:
-        if np.may_share_memory(s.dst, d) and not same_memory(s.dst, d):
+    for d in c_dsts:
+        if _overlap(s_dst, d) and s_dst[2] != d[2]:
             return False
     return True
 
@@ -360,6 +434,7 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
     out_s: list[Step] = []
     out_n: list[Tensor] = []
     chain: list[tuple[Split, Tensor]] = []
+    memo: dict[int, tuple[Any, _Extent]] = {}  # extents by array, for this call
 
     def flush() -> None:
         if not chain:
@@ -379,26 +454,41 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
 
     acc: Split | None = None
     for step, node in zip(steps, nodes):
-        if (isinstance(step, Split) and acc is not None and _can_join(acc, step)
+        if (isinstance(step, Split) and acc is not None and _can_join(acc, step, memo)
                 and step.compiled()):
             chain.append((step, node))
-            acc.dsts.append(step.dst)
-            acc.reads.extend(step.reads)
+            acc.absorb(step, memo)
             continue
         flush()
         if isinstance(step, Split) and step.big:
             chain.append((step, node))
             acc = Split(step.pool, [], step.ax, step.bounds, step.dst, list(step.reads))
+            d_ext, r_ext = step.extents(memo)
+            acc._dst_ext, acc._read_ext = list(d_ext), list(r_ext)
         else:
             acc = None
-            out_s.append(step.whole if isinstance(step, Split) else step)
+            if isinstance(step, Split):
+                step = step.whole_step()
+                if step is None:  # nothing to compute
+                    continue
+            out_s.append(step)
             out_n.append(node)
     flush()
     return out_s, out_n
 
 
+def compile_pending(steps: list[Step]) -> None:
+    """Compile, now (at plan build), the unsplit step of every :class:`Split` in ``steps`` that
+    still runs whole and has not compiled it (one :func:`fuse_chains` left inside another step:
+    a step wrapped by the plan builder keeps the wrapped one as its ``step`` attribute)."""
+    for st in steps:
+        inner = getattr(st, "step", st)
+        if isinstance(inner, Split) and inner.parts is None:
+            inner.whole_step()
+
+
 def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
-               compile_node: Compile, whole: Step) -> Split | None:
+               compile_node: Compile, whole: Step | None = None) -> Split | None:
     """Compile ``node`` as ``n_parts`` slices over rows of ``dst`` (see the module docstring),
     or None when the op is not splittable, the node is too small or its operands do not slice.
 
@@ -409,7 +499,9 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         srcs: its sources' arrays (None for absent sources).
         pool: the pool that runs the slices (``pool.n_threads`` slices at most).
         compile_node: ``compile_node(xp, node, dst, srcs) -> Step`` (the kernel registry's).
-        whole: the node's unsplit step (run when the node stays alone below its threshold).
+        whole: the node's unsplit step (run when the node stays alone below its threshold);
+            None: compiled with ``compile_node`` only if it is needed (the backend's way:
+            most nodes that can be split run as slices, so their unsplit step is never made).
 
     Returns:
         A :class:`Split` with its slices compiled when the node reaches its op's threshold,
@@ -417,6 +509,7 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     """
     op = node.op
     n_parts = pool.n_threads
+    whole_dst = dst  # (a copy may see its dst in the source's shape below)
     if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4 or n_parts < 2:
         return None
     if op == Op.MUL_MAT:
@@ -487,4 +580,5 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         parts = compile_parts()
         return None if parts is None else Split(pool, parts, ax, bounds, dst, reads)
     return Split(pool, None, ax, bounds, dst, reads, big=False, whole=whole,
-                 compile_parts=compile_parts)
+                 compile_parts=compile_parts,
+                 compile_whole=lambda: compile_node(xp, node, whole_dst, srcs))

@@ -191,12 +191,29 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     steps: list[Step] = []
     nodes: list[Tensor] = []
     buffers: dict[int, Buffer] = {}
-    memo: dict[tuple, bool] | None = {} if _memoisable(supports) else None
-    smap = graph.src_map
-    no_compute = _NO_COMPUTE
     compile_node = compile_node or kernels.compile_node
     writes: dict[int, tuple[Buffer, list[int]]] = {}  # non-COMPUTE buffers written, by step
     cache_reads: set[int] = set()  # buffers a MUL_MAT may read through the weight cache
+    arrays: dict[int, Any] = {}  # id(tensor) -> its array view (tensors outlive the build)
+    with kernels.common.plan_build_scope():
+        _compile_nodes(graph, xp, backend_name, can_read, supports, compile_node, steps, nodes,
+                       buffers, writes, cache_reads, arrays)
+    plan = Plan(steps, nodes, list(buffers.values()))
+    if writes:
+        _track_writes(plan, writes, cache_reads)
+    return plan
+
+
+def _compile_nodes(graph: Graph, xp: Any, backend_name: str, can_read: Callable[[Tensor], bool],
+                   supports: Callable[[Tensor], bool],
+                   compile_node: Callable[[Any, Tensor, Any, list[Any]], Step | None],
+                   steps: list[Step], nodes: list[Tensor], buffers: dict[int, Buffer],
+                   writes: dict[int, tuple[Buffer, list[int]]], cache_reads: set[int],
+                   arrays: dict[int, Any]) -> None:
+    """The loop of :func:`build_plan`: one step per computed node, appended to ``steps``."""
+    memo: dict[tuple, bool] | None = {} if _memoisable(supports) else None
+    smap = graph.src_map
+    no_compute = _NO_COMPUTE
     for node in graph.nodes:
         if node.op in no_compute or min(node.ne) == 0:  # (ggml_is_empty)
             continue
@@ -218,19 +235,26 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
             raise UnsupportedOpError(f"{backend_name}: op {node.op.name} of node '{node.name}' "
                                      f"({node.type.type_name}, sources {srcs}) is not supported")
         node_srcs = node.src if smap is None else smap.get(id(node), node.src)
-        dst = _array(node, can_read, backend_name, buffers)
-        srcs = [None if s is None else _array(s, can_read, backend_name, buffers)
-                for s in node_srcs]
+        # one array view per tensor and build: a node's result is the very array its consumers
+        # read (the tensors of a graph do not move while its plan is built)
+        dst = arrays.get(id(node))
+        if dst is None:
+            dst = arrays[id(node)] = _array(node, can_read, backend_name, buffers)
+        srcs = []
+        for s in node_srcs:
+            if s is None:
+                srcs.append(None)
+                continue
+            a = arrays.get(id(s))
+            if a is None:
+                a = arrays[id(s)] = _array(s, can_read, backend_name, buffers)
+            srcs.append(a)
         step = compile_node(xp, node, dst, srcs)
         if step is not None:
             steps.append(step)
             nodes.append(node)
             if xp is np:
                 _note_write_and_cache_read(node, len(steps) - 1, writes, cache_reads)
-    plan = Plan(steps, nodes, list(buffers.values()))
-    if writes:
-        _track_writes(plan, writes, cache_reads)
-    return plan
 
 
 def _note_write_and_cache_read(node: Tensor, i: int, writes: dict[int, tuple[Buffer, list[int]]],
@@ -267,6 +291,7 @@ def _bump_after(step: Step, buf: Buffer) -> Step:
     def run() -> None:
         step()
         buffer_written(buf)
+    run.step = step  # type: ignore[attr-defined]  # the wrapped step (cpu_threads.compile_pending)
     return run
 
 

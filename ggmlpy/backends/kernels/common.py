@@ -5,10 +5,14 @@ signature ``pred(node, xp) -> bool``, see :mod:`.registry`).
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided as _np_as_strided
 
 from ...tensor import Tensor
 from ...types import Type
@@ -35,6 +39,8 @@ def is_numpy(xp: Any) -> bool:
 
 def as_strided(xp: Any, x: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
     """A zero-copy view of ``x`` with NumPy ``shape`` and byte ``strides`` (no bounds check)."""
+    if xp is np:  # (``np.lib`` is a lazy module attribute: ~2 us per lookup)
+        return _np_as_strided(x, shape=shape, strides=strides)
     return xp.lib.stride_tricks.as_strided(x, shape=shape, strides=strides)
 
 
@@ -72,7 +78,30 @@ def use_jit(xp: Any, *arrays: Any, min_elements: int = 0) -> bool:
     for a in arrays:
         if type(a) is not np.ndarray or a.dtype != _F32_DTYPE or not a.flags.c_contiguous:
             return False
-    return cpu_jit.available()
+    memo = getattr(_build_tls, "jit", None)
+    if memo is None:
+        return cpu_jit.available()
+    if not memo:
+        memo.append(cpu_jit.available())
+    return memo[0]
+
+
+_build_tls = threading.local()
+
+
+@contextmanager
+def plan_build_scope() -> Iterator[None]:
+    """For the ``with`` body on this thread (one plan build): :func:`use_jit` reads
+    :func:`ggmlpy.backends.cpu_jit.available` (an environment read) once instead of per kernel,
+    so every kernel of one plan makes the same choice. Nested scopes share the outer answer."""
+    if getattr(_build_tls, "jit", None) is not None:
+        yield
+        return
+    _build_tls.jit = []
+    try:
+        yield
+    finally:
+        _build_tls.jit = None
 
 
 def same_memory(x: Any, y: Any) -> bool:

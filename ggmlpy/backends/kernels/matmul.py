@@ -81,6 +81,8 @@ def _mm_views(xp: Any, a: Any, b: Any, d: Any) -> tuple[Any, Any, Any]:
     """
     A3, A2, M, K = a.shape
     B3, B2, N, _ = b.shape
+    if A3 == A2 == B3 == B2 == 1:  # one 2-D product (every linear layer): plain indexing
+        return a[0, 0].T, b[0, 0], d[0, 0]
     r2, r3 = B2 // A2, B3 // A3
     sa, sb, sd = a.strides, b.strides, d.strides
     # batch axes: (size, a_stride, b_stride, d_stride)
