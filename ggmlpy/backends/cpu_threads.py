@@ -232,22 +232,6 @@ def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def _cut(a: Any, ax: int, lo: int, hi: int) -> Any:
-    return a[(slice(None),) * ax + (slice(lo, hi),)]
-
-
-def _follow(src: Any, ax: int, n: int, lo: int, hi: int) -> Any | None:
-    """The slice of an operand that is sliced alike (size ``n``) or broadcast (size 1) along
-    ``ax``; None when it tiles (ggml's modulo broadcast) and cannot be cut."""
-    if src is None:
-        return None
-    if src.shape[ax] == n:
-        return _cut(src, ax, lo, hi)
-    if src.shape[ax] == 1:
-        return src
-    return None
-
-
 def _plan_axis(dst: Any, n_parts: int) -> int | None:
     """The outermost of NumPy axes 0-2 with at least 2 entries (None if all have 1): slices along
     it are contiguous blocks of a contiguous ``dst``, so each slice gets the kernel the whole node
@@ -287,7 +271,7 @@ class Split:
     """
 
     __slots__ = ("pool", "parts", "ax", "bounds", "dst", "dsts", "reads", "n_nodes", "big",
-                 "whole", "_compile", "_compile_whole", "_dst_ext", "_read_ext")
+                 "whole", "_compile", "_compile_whole", "_dst_ext", "_read_ext", "_box")
 
     def __init__(self, pool: Pool, parts: list[Step] | None, ax: int,
                  bounds: list[tuple[int, int]], dst: Any, reads: list[tuple[Any, bool]],
@@ -308,6 +292,7 @@ class Split:
         self._compile_whole = None if whole is not None else compile_whole
         self._dst_ext: list[_Extent] | None = None
         self._read_ext: list[tuple[_Extent, bool]] | None = None
+        self._box = (1, 0, 1, 0)  # bounds of all dsts, of all reads (empty until extents)
 
     def compiled(self) -> bool:
         """Compile the slices if that has not happened yet; False if a slice cannot be
@@ -332,6 +317,7 @@ class Split:
             memo = {} if memo is None else memo
             self._dst_ext = [_extent_memo(d, memo) for d in self.dsts]
             self._read_ext = [(_extent_memo(r, memo), aligned) for r, aligned in self.reads]
+            self._box = _box(self._dst_ext, (e for e, _ in self._read_ext), (1, 0, 1, 0))
         return self._dst_ext, self._read_ext  # type: ignore[return-value]
 
     def absorb(self, s: Split, memo: dict[int, tuple[Any, _Extent]] | None = None) -> None:
@@ -342,6 +328,7 @@ class Split:
         self.reads.extend(s.reads)
         d_ext.extend(s_d)
         r_ext.extend(s_r)
+        self._box = _box(s_d, (e for e, _ in s_r), self._box)
 
     def __call__(self) -> None:
         if self.parts is None:
@@ -362,17 +349,32 @@ _Extent = tuple[int, int, tuple]
 
 
 def _extent(a: Any) -> _Extent:
-    """The byte bounds and layout of NumPy array ``a`` (an empty array touches no byte)."""
+    """The byte bounds and layout of NumPy array ``a``. An empty array touches no byte (it
+    overlaps nothing, as for ``np.may_share_memory``): its bounds are the empty ``(1, 0)``, which
+    fail ``x_lo < y_hi and y_lo < x_hi`` against any range of addresses."""
     ptr = a.__array_interface__["data"][0]
+    layout = (ptr, a.shape, a.strides, a.dtype)
+    if not a.size:
+        return 1, 0, layout
     lo = hi = ptr
-    if a.size:
-        for n, st in zip(a.shape, a.strides):
-            if st >= 0:
-                hi += (n - 1) * st
-            else:
-                lo += (n - 1) * st
-        hi += a.itemsize
-    return lo, hi, (ptr, a.shape, a.strides, a.dtype)
+    for n, st in zip(a.shape, a.strides):
+        if st >= 0:
+            hi += (n - 1) * st
+        else:
+            lo += (n - 1) * st
+    return lo, hi + a.itemsize, layout
+
+
+def _box(dsts: Any, reads: Any, box: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """``box`` (lo, hi of destinations; lo, hi of reads) widened by the extents given."""
+    dlo, dhi, rlo, rhi = box
+    for e in dsts:
+        if e[0] < e[1]:
+            dlo, dhi = (e[0], e[1]) if dlo > dhi else (min(dlo, e[0]), max(dhi, e[1]))
+    for e in reads:
+        if e[0] < e[1]:
+            rlo, rhi = (e[0], e[1]) if rlo > rhi else (min(rlo, e[0]), max(rhi, e[1]))
+    return dlo, dhi, rlo, rhi
 
 
 def _extent_memo(a: Any, memo: dict[int, tuple[Any, _Extent]]) -> _Extent:
@@ -382,11 +384,6 @@ def _extent_memo(a: Any, memo: dict[int, tuple[Any, _Extent]]) -> _Extent:
     e = _extent(a)
     memo[id(a)] = (a, e)  # the array is held: its id cannot be reused while memo lives
     return e
-
-
-def _overlap(x: _Extent, y: _Extent) -> bool:
-    # an empty array (lo == hi) overlaps nothing, as for np.may_share_memory
-    return x[0] < y[1] and y[0] < x[1] and x[0] < x[1] and y[0] < y[1]
 
 
 def _can_join(chain: Split, s: Split,
@@ -402,17 +399,22 @@ def _can_join(chain: Split, s: Split,
         return False
     c_dsts, c_reads = chain.extents(memo)
     s_dsts, s_reads = s.extents(memo)
+    dlo, dhi, rlo, rhi = chain._box
     (s_dst,) = s_dsts
-    for r, aligned in s_reads:
-        for d in c_dsts:
-            if _overlap(r, d) and not (aligned and r[2] == d[2]):
+    lo, hi, lay = s_dst
+    for (r_lo, r_hi, r_lay), aligned in s_reads:
+        if r_lo < dhi and dlo < r_hi:  # within the bounds of the chain's destinations
+            for d_lo, d_hi, d_lay in c_dsts:
+                if r_lo < d_hi and d_lo < r_hi and not (aligned and r_lay == d_lay):
+                    return False
+    if lo < rhi and rlo < hi:
+        for (r_lo, r_hi, r_lay), aligned in c_reads:
+            if lo < r_hi and r_lo < hi and not (aligned and lay == r_lay):
                 return False
-    for r, aligned in c_reads:
-        if _overlap(s_dst, r) and not (aligned and s_dst[2] == r[2]):
-            return False
-    for d in c_dsts:
-        if _overlap(s_dst, d) and s_dst[2] != d[2]:
-            return False
+    if lo < dhi and dlo < hi:
+        for d_lo, d_hi, d_lay in c_dsts:
+            if lo < d_hi and d_lo < hi and lay != d_lay:
+                return False
     return True
 
 
@@ -464,7 +466,7 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
             chain.append((step, node))
             acc = Split(step.pool, [], step.ax, step.bounds, step.dst, list(step.reads))
             d_ext, r_ext = step.extents(memo)
-            acc._dst_ext, acc._read_ext = list(d_ext), list(r_ext)
+            acc._dst_ext, acc._read_ext, acc._box = list(d_ext), list(r_ext), step._box
         else:
             acc = None
             if isinstance(step, Split):
@@ -512,23 +514,19 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     whole_dst = dst  # (a copy may see its dst in the source's shape below)
     if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4 or n_parts < 2:
         return None
+    # which operand is cut along ``ax`` (True), or read whole by every slice (False)
     if op == Op.MUL_MAT:
         a, b = srcs[0], srcs[1]
-        K = b.shape[-1]
-        big = dst.size * K >= MIN_MACS
+        big = dst.size * b.shape[-1] >= MIN_MACS
         ax = _plan_axis(dst, n_parts)
         if ax is None:
             return None
         n = dst.shape[ax]
         if ax < 2 and a.shape[ax] not in (1, n):
             return None
-        cuts = []
-        bounds = _bounds(n, min(n, n_parts))
         a_cut = not (ax == 2 or a.shape[ax] == 1)
+        cut = [a_cut, True] + [False] * (len(srcs) - 2)
         reads = [(a, a_cut), (b, True)]
-        for lo, hi in bounds:
-            a_p = _cut(a, ax, lo, hi) if a_cut else a
-            cuts.append((_cut(dst, ax, lo, hi), [a_p, _cut(b, ax, lo, hi)] + list(srcs[2:])))
     else:
         big = dst.size >= MIN_ELEMENTS[op]
         if op == Op.SOFT_MAX and len(node.op_params) > 1 and float(node.op_params[1]) != 0.0:
@@ -545,32 +543,32 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         if ax is None:
             return None
         n = dst.shape[ax]
-        cuts = []
-        bounds = _bounds(n, min(n, n_parts))
+        cut = [True]
         reads = [(srcs[0], True)]
-        for j, s in enumerate(srcs[1:], start=1):
-            if s is not None:
-                # the mask's rows follow src0's rows, but the mask may have more: not aligned
-                reads.append((s, s.shape[ax] == n and not (op == Op.SOFT_MAX and ax == 2)))
-        for lo, hi in bounds:
-            s_p: list[Any] = [_cut(srcs[0], ax, lo, hi)]
-            for j, s in enumerate(srcs[1:], start=1):
-                if s is None:
-                    s_p.append(None)
-                    continue
-                if op == Op.SOFT_MAX and j == 1 and ax == 2:
-                    s_p.append(_cut(s, 2, lo, hi))  # mask rows follow the rows of src0
-                    continue
-                f = _follow(s, ax, n, lo, hi)
-                if f is None:
-                    return None
-                s_p.append(f)
-            cuts.append((_cut(dst, ax, lo, hi), s_p))
+        for j in range(1, len(srcs)):
+            s = srcs[j]
+            if s is None:
+                cut.append(False)
+                continue
+            if op == Op.SOFT_MAX and j == 1 and ax == 2:
+                # the mask's rows follow src0's rows, but the mask may have more: cut, not aligned
+                cut.append(True)
+                reads.append((s, False))
+                continue
+            m = s.shape[ax]
+            if m != n and m != 1:
+                return None  # tiles (ggml's modulo broadcast): cannot be cut
+            cut.append(m == n)
+            reads.append((s, m == n and not (op == Op.SOFT_MAX and ax == 2)))
+    bounds = _bounds(n, min(n, n_parts))
+    pre = (slice(None),) * ax
 
     def compile_parts() -> list[Step] | None:
         parts = []
-        for d_p, s_p in cuts:
-            step = compile_node(xp, node, d_p, s_p)
+        for lo, hi in bounds:
+            key = pre + (slice(lo, hi),)
+            step = compile_node(xp, node, dst[key],
+                                [s[key] if c else s for s, c in zip(srcs, cut)])
             if step is None:
                 return None
             parts.append(step)

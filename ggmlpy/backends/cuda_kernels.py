@@ -414,7 +414,9 @@ def _make_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any], name: str) 
 
 def is_cuda(xp: Any) -> bool:
     """True when ``xp`` can launch :data:`SOURCES` (CuPy, or the test suite's fake CuPy)."""
-    return hasattr(xp, "RawModule")
+    # NumPy first: hasattr on the numpy module goes through its lazy __getattr__ and raises
+    # (~4 us), once per kernel compiled for the CPU
+    return xp is not np and hasattr(xp, "RawModule")
 
 
 def supports_on(node: Tensor, xp: Any) -> bool:

@@ -394,6 +394,15 @@ class BertModel:
         x = ops.mul(ctx, x, w)
         return ops.add(ctx, x, b)
 
+    def _heads(self, ctx: Context, x: Tensor, n_seq: int, length: int) -> Tensor:
+        """``x`` ``[H, T]`` (contiguous) viewed per head as ``[d, L, nh, S]``: the view
+        ``permute(reshape_4d(x, d, nh, L, S), 0, 2, 1, 3)`` is, as one VIEW node (the same ne,
+        nb and offset; two fewer tensors to build, place and snapshot per layer)."""
+        cfg = self.config
+        d, nh = cfg.head_size, cfg.num_attention_heads
+        row = x.nb[1]
+        return ops.view_4d(ctx, x, d, length, nh, n_seq, row, d * x.nb[0], length * row, 0)
+
     def _build_graph(self, n_seq: int, length: int) -> _BatchGraph:
         """The graph of a batch of ``n_seq`` sequences padded to ``length`` tokens (see the module
         docstring); inputs flagged ``set_input``, the embeddings ``set_output``."""
@@ -423,9 +432,7 @@ class BertModel:
             q = ops.add(ctx, ops.mul_mat(ctx, lw.wq, cur), lw.bq)
             k = ops.add(ctx, ops.mul_mat(ctx, lw.wk, cur), lw.bk)
             v = ops.add(ctx, ops.mul_mat(ctx, lw.wv, cur), lw.bv)
-            q = ops.permute(ctx, ops.reshape_4d(ctx, q, d, nh, length, n_seq), 0, 2, 1, 3)
-            k = ops.permute(ctx, ops.reshape_4d(ctx, k, d, nh, length, n_seq), 0, 2, 1, 3)
-            v = ops.permute(ctx, ops.reshape_4d(ctx, v, d, nh, length, n_seq), 0, 2, 1, 3)
+            q, k, v = (self._heads(ctx, x, n_seq, length) for x in (q, k, v))
             kq = ops.mul_mat(ctx, k, q)                                   # [L_kv, L_q, nh, S]
             kq = ops.soft_max_ext(ctx, kq, mask, kq_scale, 0.0)
             vt = ops.cont(ctx, ops.transpose(ctx, v))                     # [L, d, nh, S]
