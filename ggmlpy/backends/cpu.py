@@ -189,7 +189,9 @@ class CPUBackend(Backend):
 
     def __init__(self, device: CPUDevice) -> None:
         super().__init__(device)
-        self._plans = PlanCache(self._build_plan)
+        # as many plans as BertModel keeps batch graphs (models.bert.GRAPH_CACHE_SIZE): a
+        # stream of batch shapes does not evict the plans of graphs still cached
+        self._plans = PlanCache(self._build_plan, maxsize=64)
         self._n_threads = cpu_threads.default_n_threads()
         self._new_pool()
 

@@ -24,15 +24,31 @@ Graph of one batch of ``S`` sequences padded to ``L`` tokens (``T = S*L`` tokens
   0 of each sequence); then ``l2_norm`` (eps 1e-12, as sentence-transformers' ``Normalize``)
   when the model normalises. The result ``[H, S]`` (NumPy ``(S, H)``) is the graph's output.
 
-Shapes: sequences are sorted by length (longest first) and cut into batches; each batch is padded
-to its longest sequence rounded up to a multiple of ``seq_bucket`` (:data:`SEQ_BUCKET`, 8; capped
-at ``max_seq_length``). The extra positions are padding like any other: masked as keys (``-inf``)
-and weighted 0 by the pooling, so the embeddings do not change (up to the float32 rounding of
-sums over a few more zeros). Graphs are cached per ``(n_seq, L)``, so a stream of batches of
-varying lengths reuses a few graphs. The compute buffer is not reserved for
-``max_batch x max_seq_length`` up front: :meth:`BertModel.load` reserves for one bucket-length
-sequence and the scheduler grows the buffer when a batch needs more (ggml's gallocr rule: it
-re-reserves only when a graph does not fit), i.e. it holds the largest shape actually seen.
+Shapes: sequences are sorted by length (longest first) and cut into batches. A batch whose
+longest sequence has ``l`` tokens belongs to the length bucket ``(top - seq_bucket, top]``,
+``top`` = ``l`` rounded up to a multiple of ``seq_bucket`` (:data:`SEQ_BUCKET`, 8; capped at
+``max_seq_length``), and is padded to (:meth:`BertModel._batch_length`):
+
+1. the shortest length in ``[l, top]`` already built for the same number of sequences, if any
+   (plan reuse: no new graph, plan or allocation);
+2. else ``l`` itself when no length of that bucket was built yet (no padding at all: the first
+   batch of each bucket, e.g. every batch of a first call whose lengths are spread out);
+3. else ``top`` (the bucket already holds a shorter length).
+
+So a batch is never padded beyond its bucket's top (the rule of plain multiple-of-8 buckets),
+usually less, and each bucket holds at most two lengths per batch size: a stream of batches of
+varying lengths still settles on a few graphs. Measured on the 512-sentence set of
+``scripts/bench_minilm.py`` (2 cores): plain multiple-of-8 padding cost ~3.5% of every encode
+against exact lengths; with this rule the first call and the repeated calls both run at exact
+lengths. The extra positions are padding like any other: masked as keys (``-inf``) and weighted
+0 by the pooling, so the embeddings do not change (up to the float32 rounding of sums over a few
+more zeros). Graphs are cached per ``(n_seq, L)`` (:data:`GRAPH_CACHE_SIZE`). The compute
+buffer is not reserved for ``max_batch x max_seq_length`` up front: :meth:`BertModel.load`
+reserves for one bucket-length sequence and the scheduler grows the buffer when a batch needs
+more (ggml's gallocr rule: it re-reserves only when a graph does not fit). Batches run longest
+first and the first batch of an :meth:`~BertModel.encode` call is its largest shape (no later
+batch has more sequences or a longer padded length), so the buffer grows at most once per call,
+at its first batch, to the largest shape actually seen.
 """
 
 from __future__ import annotations
@@ -67,7 +83,8 @@ __all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_d
 KQ_MASK_PAD = 64
 #: The eps of the final L2 normalisation (sentence-transformers' ``Normalize``: ``F.normalize``).
 NORMALIZE_EPS = 1e-12
-#: Sequence lengths of a batch are padded up to a multiple of this (graph and plan reuse).
+#: Width of the sequence-length buckets: a batch is padded at most up to a multiple of this
+#: (graph and plan reuse; module docstring, "Shapes").
 SEQ_BUCKET = 8
 #: Graphs kept per model, keyed by batch shape ``(n_seq, L)``.
 GRAPH_CACHE_SIZE = 64
@@ -201,8 +218,10 @@ class BertModel:
             op_offload: let the scheduler offload big ops of CPU layers to the device (ggml's
                 ``op_offload``; the weights are then copied per batch). Off by default so that
                 ``n_gpu_layers`` alone decides where layers run.
-            seq_bucket: batch lengths are padded up to a multiple of this (>= 1; 1 pads to the
-                longest sequence exactly). Padding is masked, so the embeddings do not change.
+            seq_bucket: the width of the length buckets (>= 1): a batch is padded at most up
+                to its longest sequence rounded up to a multiple of this, to reuse a length
+                already built (see the module docstring, "Shapes"); 1 pads to the longest
+                sequence exactly. Padding is masked, so the embeddings do not change.
             n_threads: threads of the CPU backend (>= 1; llama.cpp's ``-t``,
                 :meth:`ggmlpy.backends.cpu.CPUBackend.set_n_threads`); None keeps its default,
                 the thread count of NumPy's BLAS.
@@ -465,8 +484,30 @@ class BertModel:
         return _BatchGraph(n_seq, length, ctx, graph, tokens, pos, mask, mean, out)
 
     def _bucket_length(self, longest: int) -> int:
-        """The padded length of a batch whose longest sequence has ``longest`` tokens."""
+        """The top of the length bucket of ``longest`` tokens: ``longest`` rounded up to a
+        multiple of ``seq_bucket``, capped at ``max_seq_length`` (never below ``longest``)."""
         return min(_pad_to(longest, self.seq_bucket), max(longest, self.config.max_seq_length))
+
+    def _batch_length(self, n_seq: int, longest: int) -> int:
+        """The padded length of a batch of ``n_seq`` sequences whose longest has ``longest``
+        tokens (see the module docstring, "Shapes"): within the bucket ``[longest, top]``
+        (:meth:`_bucket_length`) the shortest length already built for ``n_seq``; else
+        ``longest`` itself when no length of that bucket was built yet; else the bucket's top.
+        So a batch is never padded beyond its bucket's top, and each bucket holds at most two
+        lengths per ``n_seq``."""
+        top = self._bucket_length(longest)
+        if top == longest:
+            return top
+        floor = top - self.seq_bucket  # the bucket is (floor, top]
+        best, seen = top + 1, False
+        for ns, length in self._graphs:
+            if ns == n_seq and floor < length <= top:
+                seen = True
+                if longest <= length < best:
+                    best = length
+        if best <= top:
+            return best
+        return top if seen else longest
 
     def _graph_for(self, n_seq: int, length: int) -> _BatchGraph:
         key = (n_seq, length)
@@ -539,8 +580,9 @@ class BertModel:
         """Sentence embeddings.
 
         Sentences are tokenised, sorted by length (as sentence-transformers does, to pad less),
-        cut into batches of ``batch_size``, each padded to its longest sequence rounded up to a
-        multiple of ``seq_bucket`` (padding masked), and run through the scheduler; the output
+        cut into batches of ``batch_size``, each padded to its longest sequence or a little
+        more (at most to the next multiple of ``seq_bucket``, to reuse a length already built;
+        padding masked; module docstring, "Shapes"), and run through the scheduler; the output
         rows come back in the input order.
 
         Args:
@@ -622,7 +664,8 @@ class BertModel:
             for i0 in starts:
                 idx = order[i0:i0 + batch_size]
                 batch = [ids[i] for i in idx]
-                g = self._graph_for(len(batch), self._bucket_length(max(len(t) for t in batch)))
+                g = self._graph_for(len(batch), self._batch_length(len(batch),
+                                                                   max(len(t) for t in batch)))
                 sched.reset()
                 if not sched.alloc_graph(g.graph):
                     raise ComputeError(f"scheduler could not allocate the graph of "
