@@ -81,8 +81,10 @@ def _mm_views(xp: Any, a: Any, b: Any, d: Any) -> tuple[Any, Any, Any]:
     """
     A3, A2, M, K = a.shape
     B3, B2, N, _ = b.shape
-    if A3 == A2 == B3 == B2 == 1:  # one 2-D product (every linear layer): plain indexing
-        return a[0, 0].T, b[0, 0], d[0, 0]
+    if A3 == B3 and A2 == B2:  # no broadcast (linear layers, attention): plain indexing
+        # the batch axes of size 1 dropped, as the general path below drops them
+        idx = (0 if A3 == 1 else slice(None), 0 if A2 == 1 else slice(None))
+        return a[idx].swapaxes(-1, -2), b[idx], d[idx]
     r2, r3 = B2 // A2, B3 // A3
     sa, sb, sd = a.strides, b.strides, d.strides
     # batch axes: (size, a_stride, b_stride, d_stride)
