@@ -198,6 +198,10 @@ class CPUBackend(Backend):
     def _new_pool(self) -> None:
         # the worker threads stop when the backend is freed or garbage-collected
         self._pool = cpu_threads.Pool(self._n_threads)
+        if self._n_threads > 1:
+            # find the BLAS libraries now (threadpoolctl inspects every loaded library: ~15 ms
+            # in a process with torch), not in the first threaded graph evaluation
+            cpu_threads.find_blas_libs()
         self._pool_finalizer = weakref.finalize(self, cpu_threads.Pool.close, self._pool)
 
     @property

@@ -46,7 +46,8 @@ from ..opcodes import Op
 from ..tensor import Tensor
 from .kernels import matmul
 
-__all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "compile_pending", "blas_single_thread", "SPLIT_OPS",
+__all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "compile_pending",
+           "blas_single_thread", "find_blas_libs", "SPLIT_OPS",
            "MIN_ELEMENTS", "MIN_MACS", "MAX_N_THREADS"]
 
 Step = Callable[[], None]
@@ -95,6 +96,12 @@ def _blas_libs() -> list[Any]:
             libs = []
         _blas_ctl.append(libs)
     return _blas_ctl[0]
+
+
+def find_blas_libs() -> int:
+    """Look up (once per process) the BLAS libraries :func:`blas_single_thread` holds; returns
+    how many were found (0 without ``threadpoolctl``)."""
+    return len(_blas_libs())
 
 
 def _set_blas_threads(c: Any, n: int) -> None:
