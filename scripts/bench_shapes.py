@@ -50,7 +50,7 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 try:
-    import ggmlpy  # noqa: F401
+    import ggmlpy  # noqa: F401  (only whether it imports)
 except ImportError:  # running from a checkout without installing: use the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 

@@ -37,10 +37,10 @@ longest sequence has ``l`` tokens belongs to the length bucket ``(top - seq_buck
 
 So a batch is never padded beyond its bucket's top (the rule of plain multiple-of-8 buckets),
 usually less, and each bucket holds at most two lengths per batch size: a stream of batches of
-varying lengths still settles on a few graphs. Measured on the 512-sentence set of
-``scripts/bench_minilm.py`` (2 cores): plain multiple-of-8 padding cost ~3.5% of every encode
-against exact lengths; with this rule the first call and the repeated calls both run at exact
-lengths. The extra positions are padding like any other: masked as keys (``-inf``) and weighted
+varying lengths still settles on a few graphs. On the 512-sentence set of
+``scripts/bench_minilm.py`` (batches ~8 tokens apart) every batch of the first and of later
+calls runs at its exact length (plain multiple-of-8 padding added 3.5 tokens per batch on
+average, ~3.5% of an encode), with as many graphs as multiple-of-8 buckets. The extra positions are padding like any other: masked as keys (``-inf``) and weighted
 0 by the pooling, so the embeddings do not change (up to the float32 rounding of sums over a few
 more zeros). Graphs are cached per ``(n_seq, L)`` (:data:`GRAPH_CACHE_SIZE`). The compute
 buffer is not reserved for ``max_batch x max_seq_length`` up front: :meth:`BertModel.load`
@@ -426,7 +426,7 @@ class BertModel:
         """The graph of a batch of ``n_seq`` sequences padded to ``length`` tokens (see the module
         docstring); inputs flagged ``set_input``, the embeddings ``set_output``."""
         cfg = self.config
-        hidden, nh, d = cfg.hidden_size, cfg.num_attention_heads, cfg.head_size
+        hidden, d = cfg.hidden_size, cfg.head_size
         n_tok = n_seq * length
         ctx = Context()
 
