@@ -139,9 +139,13 @@ class BufferType:
         ``size == 0`` returns a zero-size buffer without calling the backend. Synchronous.
 
         Raises:
+            TypeError: ``size`` is not an int (a bool, float or str is refused, not truncated).
             ValueError: negative size.
             OutOfMemoryError: the backend could not allocate (carries requested/free bytes).
         """
+        if isinstance(size, bool) or not isinstance(size, (int, np.integer)):
+            raise TypeError(f"{self.name}: alloc_buffer size must be an int (bytes), got "
+                            f"{type(size).__name__} {size!r}")
         size = int(size)
         if size < 0:
             raise ValueError(f"{self.name}: alloc_buffer size must be >= 0, got {size}")

@@ -112,6 +112,9 @@ class Scheduler(AssignPasses, TemplateSplits):
     def __init__(self, backends: list[Backend], bufts: list[BufferType] | None = None,
                  graph_size: int = 2048, parallel: bool = False, op_offload: bool = True,
                  alloc_policy: str = "ggml") -> None:
+        if isinstance(backends, Backend) or not hasattr(backends, "__iter__"):
+            raise TypeError(f"Scheduler: backends must be a list of Backend objects, got "
+                            f"{type(backends).__name__}")
         backends = list(backends)
         n = len(backends)
         for b in backends:

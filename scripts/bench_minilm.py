@@ -339,6 +339,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         names = [registry.dev_get(i).name for i in range(registry.dev_count())]
         ap.error(f"--device {args.device!r}: no such device here; available: {', '.join(names)}")
     model_dir = args.model_dir if args.model_dir is not None else find_default_model_dir()
+    try:
+        n_layers = int(json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"--model-dir {model_dir}: no readable config.json with num_hidden_layers ({e})")
+    if not -1 <= args.n_gpu_layers <= n_layers:
+        ap.error(f"--n-gpu-layers must be -1 (all) or 0..{n_layers}, got {args.n_gpu_layers}")
     st_reason = None
     if not args.no_st:
         try:

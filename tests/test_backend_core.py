@@ -262,3 +262,39 @@ def test_cpu_buffer_memory_small_and_populated(size, monkeypatch):
     buf.free()
     with pytest.raises(OutOfMemoryError, match=str(1 << 55)):
         cpu_mod.cpu_buffer_type().alloc_buffer(1 << 55)
+
+
+@pytest.mark.parametrize("size", [1.5, "10", True, None, 2.0])
+def test_alloc_buffer_size_must_be_an_int(size):
+    from ggmlpy.backends.cpu import cpu_buffer_type
+
+    with pytest.raises(TypeError, match="size must be an int"):
+        cpu_buffer_type().alloc_buffer(size)
+    assert cpu_buffer_type().alloc_buffer(np.int64(16)).size == 16
+
+
+def test_scheduler_backends_must_be_a_list(cpu):
+    from ggmlpy.sched import Scheduler
+
+    with pytest.raises(TypeError, match="backends must be a list"):
+        Scheduler(cpu)
+
+
+def test_cpu_buffer_not_populated_beyond_half_the_free_memory(monkeypatch):
+    """Populated pages are committed at once: a request above half the free physical memory is
+    mapped lazily (np.empty), so it cannot bring the OOM killer at allocation time."""
+    from ggmlpy.backends import cpu as cpu_mod
+
+    if cpu_mod._MAP_POPULATE is None:
+        pytest.skip("no MAP_POPULATE on this platform: every buffer is np.empty")
+    big = cpu_mod.POPULATE_MIN_BYTES * 4
+    monkeypatch.setattr(cpu_mod, "_free_physical_bytes", lambda: 4 * big)
+    populated = cpu_mod._aligned_bytes(big)
+    monkeypatch.setattr(cpu_mod, "_free_physical_bytes", lambda: big)
+    lazy = cpu_mod._aligned_bytes(big)
+    assert not isinstance(populated.base, np.ndarray)  # a view of the mmap
+    assert isinstance(lazy.base, np.ndarray)           # a slice of np.empty's array
+    for a in (populated, lazy):
+        assert a.size == big and a.ctypes.data % cpu_mod.MEMORY_ALIGNMENT == 0
+        a[:] = 3
+        assert int(a[::4096].sum()) == 3 * len(range(0, big, 4096))

@@ -593,15 +593,26 @@ def test_threaded_plan_holds_blas_at_one_thread(n_threads, rows, held) -> None:
 # ---------------------------------------------------------------------------------------------
 # set_n_threads
 
-@pytest.mark.parametrize("bad", [0, -1, True, False, 2.0, "2", None,
-                                 cpu_threads.MAX_N_THREADS + 1, 100000])
-def test_set_n_threads_validation(bad) -> None:
+@pytest.mark.parametrize("bad,err", [(0, ValueError), (-1, ValueError), (True, TypeError),
+                                     (False, TypeError), (2.0, TypeError), ("2", TypeError),
+                                     (None, TypeError), (cpu_threads.MAX_N_THREADS + 1, ValueError),
+                                     (100000, ValueError)])
+def test_set_n_threads_validation(bad, err) -> None:
     backend = backend_cpu_init()
     try:
         n = backend.n_threads
-        with pytest.raises(ValueError, match="n_threads"):
+        with pytest.raises(err, match="n_threads"):
             backend.set_n_threads(bad)
         assert backend.n_threads == n
+    finally:
+        backend.free()
+
+
+def test_set_n_threads_takes_numpy_ints() -> None:
+    backend = backend_cpu_init()
+    try:
+        backend.set_n_threads(np.int64(2))
+        assert backend.n_threads == 2 and type(backend.n_threads) is int
     finally:
         backend.free()
 

@@ -44,18 +44,29 @@ POPULATE_MIN_BYTES = 1 << 20
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", None)
 
 
+def _free_physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not available here: never populate
+        return 0
+
+
 def _aligned_bytes(size: int, align: int = MEMORY_ALIGNMENT) -> np.ndarray:
     """``size`` bytes of host memory, base aligned to ``align`` (<= the page size). From
     :data:`POPULATE_MIN_BYTES` on Linux, an anonymous mapping made with ``MAP_POPULATE``: the
     kernel maps every page at once instead of one fault per 4 KiB page on first write, which
     made the first graph evaluation after a reserve pay ~1-3 ms per MiB on the 2-core VM
     (50 MiB: 42-144 ms of first writes; populated: 21-40 ms, then writes at full speed); the
-    memory is zeroed and unmapped when the last view of it is gone. Elsewhere: ``np.empty``.
+    memory is zeroed and unmapped when the last view of it is gone. Only while ``size`` is at
+    most half the free physical memory: populated pages are committed at once, so a request
+    beyond it would meet the kernel's OOM killer instead of an error (lazily mapped memory, as
+    ``malloc``'s in ggml, is only taken when written). Otherwise, and off Linux: ``np.empty``.
 
     Raises:
         MemoryError: the memory cannot be had.
     """
-    if _MAP_POPULATE is not None and size >= POPULATE_MIN_BYTES:
+    if (_MAP_POPULATE is not None and size >= POPULATE_MIN_BYTES
+            and size <= _free_physical_bytes() // 2):
         try:
             m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE)
         except OSError as e:
@@ -218,12 +229,16 @@ class CPUBackend(Backend):
         the other ops (:mod:`ggmlpy.backends.cpu_threads`). Plans built before are dropped.
 
         Raises:
-            ValueError: ``n_threads`` is not an int in 1..:data:`~ggmlpy.backends.cpu_threads.MAX_N_THREADS`
+            TypeError: ``n_threads`` is not an int (a bool or float is refused).
+            ValueError: ``n_threads`` is not in 1..:data:`~ggmlpy.backends.cpu_threads.MAX_N_THREADS`
                 (512, ggml's ``GGML_MAX_N_THREADS``).
         """
         top = cpu_threads.MAX_N_THREADS
-        if (isinstance(n_threads, bool) or not isinstance(n_threads, int)
-                or not 1 <= n_threads <= top):
+        if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)):
+            raise TypeError(f"set_n_threads: n_threads must be an int in 1..{top}, "
+                            f"got {type(n_threads).__name__} {n_threads!r}")
+        n_threads = int(n_threads)
+        if not 1 <= n_threads <= top:
             raise ValueError(f"set_n_threads: n_threads must be an int in 1..{top}, "
                              f"got {n_threads!r}")
         if n_threads != self._n_threads:

@@ -10,7 +10,7 @@ Single-threaded by design: the BLAS GEMMs between these kernels leave OpenBLAS's
 spinning for a while, and a multithreaded Numba kernel (``parallel=True``, OpenMP or workqueue
 layer) launched then competes with them for the cores: measured on a 2-core machine, a
 row-broadcast add right after a 2-thread GEMM took 2.7-5 ms multithreaded against 0.15 ms on
-one thread (``scripts/bench_jit.py`` reports both kernels' rates).
+one thread (measured with a scratch script while the kernels were written).
 
 Accuracy. ``exp`` is evaluated in float32 as ggml's vectorized ``expf`` is: ``2^k * q(r)``,
 ``r = y - k ln 2`` in two Cody-Waite steps, ``|r| <= ln2/2``, ``q`` the degree-7 Taylor polynomial,
