@@ -24,36 +24,17 @@ Usage: ``python scripts/bench_shapes.py [--shapes 15] [--rounds 3] [--batch-size
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
+import statistics
 import sys
-
-
-def _threads_from_argv(argv: list[str]) -> str:
-    for i, a in enumerate(argv):
-        if a == "--threads" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--threads="):
-            return a.split("=", 1)[1]
-    return "2"
-
-
-_THREADS = _threads_from_argv(sys.argv)
-for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ[_v] = _THREADS
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import time
+from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-try:
-    import ggmlpy  # noqa: F401  (only whether it imports)
-except ImportError:  # running from a checkout without installing: use the repo root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+# bench_minilm sets OMP/OPENBLAS/MKL_NUM_THREADS from --threads before NumPy loads, and finds
+# ggmlpy in the checkout when it is not installed
 from bench_minilm import make_mixed_sentences  # noqa: E402
 from ggmlpy.models.bert import BertModel  # noqa: E402
 
