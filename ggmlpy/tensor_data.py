@@ -102,7 +102,19 @@ def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what:
         if tensor.type.is_quantized:
             raise TypeError(f"{what}: tensor '{tensor.name}' is {tensor.type.type_name}: pass its "
                             "raw bytes (bytes or a uint8 array)")
-        data = np.asarray(data, dtype=tensor.type.dtype)
+        dt = np.dtype(tensor.type.dtype)
+        if dt.kind == "f":
+            # a value beyond the type's range would become inf: refuse it (never silently)
+            src = np.asarray(data, dtype=np.float64)
+            with np.errstate(over="ignore", invalid="ignore"):  # checked right below
+                data = src.astype(dt)
+            bad = np.isfinite(src) & ~np.isfinite(data)
+            if bad.any():
+                raise ValueError(f"{what}: value {src[bad].flat[0]!r} is outside the range of "
+                                 f"tensor '{tensor.name}' ({tensor.type.type_name}, max "
+                                 f"{float(np.finfo(dt).max)!r})")
+        else:
+            data = np.asarray(data, dtype=dt)
     if isinstance(data, np.ndarray) and data.dtype != np.uint8 and not tensor.type.is_quantized:
         if data.dtype != tensor.type.dtype:
             raise TypeError(f"{what}: array of dtype {data.dtype} for tensor '{tensor.name}' of "

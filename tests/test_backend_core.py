@@ -298,3 +298,21 @@ def test_cpu_buffer_not_populated_beyond_half_the_free_memory(monkeypatch):
         assert a.size == big and a.ctypes.data % cpu_mod.MEMORY_ALIGNMENT == 0
         a[:] = 3
         assert int(a[::4096].sum()) == 3 * len(range(0, big, 4096))
+
+
+@pytest.mark.parametrize("ttype,big", [(Type.F16, 1e6), (Type.F16, -70000.0), (Type.F32, 1e39)])
+def test_set_list_out_of_range_refused(cpu, ttype, big):
+    """A list or scalar is converted to the tensor's element type; a finite value beyond that
+    type's range would become inf: refused, naming the tensor. In range, the values land."""
+    ctx = Context()
+    t = ctx.new_tensor_1d(ttype, 4).set_name("w")
+    buf = cpu.alloc_buffer(64)
+    gp.tensor_alloc(buf, t, 0)
+    with pytest.raises(ValueError, match="outside the range of tensor 'w'"):
+        backend_tensor_set(t, [1.0, big, 3.0, 4.0])
+    backend_tensor_set(t, [1.0, 2.0, np.inf, -np.inf])  # infinities given are kept as given
+    got = backend_tensor_get(t).reshape(-1)
+    np.testing.assert_array_equal(got, np.array([1.0, 2.0, np.inf, -np.inf], ttype.dtype))
+    top = 65504.0 if ttype == Type.F16 else 3e38               # in range: stored
+    backend_tensor_set(t, top, size=t.nbytes // 4)
+    assert float(backend_tensor_get(t).reshape(-1)[0]) == float(np.array(top, ttype.dtype))
