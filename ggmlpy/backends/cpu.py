@@ -264,7 +264,9 @@ class CPUBackend(Backend):
             if self._n_threads > 1:
                 plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
                 cpu_threads.compile_pending(plan.steps)
-                plan.threaded = any(isinstance(s, cpu_threads.Split) for s in plan.steps)
+                # (a step the plan builder wrapped keeps the wrapped one as ``step``)
+                plan.threaded = any(isinstance(getattr(s, "step", s), cpu_threads.Split)
+                                    for s in plan.steps)
         return plan
 
     def _run(self, plan: Plan) -> None:

@@ -27,7 +27,6 @@ with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 from __future__ import annotations
 
 import os
-
 import threading
 from functools import partial
 from typing import Any
