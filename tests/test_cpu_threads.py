@@ -590,6 +590,39 @@ def test_threaded_plan_holds_blas_at_one_thread(n_threads, rows, held) -> None:
             buf.free()
 
 
+def test_plan_with_wrapped_split_step_is_threaded() -> None:
+    """A split step the plan builder wraps (write tracking: a CPY into a weight that the same
+    plan then reads through the weight cache) still makes the plan threaded, so BLAS is held at
+    one thread while its slices run; results are right."""
+    backend = backend_cpu_init()
+    backend.set_n_threads(2)
+    ctx = Context()
+    K = M = 1024                                   # the CPY has 2^20 elements: it is split
+    src = ctx.new_tensor(F32, (K, M))
+    w = ctx.new_tensor(F16, (K, M))
+    x = ctx.new_tensor(F32, (K, 4))
+    y = ops.mul_mat(ctx, ops.cpy(ctx, src, w), x)
+    buf = alloc_ctx(ctx)
+    buf.set_usage(BufferUsage.WEIGHTS)
+    try:
+        rng = np.random.default_rng(3)
+        sv, xv = _rand(rng, (K, M), -1, 1), _rand(rng, (K, 4), -1, 1)
+        backend_tensor_set(src, sv)
+        backend_tensor_set(x, xv)
+        g = Graph(8)
+        g.build_forward_expand(y)
+        plan = backend.graph_plan_create(g)
+        assert any(isinstance(getattr(st, "step", None), Split) for st in plan.steps)
+        assert plan.threaded
+        backend.graph_plan_compute(plan)
+        ref = xv.astype(np.float64) @ sv.astype(np.float16).astype(np.float64).T
+        got = backend_tensor_get(y).reshape(ref.shape)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.sqrt(K))
+    finally:
+        backend.free()
+        buf.free()
+
+
 # ---------------------------------------------------------------------------------------------
 # set_n_threads
 
