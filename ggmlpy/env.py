@@ -10,6 +10,8 @@ variable                   accepted value
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
 ``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
 ``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
+``GGMLPY_BLAS``            ``auto``, ``numpy``, ``mkl`` or a CBLAS library's path: the CPU's
+                           float32 GEMMs (default ``auto``: MKL when installed, else NumPy)
 ``GGMLPY_WEIGHT_CACHE_MB``  finite number >= 0: MiB of float32 weight copies kept by the
                            NumPy MUL_MAT (default 256; 0 = off)
 ``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
@@ -36,7 +38,7 @@ import re
 from .errors import GgmlpyError
 
 __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
-           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
+           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "BLAS", "blas", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
            "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
@@ -50,6 +52,7 @@ SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
 PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
 JIT = "GGMLPY_JIT"
+BLAS = "GGMLPY_BLAS"
 WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
 FIXTURES = "GGMLPY_FIXTURES"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
@@ -60,7 +63,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, PRECISE_KERNELS,
-         JIT, WEIGHT_CACHE_MB, FIXTURES,
+         JIT, BLAS, WEIGHT_CACHE_MB, FIXTURES,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -280,6 +283,27 @@ def jit_enabled() -> bool:
     return _flag(JIT, True)
 
 
+def blas() -> str:
+    """``GGMLPY_BLAS``: which BLAS the CPU backend's float32 GEMMs call
+    (:mod:`ggmlpy.backends.cpu_blas`). ``"auto"`` when unset (MKL when its runtime library is
+    installed, else NumPy's matmul), ``"numpy"``, ``"mkl"``, or the path of a CBLAS shared library
+    (returned as given). The names are case-insensitive and returned in lower case. Read when a
+    plan is built.
+
+    Raises:
+        EnvError: neither a name above nor the path of an existing file.
+    """
+    v = _raw(BLAS)
+    if v is None:
+        return "auto"
+    if v.lower() in ("auto", "numpy", "mkl"):
+        return v.lower()
+    if not os.path.isfile(v):
+        raise EnvError(BLAS, v, "auto, numpy, mkl or the path of a CBLAS shared library "
+                                "(no such file)")
+    return v
+
+
 def _flag(name: str, default: bool) -> bool:
     """A 0/1 variable as a bool (``default`` when unset); EnvError for anything else."""
     v = _raw(name)
@@ -319,6 +343,7 @@ def validate() -> None:
     sched_debug()
     precise_kernels()
     jit_enabled()
+    blas()
     weight_cache_mb()
     ray_devices()
     ray_address()

@@ -280,7 +280,10 @@ def _profile(encode: Callable[[Sequence[str]], np.ndarray], sentences: Sequence[
 
 def blas_info() -> dict[str, Any]:
     """BLAS threading: threadpoolctl's report when installed, else the thread env variables."""
-    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "numpy": np.__version__}
+    from ggmlpy.backends import cpu_blas
+
+    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "numpy": np.__version__,
+                            "ggmlpy_gemm": cpu_blas.describe()}  # GGMLPY_BLAS's library
     try:
         from threadpoolctl import threadpool_info
     except ImportError:

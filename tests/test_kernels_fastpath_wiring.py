@@ -242,14 +242,21 @@ def test_precise_kernels_variable_rejects(monkeypatch, value):
 # MUL_MAT: batched products with a transposed src0 view (attention) go through copy + NN
 
 
+@pytest.mark.parametrize("blas", ["numpy", "mkl"])
 @pytest.mark.parametrize("blas_one", [False, True])
 @pytest.mark.parametrize("L", [8, 31, 32, 48])
 @pytest.mark.parametrize("pattern", ["kq", "kqv"])
-def test_batched_mul_mat_with_transposed_views(L, pattern, blas_one, monkeypatch):
-    """Copy + NN when it pays (BLAS multi-threaded); with BLAS at one thread (a threaded CPU
-    plan's hold, or the environment) the transposed view goes to BLAS as it is: same results."""
+def test_batched_mul_mat_with_transposed_views(L, pattern, blas_one, blas, monkeypatch):
+    """NumPy's matmul: copy + NN when it pays (BLAS multi-threaded); with BLAS at one thread (a
+    threaded CPU plan's hold, or the environment) the transposed view goes to BLAS as it is. MKL
+    (``GGMLPY_BLAS=mkl``): one ``cblas_sgemm_batch`` over the views as they lie, never a copy.
+    Same results every way."""
+    from ggmlpy.backends import cpu_blas
     from ggmlpy.backends.kernels import matmul
 
+    monkeypatch.setenv("GGMLPY_BLAS", blas)
+    if blas == "mkl":
+        _need_mkl(cpu_blas)
     calls = []
     scratch = matmul._scratch  # only the copy + NN path takes a scratch
     monkeypatch.setattr(matmul, "BLAS_ONE_THREAD", [blas_one])
@@ -274,4 +281,11 @@ def test_batched_mul_mat_with_transposed_views(L, pattern, blas_one, monkeypatch
         inputs = {qkv: X, kq_in: K}
     (got,) = run_graph(ctx, [out], inputs)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * L)
-    assert bool(calls) == (L >= matmul.NN_MIN_ROWS and not blas_one)
+    assert bool(calls) == (blas == "numpy" and L >= matmul.NN_MIN_ROWS and not blas_one)
+
+
+def _need_mkl(cpu_blas):
+    try:
+        cpu_blas.load_mkl()
+    except Exception as e:  # noqa: BLE001 - BackendUnavailableError
+        pytest.skip(f"MKL not installed (the mkl extra): {e}")

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.sched_reuse", "ggmlpy.sched_assign", "ggmlpy.sched_template"),
     ("ggmlpy.sched",),
     ("ggmlpy.backends._jit_kernels",),
-    ("ggmlpy.backends.fastpath", "ggmlpy.backends.cpu_jit"),
+    ("ggmlpy.backends.fastpath", "ggmlpy.backends.cpu_jit", "ggmlpy.backends.cpu_blas"),
     ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda_kernels", "ggmlpy.backends.cuda_quant",
      "ggmlpy.backends.cuda_gemm"),
     ("ggmlpy.backends.plan", "ggmlpy.backends.graph_spec", "ggmlpy.backends.ray_env"),

@@ -26,7 +26,7 @@ from ..errors import OutOfMemoryError
 from ..graph import Graph
 from .. import tensor as _tensor_module
 from ..tensor import Tensor
-from . import cpu_threads, kernels
+from . import cpu_blas, cpu_threads, kernels
 from .plan import Plan, PlanCache, build_plan
 
 __all__ = ["HostBuffer", "CPUBufferType", "CPUBackend", "CPUDevice", "cpu_buffer_type",
@@ -207,6 +207,9 @@ class CPUBackend(Backend):
         self._new_pool()
 
     def _new_pool(self) -> None:
+        # the GEMM library (GGMLPY_BLAS) is loaded now, not in the first graph evaluation, and
+        # before threadpoolctl looks for the BLAS libraries to hold
+        cpu_blas.warm_up()
         # the worker threads stop when the backend is freed or garbage-collected
         self._pool = cpu_threads.Pool(self._n_threads)
         if self._n_threads > 1:

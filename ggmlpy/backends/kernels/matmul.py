@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from functools import partial
 from typing import Any
 
@@ -37,6 +38,7 @@ from ...backend import BufferUsage
 from ...opcodes import Op
 from ...tensor import Tensor
 from ...types import Type
+from .. import cpu_blas
 from ..cuda_gemm import gemm_f16, gemm_f16_ok
 from .common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from .registry import Step, kernel
@@ -165,6 +167,10 @@ def _matmul_step(xp: Any, a: Any, b: Any, dst: Any) -> Step:
     matmul = xp.matmul
     if a.dtype == F32 and b.dtype == F32:
         aT, bv, dv = _mm_views(xp, a, b, dst)
+        if is_numpy(xp):
+            blas = cpu_blas.gemm_step(bv, aT, dv)  # GGMLPY_BLAS: MKL when installed
+            if blas is not None:
+                return blas
         if (not is_numpy(xp) and aT.ndim == 2 and dv.dtype == F32 and c_contig(dv)
                 and (aT.flags.f_contiguous or c_contig(aT))):
             return partial(xp.dot, bv, aT, out=dv)
@@ -215,6 +221,10 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
         return w
 
     geo: list[Any] = []  # (aT shape, aT strides, bv, dv, nn) once known (F32 src1 only)
+    blas = cpu_blas.active() if b32 else None  # the same GEMM library as an F32 MUL_MAT
+    # (weak reference to the copy the call was built over, the call, its scratch): the call
+    # holds addresses only, so an evicted copy is not kept alive by the plan
+    blas_call: list[Any] = [None, None, None]
 
     def run() -> None:
         w = CACHE.get(buf, key, nbytes, convert)
@@ -229,6 +239,14 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
             nn = _nn_pays(aT, bv)
             if b32:
                 geo.extend((aT.shape, aT.strides, bv, dv, nn))
+        if blas is not None:
+            ref = blas_call[0]
+            if ref is None or ref() is not w:  # a new copy (first call, or after an eviction)
+                got = blas.gemm_call(bv, aT, dv)
+                blas_call[:] = [weakref.ref(w), *got] if got is not None else [None, None, None]
+            if blas_call[1] is not None:
+                blas_call[1]()  # ``w`` (alive in this frame) is the memory the call reads
+                return
         if nn:
             _matmul_nn(bv, aT, dv)
         else:
