@@ -327,10 +327,12 @@ class CPUDevice(Device):
         total, free = _host_memory()
         return DeviceProps(
             name="CPU",
-            description=f"{platform.processor() or platform.machine()} (NumPy {np.__version__})",
+            description=(f"{platform.processor() or platform.machine()} (NumPy {np.__version__}, "
+                         f"GEMM: {cpu_blas.describe()})"),
             memory_free=free, memory_total=total, type=DeviceType.CPU,
             caps=self._CAPS,
-            extra={"threads": cpu_threads.default_n_threads(), "cores": os.cpu_count() or 1})
+            extra={"threads": cpu_threads.default_n_threads(), "cores": os.cpu_count() or 1,
+                   "gemm": cpu_blas.describe()})
 
     def _init_backend(self, params: str | None) -> Backend:
         if params:

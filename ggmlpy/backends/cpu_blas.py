@@ -46,6 +46,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import re
 import sys
 import threading
 from functools import partial
@@ -72,7 +73,7 @@ class CBlas:
 
     Attributes:
         name: ``"mkl"`` or the library's file name. path: the file loaded. version: the library's
-            version string when it reports one, else ``""``. batched: True when it has
+            version (MKL: ``"2026.2"``) when it reports one, else ``""``. batched: True when it has
             ``cblas_sgemm_batch`` (batched products go to it; otherwise they stay on NumPy).
     """
 
@@ -256,7 +257,9 @@ def load_mkl() -> CBlas:
         buf = ctypes.create_string_buffer(256)
         try:
             lib.MKL_Get_Version_String(buf, ctypes.c_int(len(buf)))
-            version = buf.value.decode(errors="replace").strip()
+            text = buf.value.decode(errors="replace")
+            found = re.search(r"Version\s+([\w.]+)", text)
+            version = found.group(1) if found else text.strip()
         except (AttributeError, OSError):
             version = ""
         batch = "cblas_sgemm_batch" if hasattr(lib, "cblas_sgemm_batch") else None
