@@ -98,6 +98,9 @@ def test_products_it_cannot_take_stay_on_numpy(lib):
     ro.flags.writeable = False
     assert cb.gemm_step(x, x, ro) is None
     assert cb.gemm_step(x, np.ones((4, 3), np.float32), np.empty((4, 4), np.float32)) is None
+    xb = np.ones((3, 4, 4), np.float32)
+    assert cb.gemm_step(xb, xb, np.lib.stride_tricks.as_strided(
+        np.empty((4, 4), np.float32), (3, 4, 4), (0, 16, 4))) is None  # 3 products, 1 matrix
 
 
 def _mul_mat_graph(n_threads, weight_t=Type.F32, f16_values=False):

@@ -155,8 +155,8 @@ class CBlas:
             return partial(self._sgemm, _ROW_MAJOR, la[0], lb[0], N, M, K, 1.0,
                            _address(bv[first]), la[1], _address(aT[first]), lb[1], 0.0,
                            _address(dv[first]), lc[1]), None
-        if self._batch is None:
-            return None
+        if self._batch is None or any(n > 1 and st == 0 for n, st in zip(batch, dv.strides)):
+            return None  # (a broadcast output: several products would write one matrix)
         ni = self._np_int
         # one group: every product has the same sizes, transposes and leading dimensions
         group = {

@@ -1,6 +1,12 @@
 """Matrix products: MUL_MAT (``dst = b @ a^T`` with ggml's block-repeat broadcast over dims 2/3)
 and OUT_PROD. F16 operands are computed in float32; the result is F32.
 
+On NumPy (CPU, SIM) a float32 product goes to the external CBLAS that ``GGMLPY_BLAS`` selects
+(:mod:`ggmlpy.backends.cpu_blas`: MKL when the ``mkl`` extra is installed; one ``cblas_sgemm``,
+or one ``cblas_sgemm_batch`` for a batched product, with addresses fixed at plan build) when it
+can take the operands as they lie, else to NumPy's ``matmul``; the weight cache's float32 copies
+below go to the same library.
+
 MUL_MAT also takes a BF16 or block-quantized ``src0`` (the weight, NumPy shape ``(A3, A2, M, K)``)
 with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 
