@@ -24,8 +24,9 @@ from .graph import Graph, new_graph, graph_view
 from .ops import *  # noqa: F401,F403  (graph-building functions: add, mul_mat, soft_max_ext, ...)
 from .ops import __all__ as _ops_all
 from .backend import (Status, BufferUsage, DeviceType, DeviceCaps, DeviceProps, BufferType, Buffer,
-                      MultiBuffer, Backend, Device, Reg, Event, tensor_alloc, view_init, event_new,
+                      Backend, Device, Reg, Event, tensor_alloc, view_init, event_new,
                       event_record, event_wait, event_synchronize, event_query)
+from .generic_buffers import MultiBuffer
 from .tensor_data import (backend_tensor_set, backend_tensor_get, backend_tensor_memset,
                           backend_tensor_copy, backend_tensor_set_async, backend_tensor_get_async,
                           backend_tensor_copy_async)

@@ -5,7 +5,7 @@ Two tools here place tensors in backend memory (mirrors ``ggml-alloc.h`` / ``ggm
 * :class:`TensorAllocator` (ggml's ``ggml_tallocr``): a bump allocator inside one existing buffer.
 * :func:`alloc_ctx_tensors_from_buft` / :func:`alloc_ctx_tensors` (ggml's
   ``ggml_backend_alloc_ctx_tensors*``): every unallocated tensor of a context in one buffer (or
-  several, wrapped in a :class:`~ggmlpy.backend.MultiBuffer`, when the buffer type has a max size).
+  several, wrapped in a :class:`~ggmlpy.generic_buffers.MultiBuffer`, when the buffer type has a max size).
 
 The graph allocator (ggml's ``ggml_gallocr``) lives in :mod:`ggmlpy.gallocr`; its public names
 (:class:`~ggmlpy.gallocr.GraphAllocator`, :data:`MAX_CHUNKS`, :data:`POLICIES`) are re-exported
@@ -20,7 +20,8 @@ from __future__ import annotations
 import logging
 
 from ._check import typed_functions as _typed_functions
-from .backend import Backend, Buffer, BufferType, MultiBuffer, Status, tensor_alloc, view_init
+from .backend import Backend, Buffer, BufferType, Status, tensor_alloc, view_init
+from .generic_buffers import MultiBuffer
 from .errors import OutOfMemoryError
 from .gallocr import MAX_CHUNKS, POLICIES, GraphAllocator, _DynAllocator, _pad  # noqa: F401 (re-exports)
 from .tensor import Context, Tensor
@@ -43,7 +44,7 @@ class TensorAllocator:
     ``get_alloc_size(tensor)`` rounded up to its alignment. Nothing is ever freed.
 
     Args:
-        buffer: a live buffer holding memory (not a :class:`~ggmlpy.backend.MultiBuffer`).
+        buffer: a live buffer holding memory (not a :class:`~ggmlpy.generic_buffers.MultiBuffer`).
 
     Attributes:
         buffer: the buffer.
@@ -165,7 +166,7 @@ def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None
 
     Tensors are visited in creation order and placed with a :class:`TensorAllocator`; a new
     buffer starts whenever the current one would pass ``buft.get_max_size()``, and several buffers
-    come back wrapped in one :class:`~ggmlpy.backend.MultiBuffer`. Views without memory are
+    come back wrapped in one :class:`~ggmlpy.generic_buffers.MultiBuffer`. Views without memory are
     initialised from their ``view_src`` (``view_init``); views whose ``view_src`` has no backend
     memory are left alone. Tensors that already have memory are not touched.
 

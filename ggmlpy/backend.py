@@ -10,17 +10,17 @@ Every class has two layers:
   default ggml gives a NULL slot.
 
 Capabilities (async, host_buffer, events, buffer_from_host_ptr) are data on
-:class:`DeviceCaps`, not probed with ``hasattr``. What is not contract lives beside this module:
-the tensor set/get/memset/copy functions and their one fallback ladder are in
-:mod:`ggmlpy.tensor_data` (still importable from here: ``ggmlpy.backend.backend_tensor_set``
-resolves lazily to it).
+:class:`DeviceCaps`, not probed with ``hasattr``. What is not contract lives beside this module
+and stays importable from here: the tensor set/get/memset/copy functions and their one fallback
+ladder (:mod:`ggmlpy.tensor_data`) and the zero-size and multi-buffer (:mod:`ggmlpy.generic_buffers`),
+both resolved lazily (``ggmlpy.backend.backend_tensor_set`` is ``tensor_data``'s); the buffers'
+write generations (:func:`buffer_written`, ...) are in :mod:`ggmlpy.write_gen`, a lower layer.
 """
 
 from __future__ import annotations
 
-import itertools
+import functools
 import sys
-import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +35,7 @@ from .errors import NotAllocatedError
 from .graph import Graph
 from .opcodes import VIEW_OPS, Op
 from .tensor import Tensor
+from .write_gen import _DATA_GEN, WriteTracked, _writes_landed, buffer_write_queued, buffer_written
 
 __all__ = [
     "Status", "BufferUsage", "DeviceType", "DeviceCaps", "DeviceProps",
@@ -150,7 +151,7 @@ class BufferType:
         if size < 0:
             raise ValueError(f"{self.name}: alloc_buffer size must be >= 0, got {size}")
         if size == 0:
-            return _ZeroBuffer(self, 0)
+            return _zero_buffer_class()(self, 0)
         return self._alloc_buffer(size)
 
     def get_alignment(self) -> int:
@@ -193,61 +194,18 @@ class BufferType:
         return f"<BufferType {self.name}>"
 
 
-# ---------------------------------------------------------------------------------------------
-# data-write generations: what the weight cache (backends/kernels/weight_cache.py) checks
+@functools.cache
+def _zero_buffer_class() -> type[Buffer]:
+    from .generic_buffers import _ZeroBuffer  # one layer up (a shim in tests/test_layering.py)
 
-#: process-wide source of write generations; ``next()`` on it is atomic under the GIL, so two
-#: writers never publish the same value
-_DATA_GEN = itertools.count(1)
-_queued_lock = threading.Lock()
-
-
-def buffer_written(buffer: Buffer) -> None:
-    """Record that bytes of ``buffer`` changed: give it a new, never used write generation
-    (``buffer._data_gen``). Call it **after** the bytes are in place. Every write path of the
-    package calls it: ``backend_tensor_set``/``memset``/``copy`` (dst), their async forms (at
-    enqueue, see :func:`buffer_write_queued`), :meth:`Buffer.clear`, :meth:`Buffer.free` and
-    compiled graph steps whose destination lives in a buffer that is not COMPUTE
-    (:meth:`ggmlpy.backends.plan.Plan.run`: once per run, or after each writing step when
-    the same plan also reads the buffer through the weight cache). Code that writes a buffer's
-    memory any other way (a NumPy view from ``Tensor.numpy()``, a wrapped user array) must call
-    it too, or converted weight copies may be stale. Synchronous; thread-safe.
-
-    Raises:
-        TypeError: ``buffer`` is not a :class:`Buffer`.
-    """
-    if not isinstance(buffer, Buffer):
-        raise TypeError(f"buffer_written: buffer must be a Buffer, got {type(buffer).__name__}")
-    buffer._data_gen = next(_DATA_GEN)
-
-
-def buffer_write_queued(backend: Backend, buffer: Buffer) -> None:
-    """Record a write to ``buffer`` queued on ``backend``'s stream: bump its write generation now
-    and count it in ``buffer._async_writes`` until ``backend.synchronize()`` returns (then the
-    generation is bumped again). While the count is non-zero the weight cache neither uses nor
-    stores a converted copy of the buffer's tensors. Thread-safe."""
-    with _queued_lock:
-        buffer._async_writes = getattr(buffer, "_async_writes", 0) + 1
-        q = backend.__dict__.setdefault("_queued_writes", [])
-        q.append(buffer)
-    buffer_written(buffer)
-
-
-def _writes_landed(backend: Backend) -> None:
-    with _queued_lock:
-        q = backend.__dict__.get("_queued_writes") or []
-        backend._queued_writes = []
-        for b in q:
-            b._async_writes -= 1
-    for b in q:
-        buffer_written(b)
+    return _ZeroBuffer
 
 
 # ---------------------------------------------------------------------------------------------
 # buffer
 
 
-class Buffer:
+class Buffer(WriteTracked):
     """A block of backend memory holding tensors (mirrors ``ggml_backend_buffer``).
 
     Tensors point into a buffer with ``(tensor.buffer, tensor.offset)``. Subclasses implement the
@@ -394,59 +352,6 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"<Buffer {self.name} {self.size} bytes usage={self.usage.name}>"
-
-
-class _ZeroBuffer(Buffer):
-    """The zero-size buffer ggml returns for ``alloc_buffer(0)``: no memory, every hook a no-op."""
-
-    def _set_tensor(self, tensor, data, offset):  # noqa: D401
-        pass
-
-    def _get_tensor(self, tensor, offset, size):
-        return np.empty(0, np.uint8)
-
-    def _memset_tensor(self, tensor, value, offset, size):
-        pass
-
-    def _clear(self, value):
-        pass
-
-    def _array(self, tensor):
-        return np.empty(tensor.ne[::-1], tensor.type.dtype)
-
-
-class MultiBuffer(Buffer):
-    """Several buffers of one buffer type acting as one (mirrors ggml's multi-buffer).
-
-    Tensors keep pointing at the child buffers; the multi-buffer only frees, clears and sets the
-    usage of all of them. ``size`` is the sum of the children's sizes.
-
-    Raises:
-        ValueError: no children, or children of different buffer types.
-    """
-
-    def __init__(self, buffers: list[Buffer]) -> None:
-        if not buffers:
-            raise ValueError("MultiBuffer needs at least one buffer")
-        buft = buffers[0].buft
-        if any(b.buft is not buft for b in buffers):
-            raise ValueError("MultiBuffer: all buffers must share one buffer type")
-        super().__init__(buft, sum(b.size for b in buffers))
-        self.buffers = list(buffers)
-
-    def _free(self) -> None:
-        for b in self.buffers:
-            b.free()
-
-    def _clear(self, value: int) -> None:
-        for b in self.buffers:
-            b.clear(value)
-
-    def set_usage(self, usage: BufferUsage) -> None:
-        """Set the usage of the multi-buffer and of every child (mirrors ``ggml_backend_multi_buffer_set_usage``)."""
-        super().set_usage(usage)
-        for b in self.buffers:
-            b.set_usage(usage)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -963,17 +868,23 @@ class Reg:
 EvalCallback = Callable[[Tensor, bool], bool]
 
 
-# Moved to ggmlpy.tensor_data (not contract); still importable from here, resolved on first use.
+# Moved out (not contract); still importable from here, resolved on first use.
 _MOVED_TO_TENSOR_DATA = frozenset({
     "as_bytes", "backend_tensor_set", "backend_tensor_get", "backend_tensor_memset", "backend_tensor_copy",
     "backend_tensor_set_async", "backend_tensor_get_async", "backend_tensor_copy_async"})
+_MOVED_TO_GENERIC_BUFFERS = frozenset({"MultiBuffer", "_ZeroBuffer"})
 
 
 def __getattr__(name: str) -> Any:
+    # compatibility re-exports, lazy: both modules import this one
     if name in _MOVED_TO_TENSOR_DATA:
-        from . import tensor_data  # compatibility re-export (lazy: tensor_data imports this module)
+        from . import tensor_data
 
         return getattr(tensor_data, name)
+    if name in _MOVED_TO_GENERIC_BUFFERS:
+        from . import generic_buffers
+
+        return getattr(generic_buffers, name)
     raise AttributeError(f"module 'ggmlpy.backend' has no attribute {name!r}")
 
 

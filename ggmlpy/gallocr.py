@@ -30,7 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._check import typed_methods as _typed_methods
-from .backend import Buffer, BufferType, BufferUsage, MultiBuffer
+from .backend import Buffer, BufferType, BufferUsage
+from .generic_buffers import MultiBuffer
 from .dyn_alloc import _UNBOUNDED, MAX_CHUNKS, _DynAllocator, _pad
 from .errors import NotAllocatedError, OutOfMemoryError
 from .graph import Graph
@@ -765,7 +766,7 @@ class GraphAllocator:
 
     def get_buffer(self, buffer_id: int) -> Buffer | None:
         """The memory of buffer ``buffer_id``: its single chunk buffer, a
-        :class:`~ggmlpy.backend.MultiBuffer` over its chunks when there are several (the same
+        :class:`~ggmlpy.generic_buffers.MultiBuffer` over its chunks when there are several (the same
         object until the buffers change), or None when it has no memory. Ids sharing a buffer
         type return the same object. The allocator owns it: do not free it.
 

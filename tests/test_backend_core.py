@@ -316,3 +316,58 @@ def test_set_list_out_of_range_refused(cpu, ttype, big):
     top = 65504.0 if ttype == Type.F16 else 3e38               # in range: stored
     backend_tensor_set(t, top, size=t.nbytes // 4)
     assert float(backend_tensor_get(t).reshape(-1)[0]) == float(np.array(top, ttype.dtype))
+
+
+def _zero_bufts():
+    from ggmlpy.backends.sim_runtime import sim_reg
+
+    dev = sim_reg(1).devices[0]
+    return [gp.cpu_buffer_type(), dev.get_buffer_type(), dev.get_host_buffer_type()]
+
+
+@pytest.mark.parametrize("buft", _zero_bufts(), ids=lambda b: b.name)
+def test_alloc_buffer_0_is_the_zero_size_buffer_of_every_buffer_type(buft):
+    # ggml returns a zero-size buffer for alloc_buffer(0) without calling the backend; it lives in
+    # ggmlpy.generic_buffers (one layer above backend.py) and must stay a working Buffer
+    from ggmlpy.backend import Buffer, buffer_written
+    from ggmlpy.generic_buffers import _ZeroBuffer
+
+    z = buft.alloc_buffer(0)
+    assert type(z) is _ZeroBuffer and isinstance(z, Buffer)
+    assert z.buft is buft and z.size == 0 and z.get_size() == 0 and z.is_host() == buft.is_host()
+    t = Context().new_tensor_2d(Type.F32, 0, 3).set_name("empty")
+    assert tensor_alloc(z, t, 0) == gp.Status.SUCCESS
+    backend_tensor_set(t, np.zeros((3, 0), np.float32))
+    backend_tensor_memset(t, 7, 0, 0)
+    assert backend_tensor_get(t).shape == (1, 1, 3, 0)
+    assert z._array(t).shape == (1, 1, 3, 0) and z._array(t).dtype == np.float32
+    z.clear(5)
+    gen = z._data_gen
+    buffer_written(z)
+    assert z._data_gen > gen
+    z.free()
+    assert z.freed
+    with pytest.raises(NotAllocatedError, match="freed"):
+        backend_tensor_get(t)
+
+
+def test_buffer_written_takes_every_buffer_kind_and_refuses_lookalikes(cpu):
+    # the type check lives in ggmlpy.write_gen (below backend.py): Buffer derives from WriteTracked
+    from ggmlpy.backend import buffer_written
+
+    bufs = [cpu.alloc_buffer(64), cpu.alloc_buffer(0)]
+    bufs.append(MultiBuffer([cpu.alloc_buffer(16), cpu.alloc_buffer(16)]))
+    gens = []
+    for b in bufs:
+        buffer_written(b)
+        gens.append(b._data_gen)
+    assert gens == sorted(set(gens))  # new and strictly increasing, never reused
+
+    class LooksLikeABuffer:
+        _data_gen = 0
+        _async_writes = 0
+
+    fake = LooksLikeABuffer()
+    with pytest.raises(TypeError, match="buffer must be a Buffer, got LooksLikeABuffer"):
+        buffer_written(fake)
+    assert fake._data_gen == 0

@@ -24,13 +24,14 @@ PKG = Path(__file__).resolve().parent.parent / "ggmlpy"
 #: a new module must be given its layer here).
 LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.types", "ggmlpy.errors", "ggmlpy.opcodes", "ggmlpy.special", "ggmlpy._aliases",
-     "ggmlpy._check", "ggmlpy.snapshot", "ggmlpy.dyn_alloc"),
+     "ggmlpy._check", "ggmlpy.snapshot", "ggmlpy.dyn_alloc", "ggmlpy.write_gen"),
     ("ggmlpy.env",),
     ("ggmlpy.quants",),
     ("ggmlpy.tensor",),
     ("ggmlpy.graph",),
     ("ggmlpy.ops",),
     ("ggmlpy.backend",),
+    ("ggmlpy.generic_buffers",),
     ("ggmlpy.tensor_data",),
     ("ggmlpy.gallocr",),
     ("ggmlpy.alloc",),
@@ -57,8 +58,9 @@ LAYERS: list[tuple[str, ...]] = [
 
 EXACT = {"ggmlpy", "ggmlpy.backends"}
 
-#: (importer, imported) pairs allowed to point up: lazy re-exports of names that moved.
-COMPAT_SHIMS = {("ggmlpy.backend", "ggmlpy.tensor_data")}
+#: (importer, imported) pairs allowed to point up: lazy re-exports of names that moved (backend's
+#: ``__getattr__``; for generic_buffers also ``BufferType.alloc_buffer(0)``'s zero-size buffer).
+COMPAT_SHIMS = {("ggmlpy.backend", "ggmlpy.tensor_data"), ("ggmlpy.backend", "ggmlpy.generic_buffers")}
 
 
 def _modules() -> dict[str, Path]:
