@@ -161,3 +161,79 @@ def test_flash_attn_ext(D, Dv, H, Hkv, NQ, NKV, B, mask, max_bias, softcap, kv_t
     np.testing.assert_allclose(r, ref, rtol=1e-4, atol=1e-5)
     if M is not None:
         assert np.all(r[:, 2] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# SOFT_MAX flushes results below float32's smallest normal number on every path (mask type,
+# GGMLPY_JIT, ALiBi): the compiled kernel always did, the NumPy paths (an F16 mask, GGMLPY_JIT=0,
+# ALiBi) did not, so one op's result depended on the mask's dtype.
+
+_F32_TINY = float(np.finfo(np.float32).tiny)
+# logit offsets per row position: 0, -1, -5 and -60 give normal probabilities, -90 .. -100 give
+# float32 subnormals before the flush (exp(-90) = 8e-40 < 1.18e-38), none near the threshold
+_OFFSETS = np.array([0, -1, -5, -60, -90, -92, -95, -100] * 2, dtype=np.float32)
+
+
+def _flushed_softmax_ref(A, M, scale, max_bias):
+    ref = _softmax_ref(A, M, scale, max_bias)
+    ref[ref < _F32_TINY] = 0.0
+    return ref
+
+
+@pytest.mark.parametrize("jit", ["1", "0"], ids=["jit", "nojit"])
+@pytest.mark.parametrize("mask_t,scale,max_bias", [
+    pytest.param(mt, sc, mb, id=f"{mt.name if mt is not None else 'nomask'}-scale{sc}-bias{mb}")
+    for mt in (None, Type.F32, Type.F16) for sc, mb in ((1.0, 0.0), (0.5, 0.0), (1.0, 1.0))
+    if mt is not None or mb == 0.0])  # ggml's soft_max_ext requires a mask with ALiBi
+def test_soft_max_flushes_subnormal_results_on_every_path(jit, mask_t, scale, max_bias,
+                                                           monkeypatch):
+    """Table over mask type {none, F32, F16} x GGMLPY_JIT {1, 0} x ALiBi off/on against a
+    float64 reference with the flush applied (atol 0: an unflushed subnormal fails). Without
+    ALiBi the logits are exact in float32 (integer offsets, masks in steps of 1/8, power-of-two
+    scales); ALiBi's float32 slopes move a logit by < 2e-7, so the normal probabilities
+    (logits >= -61) keep ``rtol=1e-5`` (the tolerance of the module docstring) and the
+    subnormal ones (logits <= -89, ln of float32's smallest normal is -87.3) stay below it."""
+    if jit == "1":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("GGMLPY_JIT", jit)
+    rng = np.random.default_rng(7)
+    ctx = Context()
+    a = ctx.new_tensor(Type.F32, (16, 6, 4, 2))
+    mask = ctx.new_tensor(mask_t, (16, 8, 2, 1)) if mask_t is not None else None
+    out = ops.soft_max_ext(ctx, a, mask, scale, max_bias)
+    A = np.broadcast_to(_OFFSETS / np.float32(scale), a.ne[::-1]).astype(np.float32)
+    A = A + rng.integers(-8, 9, size=A.shape).astype(np.float32) / 8
+    inputs = {a: A}
+    M = None
+    if mask is not None:
+        M = (rng.integers(-8, 9, size=mask.ne[::-1]) / 8).astype(mask_t.dtype)
+        inputs[mask] = M
+    (r,) = run_graph(ctx, [out], inputs)
+    ref = _flushed_softmax_ref(A, M, scale, max_bias)
+    assert (ref == 0).sum() >= A.size // 4 and (ref > 0).all(axis=-1).sum() == 0  # flushes
+    assert ((ref > 0) & (ref < 1e-20)).any()                  # small normals kept
+    np.testing.assert_allclose(r, ref, rtol=1e-5, atol=0)
+    assert not ((r > 0) & (r < _F32_TINY)).any()
+
+
+@pytest.mark.parametrize("jit", ["1", "0"])
+def test_soft_max_f16_mask_same_result_as_f32_mask(jit, monkeypatch):
+    """An F16 mask holding the same values as an F32 one gives the bit-identical result (the
+    same kernel runs: with Numba the F16 mask is converted and the compiled kernel used)."""
+    if jit == "1":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("GGMLPY_JIT", jit)
+    rng = np.random.default_rng(11)
+    ctx = Context()
+    a = ctx.new_tensor(Type.F32, (24, 5, 3, 2))
+    m16 = ctx.new_tensor(Type.F16, (24, 7, 3, 1))
+    m32 = ctx.new_tensor(Type.F32, (24, 7, 3, 1))
+    o16 = ops.soft_max_ext(ctx, a, m16, 0.125, 0.0)
+    o32 = ops.soft_max_ext(ctx, a, m32, 0.125, 0.0)
+    A = uniform(rng, a.ne[::-1], -400, 400)
+    M = uniform(rng, m16.ne[::-1], -30, 30, dtype=np.float16)
+    M[..., 1, :5] = -np.inf
+    r16, r32 = run_graph(ctx, [o16, o32], {a: A, m16: M, m32: M.astype(np.float32)})
+    np.testing.assert_array_equal(r16, r32)
+    ref = _flushed_softmax_ref(A, M, 0.125, 0.0)
+    np.testing.assert_allclose(r16, ref, rtol=1e-5, atol=0)

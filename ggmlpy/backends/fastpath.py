@@ -19,9 +19,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["add_bias_residual", "gelu_erf", "norm", "soft_max"]
+__all__ = ["add_bias_residual", "gelu_erf", "norm", "soft_max", "flush_small_to_zero", "F32_TINY"]
 
 _F32 = np.float32
+#: float32's smallest normal number (1.18e-38): non-negative results below it are flushed to zero
+F32_TINY = np.finfo(np.float32).tiny
 _ROW_BLOCK_BYTES = 1 << 18  # rows per block of the blocked two-op passes: 256 KiB (L2-sized)
 
 
@@ -83,7 +85,10 @@ def soft_max(xp: Any, x: Any, mask: Any | None, scale: float, out: Any) -> Any:
         out: float32 array of ``x``'s shape (may be ``x`` itself).
 
     Returns:
-        ``out``. Rows that are all ``-inf`` give NaN, as in ggml.
+        ``out``. Rows that are all ``-inf`` give NaN, as in ggml. Probabilities below float32's
+        smallest normal number (:data:`F32_TINY`) are flushed to zero, as the compiled kernel
+        (:func:`ggmlpy.backends.cpu_jit.soft_max`) does, so the result does not depend on which
+        path ran (subnormal operands slow the GEMM that reads them).
 
     Raises:
         ValueError: ``out`` has another shape or dtype.
@@ -98,6 +103,25 @@ def soft_max(xp: Any, x: Any, mask: Any | None, scale: float, out: Any) -> Any:
     s = out.sum(axis=-1, keepdims=True)
     xp.reciprocal(s, out=s)
     xp.multiply(out, s, out=out)
+    return flush_small_to_zero(xp, out)
+
+
+def flush_small_to_zero(xp: Any, out: Any) -> Any:
+    """Set the elements of the non-negative float32 array ``out`` that are below float32's
+    smallest normal number (:data:`F32_TINY`, subnormals) to ``+0.0``, in place; NaN stays NaN.
+
+    The NumPy/CuPy formulations of the soft-max kernels call this so that they agree with the
+    compiled kernels, which flush (a value moves by less than 1.2e-38). Synchronous on NumPy;
+    launched on the current stream on CuPy.
+
+    Args:
+        xp: ``numpy`` or ``cupy``.
+        out: float32 array of any shape whose elements are >= 0 or NaN (probabilities).
+
+    Returns:
+        ``out``.
+    """
+    xp.copyto(out, _F32(0.0), where=out < F32_TINY)
     return out
 
 

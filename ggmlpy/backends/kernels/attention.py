@@ -6,7 +6,10 @@ straight in the destination (scale, mask, max, exp, one reciprocal per row and a
 temporaries of the input's size); ggml's tiling broadcast of the mask over dims 2/3 is given to
 it as stride-0 views. Rows sum to 1 within float32 rounding as with the divide. With Numba (the
 ``jit`` extra), C-contiguous float32 operands go to :func:`ggmlpy.backends.cpu_jit.soft_max`
-instead: one multithreaded kernel, float64 sums.
+instead: one compiled kernel, float64 sums; an F16 mask is converted to a float32 copy of the
+rows used first (exact), so it takes the same kernel. Every SOFT_MAX path flushes probabilities
+below float32's smallest normal number to zero (as the compiled kernel does), so a result does
+not depend on the mask's type, the layout or ``GGMLPY_JIT``.
 """
 
 from __future__ import annotations
@@ -121,8 +124,20 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     s32 = F32(scale)
     exp, divide = xp.exp, xp.divide
     fast = max_bias == 0.0
+    flush = fastpath.flush_small_to_zero
     if fast and use_jit(xp, a, dst, *(() if mask is None else (mask,))):
         return partial(cpu_jit.soft_max, a, mask, scale, dst)
+    if fast and mask is not None and mask.dtype != F32 and use_jit(xp, a, dst):
+        # an F16 mask: converted (exactly) into a float32 copy of the rows used, then the
+        # compiled kernel, so the result is the F32 mask's one (same rounding, same flush)
+        m32 = np.empty(mask[:, :, :X1, :].shape, F32)
+        mrows16 = mask[:, :, :X1, :]
+        copyto, jit_soft_max = np.copyto, cpu_jit.soft_max
+
+        def run_converted() -> None:
+            copyto(m32, mrows16)
+            jit_soft_max(a, m32, scale, dst)
+        return run_converted
     if mask is None and fast:
         return partial(fastpath.soft_max, xp, a, None, scale, dst)
     if mask is None:
@@ -131,6 +146,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
             w -= w.max(axis=-1, keepdims=True)
             exp(w, out=w)
             divide(w, w.sum(axis=-1, keepdims=True), out=dst)
+            flush(xp, dst)
         return run_plain
     mrows = mask[:, :, :X1, :]
     a6, m6 = _tile_23(xp, a, mrows)
@@ -152,6 +168,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         w -= w.max(axis=-1, keepdims=True)
         exp(w, out=w)
         divide(w, w.sum(axis=-1, keepdims=True), out=d6)
+        flush(xp, d6)
     return run
 
 
