@@ -49,13 +49,13 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import sys
 import weakref
 from collections import OrderedDict
 from operator import itemgetter
 from typing import Any
 
+from . import env
 from ._check import describe
 from ._check import typed_methods as _typed_methods
 from .alloc import GraphAllocator
@@ -78,10 +78,9 @@ MAX_COPIES = 4
 
 
 def _debug_level() -> int:
-    v = os.environ.get("GGMLPY_SCHED_DEBUG", "").strip()
-    if v in ("", "0", "1", "2"):
-        return int(v or 0)
-    raise ValueError(f"GGMLPY_SCHED_DEBUG must be 0, 1 or 2, got {v!r}")
+    """``GGMLPY_SCHED_DEBUG`` (0, 1 or 2), parsed by :func:`ggmlpy.env.sched_debug` (EnvError,
+    a ValueError naming the variable, for any other value)."""
+    return env.sched_debug()
 
 
 _first = itemgetter(0)
@@ -106,7 +105,12 @@ class Scheduler(AssignPasses, TemplateSplits):
         ValueError: no backends, more than 16, the last is not a CPU device, a buffer type not
             supported by its backend, ``bufts`` of the wrong length, or an unknown ``alloc_policy``.
 
-    Environment: ``GGMLPY_SCHED_DEBUG=1`` prints the splits after each split, ``=2`` every node too.
+    Environment: ``GGMLPY_SCHED_DEBUG=1`` prints the splits (to stderr) once per split actually
+    made, as ggml prints once per ``ggml_backend_sched_split_graph`` call: by :meth:`reserve`,
+    :meth:`reserve_size`, :meth:`split_graph`, and :meth:`alloc_graph` when it splits (or applies
+    a split template); the header line names which (``sched: reserve: ...``), so a reservation
+    followed by the first evaluation shows two labelled tables. An unchanged graph that replays
+    its recorded splits prints nothing. ``=2`` prints every node too.
     """
 
     def __init__(self, backends: list[Backend], bufts: list[BufferType] | None = None,
@@ -263,6 +267,11 @@ class Scheduler(AssignPasses, TemplateSplits):
         """
         if not isinstance(graph, Graph):
             raise TypeError(f"split_graph: expected a Graph, got {type(graph).__name__}")
+        self._split(graph, "split_graph")
+
+    def _split(self, graph: Graph, caller: str) -> None:
+        """:meth:`split_graph`'s work; ``caller`` labels the debug print (the public entry
+        point that split)."""
         self.is_reset = False
         self._ctx = Context()
         self._op_memo = {}
@@ -282,7 +291,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         src_map, extra_flags = self._pass5_split_and_copy(nodes)
         self._build_sched_graph(graph, src_map, extra_flags)
         if self.debug:
-            self.print_report(verbose=self.debug > 1)
+            self.print_report(verbose=self.debug > 1, caller=caller)
 
     def _pass5_split_and_copy(self, nodes: list[Tensor]
                               ) -> tuple[dict[int, list[Tensor | None]], dict[int, Flag]]:
@@ -399,7 +408,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         """
         self.synchronize()
         try:
-            self.split_graph(graph)
+            self._split(graph, "reserve")
             ok = self.galloc.reserve_n(self.graph, self._node_ids, self._leaf_ids)
         finally:
             self.reset()
@@ -414,7 +423,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.reset()
         self.synchronize()
         try:
-            self.split_graph(graph)
+            self._split(graph, "reserve_size")
             return self.galloc.reserve_n_size(self.graph, self._node_ids, self._leaf_ids)
         finally:
             self.reset()
@@ -492,9 +501,9 @@ class Scheduler(AssignPasses, TemplateSplits):
             templates.hits += 1
             snap.state = tmpl.state  # (equal: one tuple kept, compared by identity below)
             if self.debug:
-                self.print_report(verbose=self.debug > 1)
+                self.print_report(verbose=self.debug > 1, caller="alloc_graph (split template)")
         else:
-            self.split_graph(graph)
+            self._split(graph, "alloc_graph")
         recs_before = self.galloc._node_recs  # replaced whenever the allocator plans anew
         # vouch for the scheduler's graph (skip the allocator's state compare): the user graph's
         # state and the split signature equal those of the last allocation, so the scheduler's
@@ -761,11 +770,17 @@ class Scheduler(AssignPasses, TemplateSplits):
         return {"n_splits": len(self.splits), "n_copies": self.n_copies, "splits": splits,
                 "nodes": nodes}
 
-    def print_report(self, verbose: bool = False, file: Any = None) -> None:
-        """Print :meth:`report` as text (``GGMLPY_SCHED_DEBUG=1``; ``verbose`` adds every node, level 2)."""
+    def print_report(self, verbose: bool = False, file: Any = None, caller: str | None = None) -> None:
+        """Print :meth:`report` as text to ``file`` (default stderr), synchronously
+        (``GGMLPY_SCHED_DEBUG=1``; ``verbose`` adds every node, level 2; mirrors
+        ``ggml_backend_sched_print_assignments``). ``caller`` (the entry point that split, e.g.
+        ``"reserve"``) is named in the header line: ``sched: reserve: 2 splits, ...``."""
         out = file or sys.stderr
         r = self.report()
-        print(f"sched: {r['n_splits']} splits, n_copies={r['n_copies']}", file=out)
+        label = f"{caller}: " if caller else ""
+        n_nodes = self._user_graph.n_nodes if self._user_graph is not None else 0
+        print(f"sched: {label}{r['n_splits']} splits, n_copies={r['n_copies']}, graph of "
+              f"{n_nodes} nodes", file=out)
         for sp in r["splits"]:
             ins = ", ".join(f"{x['name']} ({x['bytes']} B from {x['from']})" for x in sp["inputs"])
             print(f"## SPLIT #{sp['id']}: {sp['backend']} nodes [{sp['nodes'][0]}, {sp['nodes'][1]}) "

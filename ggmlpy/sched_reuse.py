@@ -169,6 +169,9 @@ class ReuseCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        # the entry :meth:`begin` made or refreshed last (kept again by :meth:`store` when a
+        # buffer freed during that allocation cleared the cache)
+        self._pending: _Entry | None = None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -252,6 +255,7 @@ class ReuseCache:
             e.snap = snap
             e.pins = dict(pins)
         self._entries.move_to_end(key)
+        self._pending = e
         return snap
 
     def _graph_died(self, key: int) -> Any:
@@ -273,7 +277,15 @@ class ReuseCache:
         other slots' placements are stale."""
         e = next((x for x in reversed(self._entries.values()) if x.snap is snap), None)
         if e is None:
-            return
+            # the allocation freed a compute buffer (the allocator grew it), which cleared every
+            # record, this graph's too: keep this graph again, with the new record only (it
+            # points into the new buffers), so its next allocation replays
+            p, self._pending = self._pending, None
+            g = p.graph() if p is not None and p.snap is snap else None
+            if g is None:
+                return
+            p.slots = {}
+            self._entries[id(g)] = e = p
         if replanned and e.slots:
             # another plan: other slots' records stay only when they place every tensor at the
             # same addresses (then the copy slots of in-flight evaluations are still disjoint)

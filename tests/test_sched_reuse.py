@@ -403,3 +403,31 @@ def test_dead_graph_drops_its_record(sim_cpu):
     _check(_run(sched, nets[1], X), nets[1].ref(X))
     assert sched.reuse.hits == 1
     sched.free()
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_graph_that_grew_the_buffers_replays_next_time(parallel):
+    """A graph whose allocation grows a compute buffer (the old one freed, which drops every
+    record) is kept with its new record: its next allocation replays (it used to be split again,
+    through a template, and GGMLPY_SCHED_DEBUG printed its table a second time)."""
+    sched = Scheduler([gp.backend_cpu_init()], parallel=parallel)
+    n_slots = sched.n_copies
+    for n in (16, 64, 256):                               # each one grows the buffer
+        ctx = Context()
+        x = ctx.new_tensor_1d(Type.F32, n).set_name("x").set_input()
+        y = gp.scale(ctx, gp.sqr(ctx, x), 3.0).set_name("y").set_output()
+        g = Graph()
+        g.build_forward_expand(y)
+        misses0, hits0 = sched.reuse.misses, sched.reuse.hits
+        for k in range(3 * n_slots):
+            X = RNG.standard_normal(n).astype(np.float32)
+            sched.reset()
+            assert sched.alloc_graph(g)
+            backend_tensor_set(x, X)
+            assert sched.graph_compute(g) == Status.SUCCESS
+            np.testing.assert_allclose(backend_tensor_get(y).ravel(), 3.0 * X.astype(np.float64) ** 2,
+                                       rtol=1e-6)
+        sched.synchronize()
+        # one split per copy slot, replays only after that
+        assert sched.reuse.misses - misses0 == n_slots
+        assert sched.reuse.hits - hits0 == 2 * n_slots
