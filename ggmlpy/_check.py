@@ -1,7 +1,8 @@
 """Argument checks shared by the public entry points: one line, the argument named.
 
 Every helper raises at once (``TypeError`` for a wrong type, ``ValueError`` for a value out of
-range) with a message ``"<where>: <name> must be <condition>, got <value>"``. ``bool`` is never
+range, an :class:`ArgumentValueError` naming the argument) with a message
+``"<where>: <name> must be <condition>, got <value>"``. ``bool`` is never
 accepted where an ``int`` or a number is asked for (``True`` is an ``int`` in Python, but passing
 it for a count is a mistake). This module imports nothing from ggmlpy, so any layer may use it.
 """
@@ -14,9 +15,28 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-__all__ = ["OneLineArgumentParser", "check_type", "check_int", "check_number", "check_str", "check_bool",
+__all__ = ["ArgumentValueError", "OneLineArgumentParser", "check_type", "check_int", "check_number", "check_str", "check_bool",
            "check_optional", "check_str_sequence", "describe", "typed_args", "typed_functions",
            "typed_methods"]
+
+
+class ArgumentValueError(ValueError):
+    """A ``ValueError`` about one named argument: ``"<where>: <arg> <detail>"``.
+
+    A command line that passes its flags on to a function catches it and names its own flag
+    instead of the parameter (``-ngl/--n-gpu-layers`` for ``n_gpu_layers``).
+
+    Attributes:
+        arg: the parameter's name as the function spells it (``"n_gpu_layers"``).
+        detail: the rest of the message (``"must be in 0..6, got 7"``).
+        where: the function's name, or ``""``.
+    """
+
+    def __init__(self, arg: str, detail: str, where: str = "") -> None:
+        self.arg = arg
+        self.detail = detail
+        self.where = where
+        super().__init__(f"{_prefix(where)}{arg} {detail}")
 
 
 def describe(value: Any) -> str:
@@ -78,7 +98,7 @@ def check_str(name: str, value: Any, where: str = "", nonempty: bool = False) ->
     """
     check_type(name, value, str, where)
     if nonempty and not value.strip():
-        raise ValueError(f"{_prefix(where)}{name} must be a non-empty string, got {value!r}")
+        raise ArgumentValueError(name, f"must be a non-empty string, got {value!r}", where)
     return value
 
 
@@ -97,7 +117,7 @@ def check_int(name: str, value: Any, lo: int | None = None, hi: int | None = Non
     check_type(name, value, int, where)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         rng = (f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in {lo}..{hi}")
-        raise ValueError(f"{_prefix(where)}{name} must be {rng}, got {value}")
+        raise ArgumentValueError(name, f"must be {rng}, got {value}", where)
     return value
 
 
@@ -117,11 +137,12 @@ def check_number(name: str, value: Any, lo: float | None = None, hi: float | Non
     check_type(name, value, (int, float), where)
     x = float(value)
     if not math.isfinite(x):
-        raise ValueError(f"{_prefix(where)}{name} must be a finite number, got {value!r}")
+        raise ArgumentValueError(name, f"must be a finite number, got {value!r}", where)
     if lo is not None and (x <= lo if lo_open else x < lo):
-        raise ValueError(f"{_prefix(where)}{name} must be {'>' if lo_open else '>='} {lo}, got {value!r}")
+        raise ArgumentValueError(name, f"must be {'>' if lo_open else '>='} {lo}, got {value!r}",
+                                 where)
     if hi is not None and x > hi:
-        raise ValueError(f"{_prefix(where)}{name} must be <= {hi}, got {value!r}")
+        raise ArgumentValueError(name, f"must be <= {hi}, got {value!r}", where)
     return x
 
 

@@ -14,7 +14,9 @@ after SIM and before the CPU.
 
 from __future__ import annotations
 
+import re
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from . import env
@@ -25,7 +27,9 @@ from .errors import BackendUnavailableError
 __all__ = ["unknown_backend_names", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
            "dev_by_type", "devices", "backend_init_by_name", "backend_init_by_type",
            "backend_init_best", "register", "register_sim_devices", "register_ray_devices", "unregister",
-           "cuda_unavailable_reason", "registered_devices", "excluded_by_backends_env"]
+           "cuda_unavailable_reason", "registered_devices", "excluded_by_backends_env",
+           "backends_env_leaves_out", "device_unavailable_reason", "register_named_sim_devices",
+           "sim_registered_note"]
 
 _lock = threading.RLock()
 _regs: list[Reg] = []
@@ -247,6 +251,121 @@ def excluded_by_backends_env(name: str) -> bool:
     return known and all(d.name.upper() != name.upper() for d in devices())
 
 
+_ON_DEMAND_RE = re.compile(r"^(SIM|RAY)(\d+)$", re.IGNORECASE)
+
+
+def backends_env_leaves_out(name: str) -> str | None:
+    """Why ``GGMLPY_BACKENDS`` refuses the device called ``name``, as one clause
+    (``"GGMLPY_BACKENDS=CPU leaves it out; add it to GGMLPY_BACKENDS or unset the variable"``),
+    or None when the variable is unset, lists ``name``, or ``name`` is the CPU (always kept).
+
+    Only names that are or could be devices count: registered ones, and ``SIMn``/``RAYn`` (the
+    kinds registered on demand; left out, they would not be usable once registered). Any other
+    name is simply not a device (see :func:`device_unavailable_reason`).
+
+    Raises:
+        TypeError: ``name`` is not a str. EnvError: a malformed ``GGMLPY_*`` variable.
+    """
+    check_str("name", name, "backends_env_leaves_out")
+    allowed = env.backends()
+    up = name.strip().upper()
+    if allowed is None or up == "CPU" or up in allowed:
+        return None
+    if _ON_DEMAND_RE.match(up) is None and all(d.name.upper() != up for d in registered_devices()):
+        return None
+    return (f"GGMLPY_BACKENDS={','.join(allowed)} leaves it out; add it to GGMLPY_BACKENDS or "
+            "unset the variable")
+
+
+def device_unavailable_reason(name: str) -> str | None:
+    """None when a device called ``name`` (case-insensitive) is usable here, else one line
+    saying why not and what is available: ``"no device named 'SIM0' (GGMLPY_BACKENDS=CPU leaves
+    it out; ...); available: CPU"``. The reason names ``GGMLPY_BACKENDS`` when it leaves the
+    device out, why CUDA is unavailable for ``CUDAn``, how SIM/RAY devices are made for those
+    names. The message :func:`backend_init_by_name` raises; the command lines print it after
+    their flag.
+
+    Raises:
+        TypeError: ``name`` is not a str. EnvError: a malformed ``GGMLPY_*`` variable.
+    """
+    check_str("name", name, "device_unavailable_reason")
+    if name.strip() and dev_by_name(name.strip()) is not None:
+        return None
+    up = name.strip().upper()
+    why = ""
+    left_out = backends_env_leaves_out(name) if up else None
+    m = _ON_DEMAND_RE.match(up)
+    if left_out:
+        why = f" ({left_out})"
+    elif up.startswith("CUDA"):
+        why = f" ({cuda_unavailable_reason() or 'no such CUDA device'})"
+    elif m and m.group(1) == "SIM":
+        n = env.sim_devices()
+        why = (f" (SIM devices are numbered SIM0..SIM{env.MAX_SIM_DEVICES - 1})"
+               if int(m.group(2)) >= env.MAX_SIM_DEVICES else
+               f" (GGMLPY_SIM_DEVICES={n} registers {_sim_range(n)} only)" if n > 0 else
+               " (SIM devices need GGMLPY_SIM_DEVICES=N or register_sim_devices())")
+    elif m:
+        r = reg_by_name("RAY")
+        why = (f" ({r.unavailable_reason})" if r is not None and r.unavailable_reason else
+               " (RAY devices need GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS, or "
+               "register_ray_devices())")
+    known = ", ".join(x.name for x in devices())
+    return f"no device named {name!r}{why}; available: {known}"
+
+
+def register_named_sim_devices(names: Sequence[str]) -> int:
+    """Register the SIM devices a command line names, once: when ``GGMLPY_SIM_DEVICES`` is unset
+    (or 0) and some ``SIMk`` among ``names`` (case-insensitive, blanks stripped) is not a device
+    yet, register ``SIM0..SIMk`` for the highest such ``k`` in one
+    :func:`register_sim_devices` call. Names that ``GGMLPY_BACKENDS`` leaves out, and indices
+    >= 64, are not registered (:func:`device_unavailable_reason` then says why).
+
+    Used by ``embed --device``, ``test-backend-ops -b`` and the benchmark scripts, so each
+    registers (and reports it) at most once per call, whatever the number of SIM names.
+
+    Returns:
+        The number of SIM devices registered by this call; 0 when none was.
+
+    Raises:
+        TypeError: ``names`` is not a sequence of str. EnvError: a malformed ``GGMLPY_*``
+            variable.
+    """
+    from ._check import check_str_sequence
+
+    names = check_str_sequence("names", names, "register_named_sim_devices")
+    if env.sim_devices() != 0:
+        return 0
+    top = -1
+    for name in names:
+        m = _ON_DEMAND_RE.match(name.strip())
+        if (m is None or m.group(1).upper() != "SIM" or int(m.group(2)) >= env.MAX_SIM_DEVICES
+                or backends_env_leaves_out(name) or dev_by_name(name.strip()) is not None):
+            continue
+        top = max(top, int(m.group(2)))
+    if top < 0:
+        return 0
+    register_sim_devices(top + 1)
+    return top + 1
+
+
+def _sim_range(n: int) -> str:
+    return "SIM0" if n == 1 else f"SIM0..SIM{n - 1}"
+
+
+def sim_registered_note(n: int) -> str:
+    """The one line a command line prints after :func:`register_named_sim_devices` registered
+    ``n`` (>= 1) devices: ``"registered 2 host-emulated SIM devices SIM0..SIM1 (set
+    GGMLPY_SIM_DEVICES=N to do this yourself)"``.
+
+    Raises:
+        TypeError: ``n`` is not an int. ValueError: ``n`` < 1.
+    """
+    check_int("n", n, 1, None, "sim_registered_note")
+    return (f"registered {n} host-emulated SIM device{'s' if n > 1 else ''} {_sim_range(n)} "
+            "(set GGMLPY_SIM_DEVICES=N to do this yourself)")
+
+
 def unknown_backend_names() -> list[str]:
     """Names in ``GGMLPY_BACKENDS`` that match no registered device (they are ignored)."""
     known = {d.name.upper() for d in registered_devices()}
@@ -311,8 +430,9 @@ def backend_init_by_name(name: str, params: str | None = None) -> Backend:
     """A backend on the device called ``name`` (mirrors ``ggml_backend_init_by_name``).
 
     Raises:
-        BackendUnavailableError: no such device; for CUDA names the message says why CUDA is
-            unavailable here; a device left out by ``GGMLPY_BACKENDS`` says so.
+        BackendUnavailableError: no such device, with :func:`device_unavailable_reason`'s
+            message (a device left out by ``GGMLPY_BACKENDS`` names the variable; a CUDA name
+            says why CUDA is unavailable here).
         TypeError: ``name`` is not a str, ``params`` neither None nor a str.
     """
     where = "backend_init_by_name"
@@ -320,20 +440,7 @@ def backend_init_by_name(name: str, params: str | None = None) -> Backend:
     check_optional("params", params, str, where)
     d = dev_by_name(name)
     if d is None:
-        why = ""
-        if excluded_by_backends_env(name):
-            why = f" (it exists but GGMLPY_BACKENDS={','.join(env.backends() or [])} leaves it out)"
-        elif name.upper().startswith("CUDA"):
-            why = f" ({cuda_unavailable_reason() or 'no such CUDA device'})"
-        elif name.upper().startswith("SIM"):
-            why = " (SIM devices need GGMLPY_SIM_DEVICES=N or register_sim_devices())"
-        elif name.upper().startswith("RAY"):
-            r = reg_by_name("RAY")
-            why = (f" ({r.unavailable_reason})" if r is not None and r.unavailable_reason else
-                   " (RAY devices need GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS, or "
-                   "register_ray_devices())")
-        known = ", ".join(x.name for x in devices())
-        raise BackendUnavailableError(f"no device named {name!r}{why}; available: {known}")
+        raise BackendUnavailableError(device_unavailable_reason(name) or f"no device named {name!r}")
     return d.init_backend(params)
 
 

@@ -253,14 +253,11 @@ def run_workload(sentences: Sequence[str], tools: list[_Tool], repeats: int) -> 
     return section
 
 def _ensure_sim(device: str) -> None:
-    """Register SIM devices when ``device`` names one that does not exist yet."""
-    import re
-
+    """Register SIM devices when ``device`` names one that does not exist yet (once, as the
+    command lines do: :func:`ggmlpy.registry.register_named_sim_devices`)."""
     from ggmlpy import registry
 
-    m = re.match(r"^SIM(\d+)$", device, re.IGNORECASE)
-    if m and registry.dev_by_name(device) is None:
-        registry.register_sim_devices(int(m.group(1)) + 1)
+    registry.register_named_sim_devices([device])
 
 
 def _profile(encode: Callable[[Sequence[str]], np.ndarray], sentences: Sequence[str],
@@ -338,9 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ggmlpy import registry
 
     _ensure_sim(args.device)
-    if registry.dev_by_name(args.device) is None:  # a usage error: one line, exit 2
-        names = [registry.dev_get(i).name for i in range(registry.dev_count())]
-        ap.error(f"--device {args.device!r}: no such device here; available: {', '.join(names)}")
+    why = registry.device_unavailable_reason(args.device)
+    if why:  # a usage error: one line naming the reason (GGMLPY_BACKENDS, CUDA...), exit 2
+        ap.error(f"--device {args.device}: {why}")
     model_dir = args.model_dir if args.model_dir is not None else find_default_model_dir()
     try:
         n_layers = int(json.loads((Path(model_dir) / "config.json").read_text())["num_hidden_layers"])

@@ -75,8 +75,7 @@ def run(model_dir: Path | None, device: str, repeats: int = 3, fixtures: Path | 
     model_dir, fixture, source = load_fixture(model_dir, fixtures)
     ids = fixture["token_ids"]
     ref = np.asarray(fixture["embeddings"], dtype=np.float64)
-    if device.upper().startswith("SIM") and registry.dev_by_name(device) is None:
-        registry.register_sim_devices(int(device[3:]) + 1)
+    registry.register_named_sim_devices([device])
     out: dict = {"device": device, "model": source, "n_fixture": len(ids), "configs": []}
     stream = (ids * (N_STREAM // len(ids) + 1))[:N_STREAM]
     out["stream"] = stream

@@ -49,8 +49,8 @@ def test_layers_shared_in_order_and_exact(model_dir: Path, ngl: int, want: dict)
     np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("device, needle", [("SIM0,CPU", "CPU cannot be one of several"),
-                                            ("SIM0,SIM0", "listed twice")])
+@pytest.mark.parametrize("device, needle", [("SIM0,CPU", "the CPU cannot be one of several"),
+                                            ("SIM0,SIM0", "must not list a device twice")])
 def test_device_list_errors(model_dir: Path, device: str, needle: str) -> None:
     from ggmlpy import registry
     from ggmlpy.models.bert import BertModel

@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from .._check import check_bool, check_int, check_optional, check_type
+from .._check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ..alloc import alloc_ctx_tensors_from_buft
 from ..backends import cpu_jit
 from ..backend import Backend, Buffer, BufferUsage, Device, DeviceType, Status
@@ -237,8 +237,9 @@ class BertModel:
                 ``python -m ggmlpy download all-MiniLM-L6-v2``).
             BackendUnavailableError: ``device`` does not exist here (with the reason).
             ValueError: ``n_gpu_layers`` out of range, ``max_batch < 1``, ``seq_bucket < 1``,
-                ``n_threads < 1``,
-                or a model this code
+                ``n_threads`` outside 1..512, the CPU among several devices or a device listed
+                twice (each an :class:`~ggmlpy._check.ArgumentValueError` whose ``arg`` names
+                the parameter, for the command line to name its flag), or a model this code
                 cannot run (activation other than exact GELU, max pooling).
             OutOfMemoryError: a weight or compute buffer could not be allocated.
             ImportError: ``safetensors``/``tokenizers`` are missing (``pip install ggmlpy[models]``).
@@ -256,7 +257,8 @@ class BertModel:
         check_bool("op_offload", op_offload, where)
         check_optional("n_threads", n_threads, int, where)
         if n_threads is not None and (isinstance(n_threads, bool) or not 1 <= n_threads <= 512):
-            raise ValueError(f"n_threads must be an int in 1..512, got {n_threads!r}")
+            raise ArgumentValueError("n_threads", f"must be an int in 1..512, got {n_threads!r}",
+                                     where)
         gguf_weights = None
         if is_gguf_path(model_dir):  # a GGUF file (python -m ggmlpy convert, or llama.cpp's)
             config, tokenizer, gguf_weights = read_bert_gguf(model_dir)
@@ -275,25 +277,27 @@ class BertModel:
         if n_gpu_layers == -1:
             n_gpu_layers = n_layer
         if not 0 <= n_gpu_layers <= n_layer:
-            raise ValueError(f"n_gpu_layers must be in 0..{n_layer} (or -1 for all) for this "
-                             f"{n_layer}-layer model, got {n_gpu_layers}")
+            raise ArgumentValueError("n_gpu_layers", f"must be in 0..{n_layer} (or -1 for all) "
+                                     f"for this {n_layer}-layer model, got {n_gpu_layers}", where)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+            raise ArgumentValueError("max_batch", f"must be an int >= 1, got {max_batch!r}", where)
         if isinstance(seq_bucket, bool) or not isinstance(seq_bucket, int) or seq_bucket < 1:
-            raise ValueError(f"seq_bucket must be an int >= 1, got {seq_bucket!r}")
+            raise ArgumentValueError("seq_bucket", f"must be an int >= 1, got {seq_bucket!r}",
+                                     where)
 
         from ..backends.cpu import backend_cpu_init
 
         names = device.split(",") if isinstance(device, str) else (
             list(device) if isinstance(device, (list, tuple)) else [device])
         devs = [resolve_device(d.strip() if isinstance(d, str) else d) for d in names]
+        listed = ", ".join(d.name for d in devs)
         if not devs:
-            raise ValueError("device: no device given")
+            raise ArgumentValueError("device", "must name a device, got none", where)
         if len(devs) > 1 and any(d.type == DeviceType.CPU for d in devs):
-            raise ValueError(f"device: the CPU cannot be one of several offload devices "
-                             f"({', '.join(d.name for d in devs)})")
+            raise ArgumentValueError("device", f"must not list the CPU among several offload "
+                                     f"devices (the CPU cannot be one of several: {listed})", where)
         if len({d.name for d in devs}) != len(devs):
-            raise ValueError(f"device: a device is listed twice ({', '.join(d.name for d in devs)})")
+            raise ArgumentValueError("device", f"must not list a device twice ({listed})", where)
         dev = devs[0]
         self = cls()
         self.model_dir = Path(model_dir)

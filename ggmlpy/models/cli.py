@@ -33,7 +33,6 @@ KNOWN_MODELS: dict[str, tuple[str, str, str]] = {
 }
 _ALIASES = {"sentence-transformers/all-minilm-l6-v2": "all-minilm-l6-v2"}
 
-_SIM_RE = re.compile(r"^SIM(\d+)$", re.IGNORECASE)
 _N_DIMS_SHOWN = 6
 
 
@@ -113,40 +112,70 @@ def _json_sentences(path: str, data: object) -> list[str]:
 
 _RAY_RE = re.compile(r"^RAY(\d+)$", re.IGNORECASE)
 
+#: embed's flags by the BertModel.load / encode parameter they feed (errors name the flag)
+_FLAG_OF_PARAM = {"n_gpu_layers": "-ngl/--n-gpu-layers", "n_threads": "-t/--threads",
+                  "max_batch": "--batch-size", "batch_size": "--batch-size",
+                  "device": "--device", "model_dir": "--model"}
 
-def _pick_device(name: str) -> str:
-    """Normalise ``--device`` (one name or several joined by commas); register SIM devices on
-    demand when GGMLPY_SIM_DEVICES is unset, and RAY devices (a local Ray instance) when neither
-    GGMLPY_RAY_DEVICES nor GGMLPY_RAY_ADDRESS is set."""
+
+def _pick_device(spec: str) -> str:
+    """Check and normalise ``--device`` (one name or several joined by commas); returns the
+    names joined by commas, blanks stripped.
+
+    SIM devices are registered on demand when GGMLPY_SIM_DEVICES is unset, and RAY devices (a
+    local Ray instance) when neither GGMLPY_RAY_DEVICES nor GGMLPY_RAY_ADDRESS is set: once, for
+    the highest index named, with one line on stderr. Every name must then be a device
+    (:func:`ggmlpy.registry.device_unavailable_reason`: a name GGMLPY_BACKENDS leaves out says
+    so), listed once, and the CPU only alone.
+
+    Raises:
+        _UsageError: one line naming ``--device`` and the offending name.
+    """
     from .. import env, registry
 
-    names = [n.strip() for n in name.split(",")]
-    if len(names) > 1:
-        for rx in (_SIM_RE, _RAY_RE):  # register once, enough for the highest index
-            idx = [int(m.group(1)) for m in map(rx.match, names) if m]
-            if idx:
-                _pick_device(f"{rx.pattern[1:4]}{max(idx)}")
-        return ",".join(_pick_device(n) for n in names)
-    allowed = env.backends()
-    if allowed is not None and name.upper() != "CPU" and name.upper() not in allowed:
-        raise _UsageError(f"--device {name}: GGMLPY_BACKENDS={','.join(allowed)} leaves it out "
-                          "(add it to GGMLPY_BACKENDS or unset the variable)")
-    m = _RAY_RE.match(name)
-    if m and registry.dev_by_name(name) is None and not env.ray_requested() \
-            and env.ray_devices() != 0:
-        n = int(m.group(1)) + 1
+    names = [n.strip() for n in spec.split(",")]
+    if not all(names):
+        raise _UsageError(f"--device {spec!r}: an empty device name (several names are joined "
+                          "by commas: SIM0,SIM1)")
+    n_sim = registry.register_named_sim_devices(names)
+    if n_sim:
+        print(f"ggmlpy embed: {registry.sim_registered_note(n_sim)}", file=sys.stderr)
+    ray_idx = [int(m.group(1)) for m in map(_RAY_RE.match, names)
+               if m and registry.dev_by_name(m.group(0)) is None
+               and not registry.backends_env_leaves_out(m.group(0))]
+    if ray_idx and not env.ray_requested() and env.ray_devices() != 0:
+        n = max(ray_idx) + 1
         registry.register_ray_devices(n)
         print(f"ggmlpy embed: started {n} RAY device(s) on a local Ray instance "
               "(set GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS to choose)", file=sys.stderr)
-        return name
-    m = _SIM_RE.match(name)
-    if m and registry.dev_by_name(name) is None and env.sim_devices() == 0:
-        n = int(m.group(1)) + 1
-        registry.register_sim_devices(n)
-        names = "SIM0" if n == 1 else f"SIM0..SIM{n - 1}"
-        print(f"ggmlpy embed: registered {n} host-emulated SIM device(s) {names} "
-              "(set GGMLPY_SIM_DEVICES=N to do this yourself)", file=sys.stderr)
-    return name
+    for name in names:
+        why = registry.device_unavailable_reason(name)
+        if why:
+            raise _UsageError(f"--device {name}: {why}")
+    canon = [registry.dev_by_name(n).name for n in names]
+    if len(canon) > 1 and "CPU" in (c.upper() for c in canon):
+        raise _UsageError(f"--device {spec}: the CPU cannot be one of several offload devices "
+                          "(pass --device CPU alone, or accelerators only)")
+    twice = sorted({c for c in canon if canon.count(c) > 1})
+    if twice:
+        raise _UsageError(f"--device {spec}: {', '.join(twice)} listed twice")
+    return ",".join(names)
+
+
+def _flag_error(e: ValueError, explicit: dict[str, bool]) -> _UsageError:
+    """A ValueError raised below the command line as one line naming embed's flag: an
+    :class:`~ggmlpy._check.ArgumentValueError` about a parameter a flag feeds becomes
+    ``"<flag> <detail>"``; a missing or unreadable ``--model`` is prefixed with the flag when
+    the user gave it (``explicit["model"]``)."""
+    from .._check import ArgumentValueError
+    from ..errors import FileFormatError
+    from .loader import ModelNotFoundError
+
+    if isinstance(e, ArgumentValueError) and e.arg in _FLAG_OF_PARAM:
+        return _UsageError(f"{_FLAG_OF_PARAM[e.arg]} {e.detail}")
+    if isinstance(e, (ModelNotFoundError, FileFormatError)) and explicit.get("model"):
+        return _UsageError(f"--model: {e}")
+    return _UsageError(str(e))
 
 
 def _model_name(model_dir: Path, default: bool) -> str:
@@ -264,9 +293,10 @@ def _embed(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise _UsageError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
-        raise _UsageError(f"--threads must be >= 1, got {args.threads}")
+        raise _UsageError(f"-t/--threads must be >= 1, got {args.threads}")
     if args.n_gpu_layers is not None and args.n_gpu_layers < -1:
-        raise _UsageError(f"--n-gpu-layers must be >= 0 or -1 (all layers), got {args.n_gpu_layers}")
+        raise _UsageError(f"-ngl/--n-gpu-layers must be >= 0 or -1 (all layers), got "
+                          f"{args.n_gpu_layers}")
     device = _pick_device(args.device)
     ngl = args.n_gpu_layers
     if device.upper() == "CPU":
@@ -282,7 +312,9 @@ def _embed(args: argparse.Namespace) -> int:
         model = BertModel.load(model_dir=args.model, device=device, n_gpu_layers=ngl,
                                parallel=args.parallel and device.upper() != "CPU",
                                max_batch=args.batch_size, n_threads=args.threads)
-    except (BackendUnavailableError, ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:
+        raise _flag_error(e, {"model": args.model is not None}) from None
+    except (BackendUnavailableError, TypeError) as e:
         raise _UsageError(str(e)) from None
     except OutOfMemoryError as e:
         _err(prog, str(e))

@@ -97,21 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _register_named_sim(backend: str | None) -> None:
-    """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn (as ``embed --device`` does)."""
-    from .. import env, registry
+    """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn once (as ``embed --device``
+    does, :func:`ggmlpy.registry.register_named_sim_devices`); a name that is not a device then
+    raises BackendUnavailableError naming ``-b`` and why (GGMLPY_BACKENDS leaving it out, ...)."""
+    from .. import registry
     from ..errors import BackendUnavailableError
 
-    allowed = env.backends()
-    for name in (backend or "").split(","):
-        name = name.strip()
-        if allowed is not None and name and name.upper() != "CPU" and name.upper() not in allowed:
-            raise BackendUnavailableError(f"-b {name}: GGMLPY_BACKENDS={','.join(allowed)} leaves "
-                                          "it out (add it to GGMLPY_BACKENDS or unset the variable)")
-        m = re.fullmatch(r"SIM(\d+)", name, flags=re.I)
-        if m and registry.dev_by_name(name) is None and env.sim_devices() == 0:
-            n = int(m.group(1)) + 1
-            registry.register_sim_devices(n)
-            print(f"test-backend-ops: registered {n} host-emulated SIM device(s)", file=sys.stderr)
+    names = [n.strip() for n in (backend or "").split(",") if n.strip()]
+    n = registry.register_named_sim_devices(names)
+    if n:
+        print(f"test-backend-ops: {registry.sim_registered_note(n)}", file=sys.stderr)
+    for name in names:
+        why = registry.device_unavailable_reason(name)
+        if why:
+            raise BackendUnavailableError(f"-b {name}: {why}")
 
 
 def _check_build_result(result: object) -> str | None:
