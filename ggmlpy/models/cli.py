@@ -165,15 +165,15 @@ def _pick_device(spec: str) -> str:
 def _flag_error(e: ValueError, explicit: dict[str, bool]) -> _UsageError:
     """A ValueError raised below the command line as one line naming embed's flag: an
     :class:`~ggmlpy._check.ArgumentValueError` about a parameter a flag feeds becomes
-    ``"<flag> <detail>"``; a missing or unreadable ``--model`` is prefixed with the flag when
-    the user gave it (``explicit["model"]``)."""
+    ``"<flag> <detail>"``; a missing ``--model`` directory or file is prefixed with the flag
+    when the user gave it (``explicit["model"]``); a damaged model file keeps its message, which
+    starts with the file's path."""
     from .._check import ArgumentValueError
-    from ..errors import FileFormatError
     from .loader import ModelNotFoundError
 
     if isinstance(e, ArgumentValueError) and e.arg in _FLAG_OF_PARAM:
         return _UsageError(f"{_FLAG_OF_PARAM[e.arg]} {e.detail}")
-    if isinstance(e, (ModelNotFoundError, FileFormatError)) and explicit.get("model"):
+    if isinstance(e, ModelNotFoundError) and explicit.get("model"):
         return _UsageError(f"--model: {e}")
     return _UsageError(str(e))
 
