@@ -120,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         env.validate()
+        if env.blas() not in ("auto", "numpy"):  # a named GEMM library must load (exit 2)
+            from .backends import cpu_blas
+
+            cpu_blas.active()
     except env.EnvError as e:
         print(f"ggmlpy {argv[0]}: {e}", file=sys.stderr)
         return 2

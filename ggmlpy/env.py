@@ -291,7 +291,10 @@ def blas() -> str:
     plan is built.
 
     Raises:
-        EnvError: neither a name above nor the path of an existing file.
+        EnvError: neither a name above nor the path of an existing file (a folder is named as
+            such). Whether the library loads is checked by
+            :func:`ggmlpy.backends.cpu_blas.active` (a ``BlasUnavailableError``, also an
+            ``EnvError``).
     """
     v = _raw(BLAS)
     if v is None:
@@ -299,8 +302,8 @@ def blas() -> str:
     if v.lower() in ("auto", "numpy", "mkl"):
         return v.lower()
     if not os.path.isfile(v):
-        raise EnvError(BLAS, v, "auto, numpy, mkl or the path of a CBLAS shared library "
-                                "(no such file)")
+        why = "a folder, not a file" if os.path.isdir(v) else "no such file"
+        raise EnvError(BLAS, v, f"auto, numpy, mkl or the path of a CBLAS shared library ({why})")
     return v
 
 

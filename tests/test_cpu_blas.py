@@ -189,7 +189,12 @@ def test_env_parsing(monkeypatch, tmp_path):
     assert blas() == str(not_a_lib)
     with pytest.raises(BackendUnavailableError, match="cannot load the CBLAS library"):
         cpu_blas.active()
-    assert cpu_blas.describe().startswith("numpy (cannot load")
+    with pytest.raises(EnvError, match="GGMLPY_BLAS=.*loadable CBLAS library"):
+        cpu_blas.active()  # the same error is an environment error too (the CLI: exit 2)
+    assert cpu_blas.describe().startswith("unavailable (cannot load")
+    monkeypatch.setenv("GGMLPY_BLAS", str(tmp_path))
+    with pytest.raises(EnvError, match="a folder, not a file"):
+        blas()
     monkeypatch.setenv("GGMLPY_BLAS", "numpy")
     assert cpu_blas.active() is None and cpu_blas.describe() == "numpy"
 
@@ -199,3 +204,45 @@ def test_auto_is_mkl_when_installed(monkeypatch):
     monkeypatch.delenv("GGMLPY_BLAS", raising=False)
     assert cpu_blas.active().name == "mkl"
     assert cpu_blas.describe().startswith("mkl ")
+
+
+def test_mkl_under_another_name_is_still_mkl(monkeypatch, tmp_path):
+    """A symbolic link to libmkl_rt with another name, in another folder: opened by its real
+    path (MKL finds its parts beside it) and set up as MKL (sequential, LP64, batched)."""
+    mkl = _mkl()
+    link = tmp_path / "libcblas.so"
+    link.symlink_to(mkl.path)
+    lib = cpu_blas.load(str(link))
+    assert lib.name == "mkl" and lib.batched and lib.version == mkl.version
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = np.full((3, 3), np.nan, np.float32)
+    lib.gemm_step(x, x.T, out)()
+    np.testing.assert_array_equal(out, x.astype(np.float64) @ x.T.astype(np.float64))
+
+
+@pytest.mark.parametrize("kind", ["not a library", "mkl missing"])
+def test_cli_exits_2_on_a_library_that_cannot_load(kind, monkeypatch, tmp_path, capsys):
+    """``GGMLPY_BLAS`` naming a library that does not load is a bad environment variable: every
+    command exits 2 with one line naming it, before doing anything (``devices`` included)."""
+    from ggmlpy.cli import main
+
+    if kind == "mkl missing":
+        value, why = "mkl", "MKL is not available"
+        monkeypatch.setattr(cpu_blas, "_mkl_candidates", lambda: [])
+        monkeypatch.setattr(cpu_blas, "_loaded", {})
+    else:
+        bad = tmp_path / "libtext.so"
+        bad.write_text("text")
+        value, why = str(bad), "cannot load the CBLAS library"
+    monkeypatch.setenv("GGMLPY_BLAS", value)
+    assert main(["devices"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "GGMLPY_BLAS=" in err[0] and why in err[0]
+
+
+def test_cpu_backend_creation_reports_an_unloadable_library(monkeypatch, tmp_path):
+    bad = tmp_path / "libbad.so"
+    bad.write_text("not a library")
+    monkeypatch.setenv("GGMLPY_BLAS", str(bad))
+    with pytest.raises(cpu_blas.BlasUnavailableError, match="cannot load"):
+        backend_cpu_init()

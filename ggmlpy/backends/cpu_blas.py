@@ -55,9 +55,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import env
+from ..env import EnvError
 from ..errors import BackendUnavailableError
 
-__all__ = ["CBlas", "active", "load", "load_mkl", "numpy_openblas_path", "gemm_step", "warm_up",
+__all__ = ["CBlas", "BlasUnavailableError", "active", "load", "load_mkl", "numpy_openblas_path", "gemm_step", "warm_up",
            "describe"]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
@@ -244,32 +245,38 @@ def load_mkl() -> CBlas:
     errors = []
     for path in _mkl_candidates():
         try:
-            lib = ctypes.CDLL(path)
+            lib = ctypes.CDLL(os.path.realpath(path))
         except OSError as e:
             errors.append(f"{path}: {e}")
             continue
-        layer = lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING_SEQUENTIAL))
-        if layer != _MKL_THREADING_SEQUENTIAL:
-            raise BackendUnavailableError(
-                f"MKL at {path} was initialised with threading layer {layer} by another library; "
-                "ggmlpy needs its sequential layer (set MKL_THREADING_LAYER=SEQUENTIAL)")
-        lib.MKL_Set_Interface_Layer(ctypes.c_int(_MKL_INTERFACE_LP64))
-        buf = ctypes.create_string_buffer(256)
-        try:
-            lib.MKL_Get_Version_String(buf, ctypes.c_int(len(buf)))
-            text = buf.value.decode(errors="replace")
-            found = re.search(r"Version\s+([\w.]+)", text)
-            version = found.group(1) if found else text.strip()
-        except (AttributeError, OSError):
-            version = ""
-        batch = "cblas_sgemm_batch" if hasattr(lib, "cblas_sgemm_batch") else None
-        return CBlas("mkl", path, lib, "cblas_sgemm", False, batch, version)
+        return _mkl(lib, path)
     detail = "; ".join(errors) if errors else "no libmkl_rt found"
     raise BackendUnavailableError(f"MKL is not available ({detail}); pip install 'ggmlpy[mkl]'")
 
 
+def _mkl(lib: ctypes.CDLL, path: str) -> CBlas:
+    """A loaded MKL runtime library set to the sequential layer and LP64 (before any other MKL
+    call in the process; BackendUnavailableError when another library set a threaded layer)."""
+    layer = lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING_SEQUENTIAL))
+    if layer != _MKL_THREADING_SEQUENTIAL:
+        raise BackendUnavailableError(
+            f"MKL at {path} was initialised with threading layer {layer} by another library; "
+            "ggmlpy needs its sequential layer (set MKL_THREADING_LAYER=SEQUENTIAL)")
+    lib.MKL_Set_Interface_Layer(ctypes.c_int(_MKL_INTERFACE_LP64))
+    buf = ctypes.create_string_buffer(256)
+    try:
+        lib.MKL_Get_Version_String(buf, ctypes.c_int(len(buf)))
+        text = buf.value.decode(errors="replace")
+        found = re.search(r"Version\s+([\w.]+)", text)
+        version = found.group(1) if found else text.strip()
+    except (AttributeError, OSError):
+        version = ""
+    batch = "cblas_sgemm_batch" if hasattr(lib, "cblas_sgemm_batch") else None
+    return CBlas("mkl", path, lib, "cblas_sgemm", False, batch, version)
+
+
 #: symbol names tried in a library given by path: (sgemm, batch, ILP64)
-_SYMBOLS = (("cblas_sgemm", "cblas_sgemm_batch", False),
+_SYMBOLS = (("cblas_sgemm", None, False),
             ("scipy_cblas_sgemm64_", None, True),
             ("scipy_cblas_sgemm", None, False),
             ("cblas_sgemm64_", None, True))
@@ -277,26 +284,24 @@ _SYMBOLS = (("cblas_sgemm", "cblas_sgemm_batch", False),
 
 def load(path: str) -> CBlas:
     """*Sync*: load the CBLAS library at ``path`` (``cblas_sgemm`` with 32-bit ints, or the
-    prefixed/ILP64 names of the OpenBLAS that NumPy and SciPy wheels bundle). A library whose
-    file name says MKL is loaded as :func:`load_mkl` loads it. A library's own
-    ``cblas_sgemm_batch`` is used only for MKL (OpenBLAS's has another calling convention in some
-    releases).
+    prefixed/ILP64 names of the OpenBLAS that NumPy and SciPy wheels bundle). The file is opened
+    by its real path (a symbolic link elsewhere would make MKL look for its parts beside the
+    link). A library with MKL's ``MKL_Set_Threading_Layer``, whatever its name, is set up as
+    :func:`load_mkl` sets MKL up and gets ``cblas_sgemm_batch``; other libraries' batched
+    calls are not used (OpenBLAS's crashed in one 0.3.31 build).
 
     Raises:
         BackendUnavailableError: the file cannot be loaded or has none of those symbols.
     """
     try:
-        lib = ctypes.CDLL(path)
+        lib = ctypes.CDLL(os.path.realpath(path))
     except OSError as e:
         raise BackendUnavailableError(f"cannot load the CBLAS library {path}: {e}") from e
-    base = os.path.basename(path)
-    if "mkl_rt" in base:
-        lib.MKL_Set_Threading_Layer(ctypes.c_int(_MKL_THREADING_SEQUENTIAL))
-        lib.MKL_Set_Interface_Layer(ctypes.c_int(_MKL_INTERFACE_LP64))
-    for sgemm, batch, ilp64 in _SYMBOLS:
+    if hasattr(lib, "MKL_Set_Threading_Layer"):
+        return _mkl(lib, path)
+    for sgemm, _batch, ilp64 in _SYMBOLS:
         if hasattr(lib, sgemm):
-            use_batch = batch if ("mkl" in base and batch and hasattr(lib, batch)) else None
-            return CBlas(base, path, lib, sgemm, ilp64, use_batch)
+            return CBlas(os.path.basename(path), path, lib, sgemm, ilp64)
     raise BackendUnavailableError(f"{path} has no cblas_sgemm (nor scipy_cblas_sgemm64_)")
 
 
@@ -306,6 +311,17 @@ def numpy_openblas_path() -> str | None:
     root = os.path.dirname(os.path.dirname(np.__file__))
     hits = sorted(glob.glob(os.path.join(root, "numpy.libs", "libscipy_openblas*")))
     return hits[0] if hits else None
+
+
+class BlasUnavailableError(EnvError, BackendUnavailableError):
+    """``GGMLPY_BLAS`` names a library (``mkl`` or a path) that cannot be used: both a malformed
+    environment variable (:class:`~ggmlpy.env.EnvError`, a ``ValueError``: the CLI exits with
+    status 2) and an unavailable backend library (:class:`~ggmlpy.errors.BackendUnavailableError`).
+    ``reason`` says why."""
+
+    def __init__(self, value: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(env.BLAS, value, f"a loadable CBLAS library ({reason})")
 
 
 _lock = threading.Lock()
@@ -333,7 +349,8 @@ def active() -> CBlas | None:
 
     Raises:
         EnvError: ``GGMLPY_BLAS`` is malformed.
-        BackendUnavailableError: ``GGMLPY_BLAS`` names MKL or a library that cannot be loaded.
+        BlasUnavailableError: ``GGMLPY_BLAS`` names MKL or a library that cannot be loaded (an
+            ``EnvError`` and a ``BackendUnavailableError``).
     """
     spec = env.blas()
     if spec == "numpy":
@@ -343,7 +360,10 @@ def active() -> CBlas | None:
             return _get("mkl")
         except BackendUnavailableError:
             return None
-    return _get(spec)
+    try:
+        return _get(spec)
+    except BackendUnavailableError as e:
+        raise BlasUnavailableError(spec, str(e)) from e
 
 
 def gemm_step(bv: Any, aT: Any, dv: Any) -> Callable[[], None] | None:
@@ -355,16 +375,15 @@ def gemm_step(bv: Any, aT: Any, dv: Any) -> Callable[[], None] | None:
 def warm_up() -> CBlas | None:
     """*Sync*: load the :func:`active` library and run one tiny product on the calling thread, so
     the first graph evaluation does not pay for loading (MKL: ~30-80 ms, its CPU dispatch and
-    buffers). Returns the library, or None when the GEMMs stay on NumPy (including when
-    ``GGMLPY_BLAS`` names a library that cannot be loaded: the plan build reports that).
+    buffers). Returns the library, or None when the GEMMs stay on NumPy. Called when a CPU
+    backend is created, so that a library named by ``GGMLPY_BLAS`` that cannot be loaded is
+    reported there, at once.
 
     Raises:
-        EnvError: ``GGMLPY_BLAS`` is malformed.
+        EnvError: ``GGMLPY_BLAS`` is malformed, or names a library that cannot be loaded
+            (:class:`BlasUnavailableError`).
     """
-    try:
-        lib = active()
-    except BackendUnavailableError:
-        return None
+    lib = active()
     if lib is not None:
         x = np.ones((4, 4), np.float32)
         out = np.empty((4, 4), np.float32)
@@ -376,12 +395,12 @@ def warm_up() -> CBlas | None:
 
 def describe() -> str:
     """One line for ``ggmlpy devices`` and the benchmarks: ``"numpy"``, ``"mkl <version>"`` or
-    the library's file name; ``"numpy (<reason>)"`` when ``GGMLPY_BLAS`` names a library that
-    cannot be loaded."""
+    the library's file name; ``"unavailable (<reason>)"`` when ``GGMLPY_BLAS`` names a library
+    that cannot be loaded (plans with float32 products then fail to build)."""
     try:
         lib = active()
-    except BackendUnavailableError as e:
-        return f"numpy ({e})"
+    except BlasUnavailableError as e:
+        return f"unavailable ({e.reason})"
     if lib is None:
         return "numpy"
     return f"{lib.name} {lib.version}".strip()
