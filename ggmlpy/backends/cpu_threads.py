@@ -425,6 +425,43 @@ def _can_join(chain: Split, s: Split,
     return True
 
 
+#: per slice of a step: (byte ranges it writes, byte ranges it reads), each ``(lo, hi)``
+_SliceExt = list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]
+
+
+def _slice_extents(s: Split) -> _SliceExt:
+    """The byte ranges each slice of single-node step ``s`` writes (its rows of the
+    destination) and reads (its rows of an aligned source, all of any other source): bounds of
+    the views, so a superset of the bytes touched."""
+    pre = (slice(None),) * s.ax
+    out: _SliceExt = []
+    for lo, hi in s.bounds:
+        key = pre + (slice(lo, hi),)
+        w = [_extent(d[key])[:2] for d in s.dsts]
+        r = [_extent(a[key] if aligned else a)[:2] for a, aligned in s.reads]
+        out.append((w, r))
+    return out
+
+
+def _slices_disjoint(chain: _SliceExt, s: _SliceExt) -> bool:
+    """Whether a node with per-slice ranges ``s`` may run slice ``i`` right after slice ``i`` of
+    a chain with ranges ``chain`` while other threads run the chain's other slices: for every
+    ``i != j`` nothing slice ``i`` reads is written by the chain's slice ``j``, and nothing it
+    writes is read or written by the chain's slice ``j``. (Slice ``i`` of the chain ran before
+    it on the same thread: any overlap there is ordered.)"""
+    if len(chain) != len(s):
+        return False
+
+    def meet(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> bool:
+        return any(a < d and c < b for a, b in xs if a < b for c, d in ys if c < d)
+
+    for i, (w_i, r_i) in enumerate(s):
+        for j, (cw_j, cr_j) in enumerate(chain):
+            if i != j and (meet(r_i, cw_j) or meet(w_i, cr_j) or meet(w_i, cw_j)):
+                return False
+    return True
+
+
 def _seq(steps: tuple[Step, ...]) -> Step:
     def run() -> None:
         for st in steps:
@@ -433,13 +470,24 @@ def _seq(steps: tuple[Step, ...]) -> Step:
 
 
 def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], list[Tensor]]:
-    """Merge runs of consecutive :class:`Split` steps that are row-aligned (each node reads the
-    previous ones' results only at its own rows, see :func:`_can_join`) into one step whose
-    slice ``i`` runs slice ``i`` of every node in order: one hand-off to the workers per run
-    instead of per node, and each thread keeps its rows in cache from node to node. A run
-    starts at a node above its threshold; nodes below it join a run but never start one (alone
-    they run unsplit). Results are identical to running the nodes one by one. ``nodes[i]`` of
-    the result is the last node of step ``i``."""
+    """Merge runs of consecutive :class:`Split` steps into one step whose slice ``i`` runs
+    slice ``i`` of every node in order: one hand-off to the workers per run instead of per node,
+    and each thread keeps its rows in cache from node to node. A node joins a run when
+
+    * it is row-aligned with it (same cut; it reads the run's results only at its own rows,
+      :func:`_can_join`: layouts compared, cheap), or else
+    * it has as many slices and, by the byte ranges of every slice (:func:`_slice_extents`),
+      its slice ``i`` reads nothing the run's slice ``j != i`` writes and writes nothing that
+      slice reads or writes (:func:`_slices_disjoint`). This joins nodes cut along another axis
+      whose cuts meet the run's: attention's per-head copy of V (cut by sequence) after the
+      Q/K/V GEMM and bias add (cut by token rows), the merge of the heads after the products.
+      Measured on the 2-core machine with MiniLM: 60 -> 36 hand-offs per 64-sentence encode,
+      6% faster (4% on the 512-sentence set). Once a node joined by ranges, later nodes of the
+      run are judged by ranges only (the layouts no longer share one cut).
+
+    A run starts at a node above its threshold; nodes below it join a run but never start one
+    (alone they run unsplit). Results are identical to running the nodes one by one.
+    ``nodes[i]`` of the result is the last node of step ``i``."""
     out_s: list[Step] = []
     out_n: list[Tensor] = []
     chain: list[tuple[Split, Tensor]] = []
@@ -462,13 +510,27 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
         chain.clear()
 
     acc: Split | None = None
+    # per-slice byte ranges of the chain, once a node joined it by them (a node cut along
+    # another axis: attention's V copy after the Q/K/V GEMM); from then on only they decide
+    ranges: _SliceExt | None = None
     for step, node in zip(steps, nodes):
-        if (isinstance(step, Split) and acc is not None and _can_join(acc, step, memo)
-                and step.compiled()):
-            chain.append((step, node))
-            acc.absorb(step, memo)
-            continue
+        if isinstance(step, Split) and acc is not None:
+            if ranges is None and _can_join(acc, step, memo) and step.compiled():
+                chain.append((step, node))
+                acc.absorb(step, memo)
+                continue
+            if len(step.bounds) == len(acc.bounds) and step.n_nodes == 1:
+                if ranges is None:
+                    ranges = [([], []) for _ in acc.bounds]
+                    for c, _ in chain:
+                        _add_ranges(ranges, _slice_extents(c))
+                s_ranges = _slice_extents(step)
+                if _slices_disjoint(ranges, s_ranges) and step.compiled():
+                    chain.append((step, node))
+                    _add_ranges(ranges, s_ranges)
+                    continue
         flush()
+        ranges = None
         if isinstance(step, Split) and step.big:
             chain.append((step, node))
             acc = Split(step.pool, [], step.ax, step.bounds, step.dst, list(step.reads))
@@ -484,6 +546,12 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
             out_n.append(node)
     flush()
     return out_s, out_n
+
+
+def _add_ranges(into: _SliceExt, more: _SliceExt) -> None:
+    for (w, r), (mw, mr) in zip(into, more):
+        w.extend(mw)
+        r.extend(mr)
 
 
 def compile_pending(steps: list[Step]) -> None:
