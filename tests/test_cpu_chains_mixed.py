@@ -200,3 +200,26 @@ def test_disjointness_rule_table() -> None:
     assert not cpu_threads._slices_disjoint(chain, ok[:1])            # other slice count
     empty = [([(5, 5)], [(7, 3)]), ([], [])]                          # empty ranges touch nothing
     assert cpu_threads._slices_disjoint(chain, empty)
+
+
+def test_cut_bounds_equal_the_views_bounds() -> None:
+    """``_cut`` (arithmetic on the layout) gives the bounds ``_extent`` gives for the view
+    itself, over random shapes, strides (transposed, broadcast, negative) and cuts."""
+    rng = np.random.default_rng(3)
+    base = np.zeros(4096, np.float32)
+    for _ in range(2000):
+        nd = int(rng.integers(1, 5))
+        shape = tuple(int(n) for n in rng.integers(1, 6, nd))
+        strides = tuple(int(st) * 4 for st in rng.integers(-3, 4, nd))
+        off = 2048
+        a = np.lib.stride_tricks.as_strided(base[off:], shape, strides)
+        ax = int(rng.integers(0, nd))
+        lo = int(rng.integers(0, shape[ax]))
+        hi = int(rng.integers(lo, shape[ax] + 1))
+        view = a[(slice(None),) * ax + (slice(lo, hi),)]
+        want = cpu_threads._extent(view)[:2]
+        got = cpu_threads._cut(cpu_threads._extent(a), ax, lo, hi)
+        if view.size == 0:
+            assert not got[0] < got[1]
+        else:
+            assert got == want, (shape, strides, ax, lo, hi)

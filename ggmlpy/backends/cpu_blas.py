@@ -158,20 +158,16 @@ class CBlas:
                            _address(dv[first]), lc[1]), None
         if self._batch is None or any(n > 1 and st == 0 for n, st in zip(batch, dv.strides)):
             return None  # (a broadcast output: several products would write one matrix)
-        ni = self._np_int
         # one group: every product has the same sizes, transposes and leading dimensions
-        group = {
-            "ta": np.array([la[0]], np.int32), "tb": np.array([lb[0]], np.int32),
-            "m": np.array([N], ni), "n": np.array([M], ni), "k": np.array([K], ni),
-            "alpha": np.ones(1, np.float32), "beta": np.zeros(1, np.float32),
-            "lda": np.array([la[1]], ni), "ldb": np.array([lb[1]], ni), "ldc": np.array([lc[1]], ni),
-            "size": np.array([n_mat], ni),
-            "pa": _pointers(bv), "pb": _pointers(aT), "pc": _pointers(dv),
-        }
-        g = {k: v.ctypes.data for k, v in group.items()}
-        return partial(self._batch, _ROW_MAJOR, g["ta"], g["tb"], g["m"], g["n"], g["k"],
-                       g["alpha"], g["pa"], g["lda"], g["pb"], g["ldb"], g["beta"], g["pc"],
-                       g["ldc"], 1, g["size"]), group
+        ints = np.array([N, M, K, la[1], lb[1], lc[1], n_mat], self._np_int)
+        trans = np.array([la[0], lb[0]], np.int32)
+        scal = np.array([1.0, 0.0], np.float32)  # alpha, beta
+        ptrs = _pointers((bv, aT, dv), batch)
+        i0, n = ints.ctypes.data, ints.itemsize
+        t0, f0, p0 = trans.ctypes.data, scal.ctypes.data, ptrs.ctypes.data
+        return partial(self._batch, _ROW_MAJOR, t0, t0 + 4, i0, i0 + n, i0 + 2 * n, f0,
+                       p0, i0 + 3 * n, p0 + 8 * n_mat, i0 + 4 * n, f0 + 4, p0 + 16 * n_mat,
+                       i0 + 5 * n, 1, i0 + 6 * n), (ints, trans, scal, ptrs)
 
 
 def _overlap(x: np.ndarray, y: np.ndarray) -> bool:
@@ -206,16 +202,13 @@ def _layout(x: np.ndarray, rows: int, cols: int) -> tuple[int, int] | None:
     return None
 
 
-def _pointers(x: np.ndarray) -> np.ndarray:
-    """Addresses (uint64, C order over the batch axes) of the 2-D matrices of a batched view."""
-    offs = np.zeros((), np.int64)
-    nb = x.ndim - 2
-    for ax in range(nb):
-        shape = [1] * nb
-        shape[ax] = x.shape[ax]
-        offs = offs + np.arange(x.shape[ax], dtype=np.int64).reshape(shape) * x.strides[ax]
-    offs = np.broadcast_to(offs, x.shape[:-2])
-    return np.ascontiguousarray((offs + _address(x)).ravel().astype(np.uint64))
+def _pointers(xs: tuple[np.ndarray, ...], batch: list[int]) -> np.ndarray:
+    """Addresses (uint64) of the 2-D matrices of batched views sharing the batch shape
+    ``batch``: those of ``xs[0]`` in C order over the batch axes, then those of ``xs[1]``, ..."""
+    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)      # (axes, matrices)
+    strides = np.array([x.strides[:-2] for x in xs], np.int64)            # (arrays, axes)
+    base = np.array([_address(x) for x in xs], np.int64)[:, None]
+    return (strides @ idx + base).reshape(-1).astype(np.uint64)
 
 
 # ---------------------------------------------------------------------------------------------

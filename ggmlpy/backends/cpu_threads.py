@@ -429,18 +429,37 @@ def _can_join(chain: Split, s: Split,
 _SliceExt = list[tuple[list[tuple[int, int]], list[tuple[int, int]]]]
 
 
-def _slice_extents(s: Split) -> _SliceExt:
+def _slice_extents(s: Split, memo: dict[int, tuple[Any, _Extent]]) -> _SliceExt:
     """The byte ranges each slice of single-node step ``s`` writes (its rows of the
-    destination) and reads (its rows of an aligned source, all of any other source): bounds of
-    the views, so a superset of the bytes touched."""
-    pre = (slice(None),) * s.ax
+    destination) and reads (its rows of an aligned source, all of any other source): the bounds
+    of those views (a superset of the bytes touched), worked out from each array's layout."""
+    d_ext, r_ext = s.extents(memo)
+    ax = s.ax
     out: _SliceExt = []
     for lo, hi in s.bounds:
-        key = pre + (slice(lo, hi),)
-        w = [_extent(d[key])[:2] for d in s.dsts]
-        r = [_extent(a[key] if aligned else a)[:2] for a, aligned in s.reads]
+        w = [_cut(e, ax, lo, hi) for e in d_ext]
+        r = [_cut(e, ax, lo, hi) if aligned else e[:2] for e, aligned in r_ext]
         out.append((w, r))
     return out
+
+
+def _cut(e: _Extent, ax: int, lo: int, hi: int) -> tuple[int, int]:
+    """The byte bounds of ``a[(slice(None),) * ax + (slice(lo, hi),)]`` for the array of extent
+    ``e`` (as :func:`_extent` computes them for the view)."""
+    ptr, shape, strides, dtype = e[2]
+    if ax >= len(shape) or lo >= hi:
+        return 1, 0
+    first = last = ptr + lo * strides[ax]
+    for i, (n, st) in enumerate(zip(shape, strides)):
+        if i == ax:
+            n = hi - lo
+        if n == 0:
+            return 1, 0
+        if st >= 0:
+            last += (n - 1) * st
+        else:
+            first += (n - 1) * st
+    return first, last + dtype.itemsize
 
 
 def _slices_disjoint(chain: _SliceExt, s: _SliceExt) -> bool:
@@ -523,8 +542,8 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
                 if ranges is None:
                     ranges = [([], []) for _ in acc.bounds]
                     for c, _ in chain:
-                        _add_ranges(ranges, _slice_extents(c))
-                s_ranges = _slice_extents(step)
+                        _add_ranges(ranges, _slice_extents(c, memo))
+                s_ranges = _slice_extents(step, memo)
                 if _slices_disjoint(ranges, s_ranges) and step.compiled():
                     chain.append((step, node))
                     _add_ranges(ranges, s_ranges)
