@@ -137,6 +137,16 @@ def describe(sched, graph):
     }
 
 
+def _compute_checked(sched, g, x, out, ref, X):
+    """Set ``x`` to ``X``, compute ``g`` and check ``out`` against ``ref(X)``; returns it."""
+    backend_tensor_set(x, X)
+    assert sched.graph_compute(g) == Status.SUCCESS
+    got = backend_tensor_get(out)[0, 0].copy()
+    # three float32 GEMMs of K = 8 against float64
+    np.testing.assert_allclose(got, ref(X), rtol=1e-5, atol=1e-5)
+    return got
+
+
 def _run(env, sched, v, X):
     g, x, out, mid, ref = _build(env, v)
     sched.reset()
@@ -144,12 +154,7 @@ def _run(env, sched, v, X):
         sched.set_tensor_backend(mid, env[1])  # the CPU (B's product stays on SIM0)
     assert sched.alloc_graph(g)
     d = describe(sched, g)
-    backend_tensor_set(x, X)
-    assert sched.graph_compute(g) == Status.SUCCESS
-    got = backend_tensor_get(out)[0, 0].copy()
-    # three float32 GEMMs of K = 8 against float64
-    np.testing.assert_allclose(got, ref(X), rtol=1e-5, atol=1e-5)
-    return d, got
+    return d, _compute_checked(sched, g, x, out, ref, X)
 
 
 def _pair(env, parallel=False, op_offload=False):
@@ -250,7 +255,7 @@ def test_offload_answers_are_part_of_the_key(env):
 def test_no_template_for_a_backend_asked_every_time(env):
     # a backend whose supports_op is overridden has no memo token: its answers may depend on
     # anything, so no template is made
-    sim, cpu = env[0], env[1]
+    cpu = env[1]
     reg = sim_reg(1, latency_us=0.0)
     odd = reg.devices[0].init_backend()
     odd.supports_op = lambda op: op.op != gp.Op.TANH  # type: ignore[method-assign]
@@ -260,10 +265,7 @@ def test_no_template_for_a_backend_asked_every_time(env):
         g, x, out, mid, refn = _build(env, {**BASE, "b_on": "cpu"})
         s.reset()
         assert s.alloc_graph(g)
-        X = rng.standard_normal((3, 8)).astype(np.float32)
-        backend_tensor_set(x, X)
-        assert s.graph_compute(g) == Status.SUCCESS
-        np.testing.assert_allclose(backend_tensor_get(out)[0, 0], refn(X), rtol=1e-5, atol=1e-5)
+        _compute_checked(s, g, x, out, refn, rng.standard_normal((3, 8)).astype(np.float32))
     assert len(s.templates) == 0 and s.templates.hits == 0
     s.free()
 
@@ -347,10 +349,7 @@ def test_no_template_for_a_graph_with_its_own_src_map(env, what):
             g.extra_flags = {id(out): gp.Flag.OUTPUT}  # (a flag it has)
         s.reset()
         assert s.alloc_graph(g)
-        X = rng.standard_normal((3, 8)).astype(np.float32)
-        backend_tensor_set(x, X)
-        assert s.graph_compute(g) == Status.SUCCESS
-        np.testing.assert_allclose(backend_tensor_get(out)[0, 0], refn(X), rtol=1e-5, atol=1e-5)
+        _compute_checked(s, g, x, out, refn, rng.standard_normal((3, 8)).astype(np.float32))
     assert len(s.templates) == 0 and s.templates.hits == 0
     s.free()
     ref.free()

@@ -58,8 +58,8 @@ from .. import env
 from ..env import EnvError
 from ..errors import BackendUnavailableError
 
-__all__ = ["CBlas", "BlasUnavailableError", "active", "load", "load_mkl", "numpy_openblas_path", "gemm_step", "warm_up",
-           "describe"]
+__all__ = ["CBlas", "BlasUnavailableError", "active", "load", "load_mkl", "numpy_openblas_path",
+           "gemm_step", "warm_up", "describe"]
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _MKL_THREADING_SEQUENTIAL = 1
@@ -268,11 +268,9 @@ def _mkl(lib: ctypes.CDLL, path: str) -> CBlas:
     return CBlas("mkl", path, lib, "cblas_sgemm", False, batch, version)
 
 
-#: symbol names tried in a library given by path: (sgemm, batch, ILP64)
-_SYMBOLS = (("cblas_sgemm", None, False),
-            ("scipy_cblas_sgemm64_", None, True),
-            ("scipy_cblas_sgemm", None, False),
-            ("cblas_sgemm64_", None, True))
+#: ``(cblas_sgemm symbol, ILP64)`` tried in order in a library given by path
+_SYMBOLS = (("cblas_sgemm", False), ("scipy_cblas_sgemm64_", True), ("scipy_cblas_sgemm", False),
+            ("cblas_sgemm64_", True))
 
 
 def load(path: str) -> CBlas:
@@ -292,7 +290,7 @@ def load(path: str) -> CBlas:
         raise BackendUnavailableError(f"cannot load the CBLAS library {path}: {e}") from e
     if hasattr(lib, "MKL_Set_Threading_Layer"):
         return _mkl(lib, path)
-    for sgemm, _batch, ilp64 in _SYMBOLS:
+    for sgemm, ilp64 in _SYMBOLS:
         if hasattr(lib, sgemm):
             return CBlas(os.path.basename(path), path, lib, sgemm, ilp64)
     raise BackendUnavailableError(f"{path} has no cblas_sgemm (nor scipy_cblas_sgemm64_)")
