@@ -1,5 +1,5 @@
 """``python -m ggmlpy``: see :mod:`ggmlpy.cli`."""
 
-from .cli import main
+from ggmlpy.cli import main
 
 raise SystemExit(main())

@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from ._check import OneLineArgumentParser, check_str_sequence
+from ggmlpy.core.check import OneLineArgumentParser, check_str_sequence
 
 __all__ = ["main"]
 
@@ -21,7 +21,7 @@ def _cmd_devices(argv: Sequence[str]) -> int:
                                 description="List the devices ggmlpy can use, in priority order.")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = p.parse_args(argv)
-    from . import registry
+    from ggmlpy.backend import registry
 
     rows = []
     for d in registry.devices():
@@ -61,25 +61,25 @@ def _cmd_devices(argv: Sequence[str]) -> int:
 
 
 def _cmd_test_backend_ops(argv: Sequence[str]) -> int:
-    from .testops import main as tbo_main
+    from ggmlpy.testops import main as tbo_main
 
     return tbo_main(argv)
 
 
 def _cmd_embed(argv: Sequence[str]) -> int:
-    from .models.cli import embed_main
+    from ggmlpy.models.cli import embed_main
 
     return embed_main(argv)
 
 
 def _cmd_convert(argv: Sequence[str]) -> int:
-    from .models.convert_cli import convert_main
+    from ggmlpy.models.convert_cli import convert_main
 
     return convert_main(argv)
 
 
 def _cmd_download(argv: Sequence[str]) -> int:
-    from .models.cli import download_main
+    from ggmlpy.models.cli import download_main
 
     return download_main(argv)
 
@@ -115,13 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd is None:
         print(f"ggmlpy: unknown command {argv[0]!r}; try: {', '.join(_COMMANDS)}", file=sys.stderr)
         return 2
-    from . import env
-    from .errors import GgmlpyError
+    from ggmlpy.core import env
+    from ggmlpy.core.errors import GgmlpyError
 
     try:
         env.validate()
         if env.blas() not in ("auto", "numpy"):  # a named GEMM library must load (exit 2)
-            from .backends import cpu_blas
+            from ggmlpy.backends.cpu import blas as cpu_blas
 
             cpu_blas.active()
     except env.EnvError as e:

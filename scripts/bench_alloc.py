@@ -31,12 +31,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ggmlpy import ops  # noqa: E402
-from ggmlpy.alloc import POLICIES, GraphAllocator, alloc_ctx_tensors_from_buft  # noqa: E402
-from ggmlpy.backend import Buffer, BufferType  # noqa: E402
-from ggmlpy.graph import Graph  # noqa: E402
-from ggmlpy.opcodes import INPLACE_CAPABLE_OPS  # noqa: E402
-from ggmlpy.tensor import Context, Flag, Tensor  # noqa: E402
-from ggmlpy.types import Type  # noqa: E402
+from ggmlpy.alloc.gallocr import POLICIES, GraphAllocator
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft  # noqa: E402
+from ggmlpy.backend.interface import Buffer, BufferType  # noqa: E402
+from ggmlpy.core.graph import Graph  # noqa: E402
+from ggmlpy.core.opcodes import INPLACE_CAPABLE_OPS  # noqa: E402
+from ggmlpy.core.tensor import Context, Flag, Tensor  # noqa: E402
+from ggmlpy.core.types import Type  # noqa: E402
 
 F32 = Type.F32
 ALIGN = 32

@@ -23,7 +23,7 @@ the backend synchronized inside the timed region. Bandwidths are GB/s (10**9 byt
   ``graph_async_return_us``: time for ``graph_compute_async`` to return on that graph.
 
 ``--launches`` prints instead the kernel launches per MiniLM evaluation (full offload, batch 8)
-with the generic kernels and with ``ggmlpy.backends.cuda_kernels`` registered, per op, and the
+with the generic kernels and with ``ggmlpy.backends.cuda.kernels`` registered, per op, and the
 largest embedding difference between the two; ``--device FAKE`` runs it on the tests' fake CuPy
 (no GPU; it counts every launch CuPy would issue). On a real GPU only fused launches are counted.
 """
@@ -40,14 +40,19 @@ from typing import Any
 import numpy as np
 
 from ggmlpy import ops
-from ggmlpy.backend import (BufferType, backend_tensor_copy_async, backend_tensor_get,
-                            backend_tensor_set, backend_tensor_set_async, tensor_alloc)
-from ggmlpy.backends.cupy_runtime import cuda_reg
-from ggmlpy.backends.sim_runtime import sim_reg
-from ggmlpy.graph import Graph
-from ggmlpy.opcodes import GluOp, Op, UnaryOp
-from ggmlpy.tensor import Context, Tensor
-from ggmlpy.types import Type
+from ggmlpy.backend.interface import BufferType, tensor_alloc
+from ggmlpy.backend.tensor_data import (
+    backend_tensor_copy_async,
+    backend_tensor_get,
+    backend_tensor_set,
+    backend_tensor_set_async,
+)
+from ggmlpy.backends.cuda.runtime import cuda_reg
+from ggmlpy.backends.sim import sim_reg
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
 
 
 def _place(buft: BufferType, *tensors: Tensor):
@@ -118,7 +123,7 @@ def bench(device_name: str | None, copy_mb: int, mm: tuple[int, int, int], repea
 
         out["h2d_async_gbps"] = gbps(_median_time(h2d_async, repeat))
 
-        from ggmlpy.backends.cpu import backend_cpu_init
+        from ggmlpy.backends.cpu.backend import backend_cpu_init
         cpu = backend_cpu_init()
 
         def h2d_pinned() -> None:
@@ -189,8 +194,8 @@ def _fake_cuda_device():
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from fake_cupy import fake_cuda_reg  # noqa: PLC0415
 
-    from ggmlpy import special  # noqa: PLC0415
     from ggmlpy.backends.kernels import unary  # noqa: PLC0415
+    from ggmlpy.core import special  # noqa: PLC0415
 
     unary._erfc_fn = lambda xp: special.erfc  # the fake has no cupyx.scipy.special: NumPy's erfc
     return fake_cuda_reg(1, capacity=4 << 30).devices[0]
@@ -200,10 +205,10 @@ def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8
     """Kernel launches per MiniLM evaluation on ``dev`` (full offload, batch ``n_seq``): launches
     and compute nodes per device graph evaluation, per op, and the embeddings (for comparing the
     generic and the fused kernels). ``fused`` True compiles as the registry does (the fused
-    :mod:`ggmlpy.backends.cuda_kernels` override wherever it applies), False forces every node
+    :mod:`ggmlpy.backends.cuda.kernels` override wherever it applies), False forces every node
     onto its generic kernel."""
-    from ggmlpy.backends import cuda_kernels as ck  # noqa: PLC0415
     from ggmlpy.backends import plan as plan_mod  # noqa: PLC0415
+    from ggmlpy.backends.cuda import kernels as ck  # noqa: PLC0415
     from ggmlpy.models.bert import BertModel  # noqa: PLC0415
 
     rt = dev.runtime
@@ -243,7 +248,7 @@ def minilm_launches(dev: Any, model_dir: str | None, fused: bool, n_seq: int = 8
         evals["n"] += 1
         return orig_launch(stream, fn)
 
-    from ggmlpy.backends.device import AsyncBackend  # noqa: PLC0415
+    from ggmlpy.backends.device.backend import AsyncBackend  # noqa: PLC0415
 
     plan_mod.kernels.compile_node = compile_node
     rt.launch = launch

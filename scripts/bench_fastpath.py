@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Microbenchmark: the reference NumPy kernels vs :mod:`ggmlpy.backends.fastpath` (and numba when
+"""Microbenchmark: the reference NumPy kernels vs :mod:`ggmlpy.backends.cpu.fastpath` (and numba when
 importable) on MiniLM shapes; prints one JSON object.
 
 Shapes (``--seqs`` 32 sequences x ``--tokens`` 36, hidden 384, 12 heads, ffn 1536): NORM on
@@ -31,10 +31,10 @@ except ImportError:  # running from a checkout without installing: use the repo 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ggmlpy import ops  # noqa: E402
-from ggmlpy.backends import fastpath  # noqa: E402
+from ggmlpy.backends.cpu import fastpath  # noqa: E402
 from ggmlpy.backends.kernels import compile_node  # noqa: E402
-from ggmlpy.tensor import Context  # noqa: E402
-from ggmlpy.types import Type  # noqa: E402
+from ggmlpy.core.tensor import Context  # noqa: E402
+from ggmlpy.core.types import Type  # noqa: E402
 
 
 def _ms(fn: Callable[[], Any], repeats: int, number: int) -> float:
@@ -46,7 +46,7 @@ def _numba_kernels() -> dict[str, Callable[..., Any]] | None:
         import numba
     except ImportError:
         return None
-    from ggmlpy.special import _AS_A, _AS_P
+    from ggmlpy.core.special import _AS_A, _AS_P
 
     a1, a2, a3, a4, a5 = (float(c) for c in _AS_A)
     p = float(_AS_P)

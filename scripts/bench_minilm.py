@@ -67,8 +67,7 @@ try:
 except ImportError:  # running from a checkout without installing: use the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ggmlpy.models.loader import (BertConfig, find_default_model_dir,  # noqa: E402
-                                  load_tokenizer, load_weights)
+from ggmlpy.models.loader import BertConfig, find_default_model_dir, load_tokenizer, load_weights
 from ggmlpy.models.reference import numpy_forward  # noqa: E402
 
 Encode = Callable[[Sequence[str]], np.ndarray]
@@ -254,8 +253,8 @@ def run_workload(sentences: Sequence[str], tools: list[_Tool], repeats: int) -> 
 
 def _ensure_sim(device: str) -> None:
     """Register SIM devices when ``device`` names one that does not exist yet (once, as the
-    command lines do: :func:`ggmlpy.registry.register_named_sim_devices`)."""
-    from ggmlpy import registry
+    command lines do: :func:`ggmlpy.backend.registry.register_named_sim_devices`)."""
+    from ggmlpy.backend import registry
 
     registry.register_named_sim_devices([device])
 
@@ -277,7 +276,7 @@ def _profile(encode: Callable[[Sequence[str]], np.ndarray], sentences: Sequence[
 
 def blas_info() -> dict[str, Any]:
     """BLAS threading: threadpoolctl's report when installed, else the thread env variables."""
-    from ggmlpy.backends import cpu_blas
+    from ggmlpy.backends.cpu import blas as cpu_blas
 
     info: dict[str, Any] = {"cpu_count": os.cpu_count(), "numpy": np.__version__,
                             "ggmlpy_gemm": cpu_blas.describe()}  # GGMLPY_BLAS's library
@@ -332,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if min(args.n_sentences, args.n_e2e, args.batch_size, args.repeats, args.threads) < 1:
         ap.error("--n-sentences, --n-e2e, --batch-size, --repeats and --threads must be >= 1")
 
-    from ggmlpy import registry
+    from ggmlpy.backend import registry
 
     _ensure_sim(args.device)
     why = registry.device_unavailable_reason(args.device)

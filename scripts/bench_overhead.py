@@ -27,11 +27,12 @@ import time
 import numpy as np
 
 from ggmlpy import ops
-from ggmlpy.backend import backend_tensor_get, backend_tensor_set, tensor_alloc
-from ggmlpy.backends.cpu import TENSOR_ALIGNMENT, backend_cpu_init
-from ggmlpy.graph import Graph
-from ggmlpy.tensor import Context
-from ggmlpy.types import Type
+from ggmlpy.backend.interface import tensor_alloc
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, backend_cpu_init
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.tensor import Context
+from ggmlpy.core.types import Type
 
 _OPS = (ops.add, ops.mul, ops.sub)
 _NP = (np.add, np.multiply, np.subtract)

@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,12 +81,13 @@ def bench_mul_mat(repeat: int, types: list[Type]) -> list[dict]:
     import os  # noqa: PLC0415
 
     from ggmlpy import ops  # noqa: PLC0415
-    from ggmlpy.alloc import alloc_ctx_tensors  # noqa: PLC0415
-    from ggmlpy.backend import BufferUsage, backend_tensor_set  # noqa: PLC0415
-    from ggmlpy.backends.cpu import backend_cpu_init  # noqa: PLC0415
+    from ggmlpy.alloc.tallocr import alloc_ctx_tensors  # noqa: PLC0415
+    from ggmlpy.backend.interface import BufferUsage
+    from ggmlpy.backend.tensor_data import backend_tensor_set  # noqa: PLC0415
+    from ggmlpy.backends.cpu.backend import backend_cpu_init  # noqa: PLC0415
     from ggmlpy.backends.kernels.weight_cache import CACHE, configure_from_env  # noqa: PLC0415
-    from ggmlpy.graph import Graph  # noqa: PLC0415
-    from ggmlpy.tensor import Context  # noqa: PLC0415
+    from ggmlpy.core.graph import Graph  # noqa: PLC0415
+    from ggmlpy.core.tensor import Context  # noqa: PLC0415
 
     cpu = backend_cpu_init()
     rng = np.random.default_rng(0)

@@ -38,9 +38,10 @@ from bench_sched import bench_pipeline  # noqa: E402
 
 import ggmlpy as gp  # noqa: E402
 from ggmlpy import Context, Graph, Type  # noqa: E402
-from ggmlpy.backend import backend_tensor_set, tensor_alloc  # noqa: E402
-from ggmlpy.backends.ray_runtime import ray_reg  # noqa: E402
-from ggmlpy.backends.sim_runtime import sim_reg  # noqa: E402
+from ggmlpy.backend.interface import tensor_alloc  # noqa: E402
+from ggmlpy.backend.tensor_data import backend_tensor_set
+from ggmlpy.backends.ray.runtime import ray_reg  # noqa: E402
+from ggmlpy.backends.sim import sim_reg  # noqa: E402
 
 
 def bench_overhead(backend, n_evals: int) -> dict:

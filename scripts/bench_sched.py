@@ -5,7 +5,7 @@
    forms: ``unchanged`` (the same graph again: the scheduler's fast path, counted in
    ``reuse_hits``), ``fresh`` (a new graph of the same structure each time, built before the
    clock starts: snapshot + split + allocation, the split taken from the template the first
-   split of that structure left, see ``ggmlpy.sched_template``; counted in ``template_hits``),
+   split of that structure left, see ``ggmlpy.sched.template``; counted in ``template_hits``),
    ``fresh_no_template`` (the same with templates disabled: what a never-seen structure costs)
    and ``fresh_split_only`` (``split_graph`` of a new graph, always in full, no allocation).
    Printed next to ``numpy_ufunc_call_us``, one ``np.add(a, b, out=c)`` on the same small arrays
@@ -37,11 +37,11 @@ import numpy as np  # noqa: E402
 
 import ggmlpy as gp  # noqa: E402
 from ggmlpy import Context, Graph, Type  # noqa: E402
-from ggmlpy.alloc import alloc_ctx_tensors_from_buft  # noqa: E402
-from ggmlpy.backend import (BufferUsage, backend_tensor_get, backend_tensor_get_async,  # noqa: E402
-                            backend_tensor_set)
-from ggmlpy.backends.sim_runtime import sim_reg  # noqa: E402
-from ggmlpy.sched import Scheduler  # noqa: E402
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft  # noqa: E402
+from ggmlpy.backend.interface import BufferUsage
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
+from ggmlpy.backends.sim import sim_reg  # noqa: E402
+from ggmlpy.sched.scheduler import Scheduler  # noqa: E402
 
 
 def _weights(backend, shapes, rng):

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # bench_minilm sets OMP/OPENBLAS/MKL_NUM_THREADS from --threads before NumPy loads, and finds
 # ggmlpy in the checkout when it is not installed
 from bench_minilm import make_mixed_sentences  # noqa: E402
+
 from ggmlpy.models.bert import BertModel  # noqa: E402
 
 

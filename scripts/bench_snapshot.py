@@ -1,4 +1,4 @@
-"""Cost of the snapshot validity check (ggmlpy.snapshot) per graph node; prints JSON.
+"""Cost of the snapshot validity check (ggmlpy.core.snapshot) per graph node; prints JSON.
 
 For chain graphs of 1k and 10k nodes (x -> scale -> add -> scale ...): the O(1) check when no
 mutation happened since the snapshot, the version check after an unrelated mutation elsewhere in
@@ -16,12 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ggmlpy import ops, snapshot  # noqa: E402
-from ggmlpy.alloc import alloc_ctx_tensors_from_buft  # noqa: E402
-from ggmlpy.backends.cpu import backend_cpu_init  # noqa: E402
-from ggmlpy.graph import Graph  # noqa: E402
-from ggmlpy.tensor import Context  # noqa: E402
-from ggmlpy.types import Type  # noqa: E402
+from ggmlpy import ops
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft  # noqa: E402
+from ggmlpy.backends.cpu.backend import backend_cpu_init  # noqa: E402
+from ggmlpy.core import snapshot  # noqa: E402
+from ggmlpy.core.graph import Graph  # noqa: E402
+from ggmlpy.core.tensor import Context  # noqa: E402
+from ggmlpy.core.types import Type  # noqa: E402
 
 
 def chain(n: int):

@@ -16,8 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ggmlpy.testops.support_table import (  # noqa: E402
-    readme_section, replace_readme_section, support_section)
+from ggmlpy.testops.support_table import readme_section, replace_readme_section, support_section
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ try:
           "driver", cupy.cuda.runtime.driverGetVersion(), "devices", n)
 except Exception as e:
     print("cupy unavailable:", type(e).__name__, e)
-from ggmlpy.backends.cupy_runtime import cuda_reg
+from ggmlpy.backends.cuda.runtime import cuda_reg
 r = cuda_reg()
 print("ggmlpy CUDA devices:", [d.name + " " + d.description + " cc " + d.get_props().extra["compute_capability"]
                                for d in r.devices] or r.unavailable_reason)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy import registry
+from ggmlpy.backend import registry
 from ggmlpy.models.bert import BertModel
 
 N_STREAM = 64

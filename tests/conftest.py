@@ -45,7 +45,7 @@ def ray_reg2():
     not with pytest 9 + xdist 3.8: the group suffix never reaches ``item.nodeid``). Skips when Ray
     is not installed (``pip install 'ggmlpy[ray]'``)."""
     ray = pytest.importorskip("ray")
-    from ggmlpy.backends.ray_runtime import ray_reg
+    from ggmlpy.backends.ray.runtime import ray_reg
 
     reg = ray_reg(2, timeout_s=60.0)
     yield reg

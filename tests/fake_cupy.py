@@ -9,9 +9,9 @@ Counting: ``FakeCupy.launch_count()`` counts "kernel launches" the way CuPy woul
 ufunc call (element-wise op, reduction), per kernel-issuing array function (``copyto``, ``sum``,
 ``where``, ...), per ``astype``/``copy``, and per ``RawKernel``/``RawModule`` function call. ``pinned_allocs`` counts
 ``alloc_pinned_memory`` calls; ``hold_events(True)`` keeps events "running" (``done`` False). ``RawKernel`` runs a NumPy emulation of each
-``ggmlpy.backends.cuda_kernels`` kernel, float32 maths as the CUDA source. ``cuda.cublas.gemmEx``
+``ggmlpy.backends.cuda.kernels`` kernel, float32 maths as the CUDA source. ``cuda.cublas.gemmEx``
 (column-major, f16/f32 operands, f32 compute) runs with NumPy, counts one launch and is recorded
-in :data:`GEMMEX_CALLS` (``ggmlpy.backends.cuda_gemm``); ``cuda.get_current_stream()`` gives
+in :data:`GEMMEX_CALLS` (``ggmlpy.backends.cuda.gemm``); ``cuda.get_current_stream()`` gives
 the innermost ``with stream:`` (else a null stream of ptr 0).
 
 Stream capture (CUDA graphs): ``Stream.begin_capture()`` starts recording, ``end_capture()``
@@ -35,15 +35,14 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-import math
 import types
 from functools import partial
 
+import fake_cupy_quant
 import numpy as np
 
-import fake_cupy_quant
-from ggmlpy import special
-from ggmlpy.backends import cupy_runtime
+from ggmlpy.backends.cuda import runtime as cupy_runtime
+from ggmlpy.core import special
 
 _LAUNCHES = [0]
 _FAILS: dict[str, BaseException] = {}
@@ -553,7 +552,7 @@ class _CountingArray(np.ndarray):
 
 
 # ---------------------------------------------------------------------------------------------
-# RawKernel emulation (NumPy, float32 maths of ggmlpy.backends.cuda_kernels' sources)
+# RawKernel emulation (NumPy, float32 maths of ggmlpy.backends.cuda.kernels' sources)
 
 
 def _at(addr: int, ne, nb, dtype=np.float32) -> np.ndarray:
@@ -749,6 +748,6 @@ class FakeCupy:
 
 def fake_cuda_reg(n_devices: int = 2, capacity: int = 64 << 20):
     """A CUDA reg whose runtime is :class:`cupy_runtime.CupyRuntime` over :class:`FakeCupy`."""
-    from ggmlpy.backends.device import make_reg
+    from ggmlpy.backends.device.backend import make_reg
 
     return make_reg(cupy_runtime.CupyRuntime(FakeCupy(n_devices, capacity)))

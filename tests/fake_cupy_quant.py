@@ -1,4 +1,4 @@
-"""NumPy emulation of the dequantization RawKernels of ``ggmlpy.backends.cuda_quant`` (test
+"""NumPy emulation of the dequantization RawKernels of ``ggmlpy.backends.cuda.quant`` (test
 support, not a test module): the per-element formulas of the CUDA sources, written again over
 index arrays (element ``e`` of a row -> block ``e // BS``, position ``j = e % BS``) in float32
 with the same operation order, so the fake CuPy (tests/fake_cupy.py, whose ``RawKernel`` dispatches ``ggmlpy_dequant_*`` names
@@ -11,8 +11,8 @@ import ctypes
 
 import numpy as np
 
-from ggmlpy.backends import cuda_quant
-from ggmlpy.types import Type
+from ggmlpy.backends.cuda import quant as cuda_quant
+from ggmlpy.core.types import Type
 
 _F = np.float32
 _BY_NAME = {name: t for t, name in cuda_quant.KERNEL_NAMES.items()}

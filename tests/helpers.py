@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ggmlpy.backend import backend_tensor_get, backend_tensor_set, tensor_alloc, view_init
-from ggmlpy.backends.cpu import TENSOR_ALIGNMENT, backend_cpu_init
-from ggmlpy.graph import Graph
-from ggmlpy.tensor import Context, Tensor
+from ggmlpy.backend.interface import tensor_alloc, view_init
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, backend_cpu_init
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.tensor import Context, Tensor
 
 __all__ = ["run_graph", "alloc_ctx", "GARBAGE_BYTE", "np_permute", "ggml_tile", "uniform"]
 

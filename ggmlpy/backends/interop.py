@@ -20,7 +20,7 @@ is valid until the next evaluation (or allocation) reuses that memory; it then s
 written there. A view never reads memory handed to someone else: NumPy views keep the host block
 alive; device exports register an owner with the buffer, and freeing a device buffer with live
 exports defers ``cudaFree`` until the last export is garbage-collected. Exporting a tensor of a
-freed or unallocated buffer raises :class:`~ggmlpy.errors.NotAllocatedError`.
+freed or unallocated buffer raises :class:`~ggmlpy.core.errors.NotAllocatedError`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import tensor_buffer
-from ..errors import NotAllocatedError
-from ..tensor import Tensor, _set_interop
+from ggmlpy.backend.interface import tensor_buffer
+from ggmlpy.core.tensor import Tensor, _set_interop
 
 __all__ = ["numpy_view", "to_array", "cuda_array_interface", "dlpack", "dlpack_device",
            "device_export_owner"]
@@ -78,7 +77,7 @@ def to_array(t: Tensor, dtype: Any = None, copy: bool | None = None) -> np.ndarr
     else:
         if copy is False:
             raise ValueError(f"Tensor.__array__: '{t.name}' is in {buf.name}: a host array needs a copy")
-        from ..tensor_data import backend_tensor_get  # noqa: PLC0415 - same layer, call time only
+        from ggmlpy.backend.tensor_data import backend_tensor_get  # noqa: PLC0415 - same layer, call time only
 
         a = backend_tensor_get(t)
     if dtype is not None and np.dtype(dtype) != a.dtype:
@@ -91,8 +90,8 @@ def to_array(t: Tensor, dtype: Any = None, copy: bool | None = None) -> np.ndarr
 def _cuda(t: Tensor, what: str) -> tuple[Any, Any]:
     """``(buffer, runtime)`` of a tensor in CUDA device memory, else AttributeError."""
     buf = _buffer(t, what)
-    from .cupy_runtime import CupyRuntime  # noqa: PLC0415 - leaf import, CuPy not needed
-    from .device import AsyncBuffer  # noqa: PLC0415
+    from ggmlpy.backends.cuda.runtime import CupyRuntime  # noqa: PLC0415 - leaf import, CuPy not needed
+    from ggmlpy.backends.device.backend import AsyncBuffer  # noqa: PLC0415
 
     if not isinstance(buf, AsyncBuffer) or not isinstance(buf.runtime, CupyRuntime):
         raise AttributeError(f"{what}: '{t.name}' is not in CUDA device memory ({buf.name})")

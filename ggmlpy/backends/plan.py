@@ -3,7 +3,7 @@
 Building a plan resolves, for every node, the kernel, the array views of the destination and
 sources over their buffers' memory and the op's parameters. Running it is then a loop of
 zero-argument calls. Plans are cached per graph and reused while everything they read is unchanged
-(:mod:`ggmlpy.snapshot`: O(1) when no mutation happened in the process, else one compare of a
+(:mod:`ggmlpy.core.snapshot`: O(1) when no mutation happened in the process, else one compare of a
 compact per-tensor state).
 
 Graph replay (ggml-cuda's CUDA graphs): :func:`launch_plan` runs a plan eagerly the first time
@@ -19,24 +19,25 @@ synchronize with the host, an op CuPy cannot capture) is marked and always runs 
 from __future__ import annotations
 
 import threading
-from functools import partial
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..backend import Buffer, BufferUsage, buffer_written, tensor_buffer
-from ..errors import NotAllocatedError, UnsupportedOpError
-from .. import snapshot as _snapshot
-from ..graph import Graph
-from ..snapshot import Snapshot
-from ..opcodes import VIEW_OPS, Op
-from ..sched_assign import node_key
-from ..tensor import Tensor
-from ..types import Type
-from . import kernels
+from ggmlpy.backend.interface import Buffer, BufferUsage, tensor_buffer
+from ggmlpy.backend.write_gen import buffer_written
+from ggmlpy.backends import kernels
+from ggmlpy.core import snapshot as _snapshot
+from ggmlpy.core.errors import NotAllocatedError, UnsupportedOpError
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import VIEW_OPS, Op
+from ggmlpy.core.snapshot import Snapshot
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.sched.assign import node_key
 
 __all__ = ["Plan", "check_buffers_live", "build_plan", "PlanCache", "ReplayStats", "launch_plan"]
 
@@ -45,7 +46,7 @@ Step = Callable[[], None]
 
 class Plan:
     """A compiled graph: ``steps[i]`` runs one node's kernel; ``nodes[i]`` is that node (a CPU
-    step fused from several row-aligned nodes, :func:`ggmlpy.backends.cpu_threads.fuse_chains`,
+    step fused from several row-aligned nodes, :func:`ggmlpy.backends.cpu.threads.fuse_chains`,
     runs them all; ``nodes[i]`` is then the last of them).
 
     Attributes:
@@ -73,7 +74,7 @@ class Plan:
         self.checks: list[Callable[[], None]] = [c for c in (getattr(s, "check", None)
                                                              for s in steps) if c is not None]
         #: buffers (not of usage COMPUTE) the steps write: :meth:`run` gives each a new write
-        #: generation when it returns (:func:`ggmlpy.backend.buffer_written`), which is what
+        #: generation when it returns (:func:`ggmlpy.backend.interface.buffer_written`), which is what
         #: keeps converted weight copies (kernels/weight_cache.py) from going stale
         self.written: list[Buffer] = []
         #: CPU: some steps run on the backend's worker threads (cpu_threads.Split), so BLAS is
@@ -300,8 +301,8 @@ _NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}
 
 def _memoisable(supports: Callable[[Tensor], bool]) -> bool:
     """Whether ``supports`` (a device's ``supports_op`` or ``can_compute``, bound) answers as a
-    function of :func:`~ggmlpy.sched_assign.node_key` alone, so one plan build may ask once per
-    distinct key: the device offers a memo token (:func:`ggmlpy.backends.cpu.kernel_memo_token`:
+    function of :func:`~ggmlpy.sched.assign.node_key` alone, so one plan build may ask once per
+    distinct key: the device offers a memo token (:func:`ggmlpy.backends.cpu.backend.kernel_memo_token`:
     no override of its ``supports_op``/``_supports_op``) and the method is not replaced on the
     instance."""
     dev = getattr(supports, "__self__", None)
@@ -342,7 +343,7 @@ class _Entry:
 
 
 class PlanCache:
-    """Plans per graph, valid for a :class:`~ggmlpy.snapshot.Snapshot` of what they read.
+    """Plans per graph, valid for a :class:`~ggmlpy.core.snapshot.Snapshot` of what they read.
 
     ``get`` returns a cached plan when the graph still matches the snapshot taken when the plan
     was built (op, type, op_params, ne, nb, sources and their identities, view_src/view_offs,
@@ -353,7 +354,7 @@ class PlanCache:
 
     Nothing here keeps memory alive that its owner released: graphs are held weakly (a dead
     graph's plans are dropped at once) and a freed buffer drops every plan using it
-    (:func:`ggmlpy.snapshot.on_buffer_free`). Thread-safe for concurrent ``get`` calls.
+    (:func:`ggmlpy.core.snapshot.on_buffer_free`). Thread-safe for concurrent ``get`` calls.
 
     Args:
         build: ``build(graph) -> Plan``.

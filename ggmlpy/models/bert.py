@@ -3,7 +3,7 @@
 :class:`BertModel` loads a model directory with :mod:`ggmlpy.models.loader`, places the weights
 in backend buffers (usage ``WEIGHTS``) the way llama.cpp's ``-ngl`` does, builds the encoder as a
 ggmlpy graph in llama.cpp's BERT style and runs it with the multi-backend
-:class:`~ggmlpy.sched.Scheduler`.
+:class:`~ggmlpy.sched.scheduler.Scheduler`.
 
 Graph of one batch of ``S`` sequences padded to ``L`` tokens (``T = S*L`` tokens, hidden ``H``,
 ``nh`` heads of ``d = H/nh``; shapes in ggml ``ne`` order, the NumPy shape is the reverse):
@@ -64,19 +64,25 @@ from typing import Any
 
 import numpy as np
 
-from .. import ops
-from .._check import ArgumentValueError, check_bool, check_int, check_optional, check_type
-from ..alloc import alloc_ctx_tensors_from_buft
-from ..backends import cpu_jit
-from ..backend import Backend, Buffer, BufferUsage, Device, DeviceType, Status
-from ..errors import BackendUnavailableError, ComputeError
-from ..graph import Graph
-from ..tensor import Context, Tensor
-from ..tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
-from ..types import Type
-from .gguf_bert import TypedWeight, is_gguf_path, read_bert_gguf
-from .loader import (BertConfig, BertTokenizer, check_model_dir, find_default_model_dir,
-                     load_tokenizer, load_weights)
+from ggmlpy import ops
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
+from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
+from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
+from ggmlpy.core.errors import BackendUnavailableError, ComputeError
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.models.gguf_bert import TypedWeight, is_gguf_path, read_bert_gguf
+from ggmlpy.models.loader import (
+    BertConfig,
+    BertTokenizer,
+    check_model_dir,
+    find_default_model_dir,
+    load_tokenizer,
+    load_weights,
+)
 
 __all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_device"]
 
@@ -96,14 +102,14 @@ def _pad_to(n: int, m: int) -> int:
 
 
 def resolve_device(device: str | Device) -> Device:
-    """The :class:`~ggmlpy.backend.Device` named ``device`` (case-insensitive), or ``device`` itself.
+    """The :class:`~ggmlpy.backend.interface.Device` named ``device`` (case-insensitive), or ``device`` itself.
 
     Raises:
         BackendUnavailableError: no such device; for CUDA names the message says why CUDA is
             unavailable, for SIM names how to create SIM devices.
         TypeError: ``device`` is neither a name nor a Device.
     """
-    from .. import registry
+    from ggmlpy.backend import registry
 
     if isinstance(device, Device):
         return device
@@ -202,7 +208,7 @@ class BertModel:
     (:class:`BertTokenizer`), ``model_dir``, ``n_gpu_layers`` (layers whose weights live on the
     device), ``parallel``, ``max_batch``, ``seq_bucket``, ``n_graph_builds`` (batch graphs
     built so far: one per new ``(n_seq, padded length)`` shape), ``sched`` (the
-    :class:`~ggmlpy.sched.Scheduler`).
+    :class:`~ggmlpy.sched.scheduler.Scheduler`).
     Not thread-safe. Call :meth:`close` (or use it as a context manager) to free its buffers.
     """
 
@@ -243,7 +249,7 @@ class BertModel:
                 or a ``.gguf`` file (:mod:`.gguf_bert`: ``python -m ggmlpy convert`` or
                 llama.cpp's BERT files), whose tensors keep their stored types.
             device: the accelerator to offload to, by name ("SIM0", "CUDA0") or as a
-                :class:`~ggmlpy.backend.Device`; "CPU" runs everything on the CPU backend.
+                :class:`~ggmlpy.backend.interface.Device`; "CPU" runs everything on the CPU backend.
                 Several accelerators (a list, or names joined by commas: "RAY0,RAY1") share the
                 offloaded layers in order, in contiguous chunks as equal as possible (the
                 first devices take one more when they do not divide evenly), like
@@ -268,7 +274,7 @@ class BertModel:
                 already built (see the module docstring, "Shapes"); 1 pads to the longest
                 sequence exactly. Padding is masked, so the embeddings do not change.
             n_threads: threads of the CPU backend (>= 1; llama.cpp's ``-t``,
-                :meth:`ggmlpy.backends.cpu.CPUBackend.set_n_threads`); None keeps its default,
+                :meth:`ggmlpy.backends.cpu.backend.CPUBackend.set_n_threads`); None keeps its default,
                 the thread count of NumPy's BLAS.
             fuse_qkv: store each layer's query, key and value weights (and biases) as one
                 ``[H, 3H]`` tensor (``wqkv``, as llama.cpp's fused tensors; ``wq/wk/wv`` become
@@ -277,7 +283,7 @@ class BertModel:
                 2.57 ms. Same bytes, same results up to the GEMM's float32 rounding. Kept
                 separate when the three differ in type (a mixed-type GGUF file).
 
-        Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu_jit.warm_up`,
+        Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu.jit.warm_up`,
         when Numba is installed), so that their one-time cost is not paid by the first encode.
 
         Returns:
@@ -289,7 +295,7 @@ class BertModel:
             BackendUnavailableError: ``device`` does not exist here (with the reason).
             ValueError: ``n_gpu_layers`` out of range, ``max_batch < 1``, ``seq_bucket < 1``,
                 ``n_threads`` outside 1..512, the CPU among several devices or a device listed
-                twice (each an :class:`~ggmlpy._check.ArgumentValueError` whose ``arg`` names
+                twice (each an :class:`~ggmlpy.core.check.ArgumentValueError` whose ``arg`` names
                 the parameter, for the command line to name its flag), or a model this code
                 cannot run (activation other than exact GELU, max pooling).
             OutOfMemoryError: a weight or compute buffer could not be allocated.
@@ -337,7 +343,7 @@ class BertModel:
             raise ArgumentValueError("seq_bucket", f"must be an int >= 1, got {seq_bucket!r}",
                                      where)
 
-        from ..backends.cpu import backend_cpu_init
+        from ggmlpy.backends.cpu.backend import backend_cpu_init
 
         names = device.split(",") if isinstance(device, str) else (
             list(device) if isinstance(device, (list, tuple)) else [device])
@@ -375,7 +381,7 @@ class BertModel:
                 self._device_backends = self._backends[:-1]
                 self._device_backend = self._device_backends[0]
             self._load_weights(gguf_weights if gguf_weights is not None else load_weights(model_dir))
-            from ..sched import Scheduler
+            from ggmlpy.sched.scheduler import Scheduler
 
             self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
             # a small first reservation: the scheduler grows it to the largest batch run

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._check import OneLineArgumentParser, check_str, check_str_sequence
+from ggmlpy.core.check import OneLineArgumentParser, check_str, check_str_sequence
 
 __all__ = ["embed_main", "download_main", "KNOWN_MODELS", "read_sentences"]
 
@@ -125,13 +125,14 @@ def _pick_device(spec: str) -> str:
     SIM devices are registered on demand when GGMLPY_SIM_DEVICES is unset, and RAY devices (a
     local Ray instance) when neither GGMLPY_RAY_DEVICES nor GGMLPY_RAY_ADDRESS is set: once, for
     the highest index named, with one line on stderr. Every name must then be a device
-    (:func:`ggmlpy.registry.device_unavailable_reason`: a name GGMLPY_BACKENDS leaves out says
+    (:func:`ggmlpy.backend.registry.device_unavailable_reason`: a name GGMLPY_BACKENDS leaves out says
     so), listed once, and the CPU only alone.
 
     Raises:
         _UsageError: one line naming ``--device`` and the offending name.
     """
-    from .. import env, registry
+    from ggmlpy.backend import registry
+    from ggmlpy.core import env
 
     names = [n.strip() for n in spec.split(",")]
     if not all(names):
@@ -164,12 +165,12 @@ def _pick_device(spec: str) -> str:
 
 def _flag_error(e: ValueError, explicit: dict[str, bool]) -> _UsageError:
     """A ValueError raised below the command line as one line naming embed's flag: an
-    :class:`~ggmlpy._check.ArgumentValueError` about a parameter a flag feeds becomes
+    :class:`~ggmlpy.core.check.ArgumentValueError` about a parameter a flag feeds becomes
     ``"<flag> <detail>"``; a missing ``--model`` directory or file is prefixed with the flag
     when the user gave it (``explicit["model"]``); a damaged model file keeps its message, which
     starts with the file's path."""
-    from .._check import ArgumentValueError
-    from .loader import ModelNotFoundError
+    from ggmlpy.core.check import ArgumentValueError
+    from ggmlpy.models.loader import ModelNotFoundError
 
     if isinstance(e, ArgumentValueError) and e.arg in _FLAG_OF_PARAM:
         return _UsageError(f"{_FLAG_OF_PARAM[e.arg]} {e.detail}")
@@ -275,9 +276,8 @@ def embed_main(argv: Sequence[str]) -> int:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    from ..errors import (BackendUnavailableError, ComputeError, GgmlpyError,
-                          OutOfMemoryError)
-    from .bert import BertModel
+    from ggmlpy.core.errors import BackendUnavailableError, ComputeError, GgmlpyError, OutOfMemoryError
+    from ggmlpy.models.bert import BertModel
 
     prog = "ggmlpy embed"
     sentences = list(args.sentences)

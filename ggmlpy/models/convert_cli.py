@@ -19,9 +19,8 @@ __all__ = ["convert_main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .gguf_bert import SCHEMES  # noqa: PLC0415
-
-    from .._check import OneLineArgumentParser  # noqa: PLC0415
+    from ggmlpy.core.check import OneLineArgumentParser  # noqa: PLC0415
+    from ggmlpy.models.gguf_bert import SCHEMES  # noqa: PLC0415
 
     p = OneLineArgumentParser(
         prog="python -m ggmlpy convert", error_name="ggmlpy convert",
@@ -38,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _resolve_model(name: str) -> Path:
-    from .cli import _ALIASES, KNOWN_MODELS  # noqa: PLC0415
-    from .loader import check_model_dir, find_default_model_dir  # noqa: PLC0415
+    from ggmlpy.models.cli import _ALIASES, KNOWN_MODELS  # noqa: PLC0415
+    from ggmlpy.models.loader import check_model_dir, find_default_model_dir  # noqa: PLC0415
 
     key = _ALIASES.get(name.strip().lower(), name.strip().lower())
     if key in KNOWN_MODELS and not Path(name).is_dir():
@@ -54,7 +53,7 @@ def convert_main(argv: Sequence[str]) -> int:
         args = _parser().parse_args(list(argv))
     except SystemExit as e:
         return int(e.code or 0)
-    from .gguf_bert import convert  # noqa: PLC0415
+    from ggmlpy.models.gguf_bert import convert  # noqa: PLC0415
 
     try:
         info = convert(_resolve_model(args.model), args.output, args.scheme)

@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..types import Type
-from .loader import BertConfig, BertTokenizer, check_model_dir, load_weights
+from ggmlpy.core.types import Type
+from ggmlpy.models.loader import BertConfig, BertTokenizer, check_model_dir, load_weights
 
 __all__ = ["SCHEMES", "TypedWeight", "convert", "read_bert_gguf", "tensor_type_for",
            "hf_to_gguf_names", "is_gguf_path"]
@@ -197,7 +197,7 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
         ModelNotFoundError: files missing in ``model_dir``.
         ImportError: gguf / safetensors missing.
     """
-    from ..gguf_io import gguf_save  # noqa: PLC0415
+    from ggmlpy.gguf.weights import gguf_save  # noqa: PLC0415
 
     gguf = _gguf()
     if scheme not in SCHEMES:
@@ -269,8 +269,8 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
             naming the file and what is wrong).
         ImportError: gguf or tokenizers missing.
     """
-    from ..gguf_io import GGUFError  # noqa: PLC0415
-    from .loader import ModelNotFoundError  # noqa: PLC0415
+    from ggmlpy.core.errors import GGUFError  # noqa: PLC0415
+    from ggmlpy.models.loader import ModelNotFoundError  # noqa: PLC0415
 
     gguf = _gguf()
     path = Path(path)
@@ -327,7 +327,7 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
         data = np.asarray(rt.data).reshape(-1).view(np.uint8)
         if t != Type.F32 and (all(n == 1 for n in ne[1:]) or rt.name.startswith("token_types")):
             # used by element-wise ops (ADD/MUL), which compute F32/F16 only: stored as F32
-            from ..quants import dequantize  # noqa: PLC0415
+            from ggmlpy.quants import dequantize  # noqa: PLC0415
 
             data = dequantize(data, t, list(ne)).reshape(-1).view(np.uint8)
             t = Type.F32

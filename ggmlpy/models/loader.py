@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .._check import check_int, check_optional, check_type
-from ..errors import FileFormatError, GgmlpyError
+from ggmlpy.core.check import check_int, check_optional, check_type
+from ggmlpy.core.errors import FileFormatError, GgmlpyError
 
 __all__ = ["ModelNotFoundError", "ModelFileError", "BertConfig", "BertTokenizer", "find_default_model_dir",
            "load_config", "load_tokenizer", "load_weights", "check_weight_shapes",
@@ -54,7 +54,7 @@ class ModelFileError(FileFormatError):
     """A model file exists but cannot be used: truncated, not JSON, not UTF-8, the wrong layout.
 
     The message is one line and starts with the file's path. Attributes: ``path`` (the file),
-    ``reason``; a :class:`~ggmlpy.errors.FileFormatError` like :class:`~ggmlpy.errors.GGUFError`.
+    ``reason``; a :class:`~ggmlpy.core.errors.FileFormatError` like :class:`~ggmlpy.core.errors.GGUFError`.
     """
 
     def __init__(self, path: str | Path, problem: str) -> None:

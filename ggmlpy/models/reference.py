@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..special import erf, erfc, gelu_erf
-from .loader import BertConfig
+from ggmlpy.core.special import erf, erfc, gelu_erf
+from ggmlpy.models.loader import BertConfig
 
 __all__ = ["erf", "erfc", "gelu_erf", "layer_norm", "pad_batch", "encoder_forward", "numpy_forward"]
 

@@ -1,6 +1,6 @@
 """Graph-building op functions: ggml's ``ggml_<op>`` constructors with ggml's shape rules.
 
-Every function takes the :class:`~ggmlpy.tensor.Context` first, then ggml's arguments in ggml's
+Every function takes the :class:`~ggmlpy.core.tensor.Context` first, then ggml's arguments in ggml's
 order, e.g. ``ops.add(ctx, a, b)`` mirrors ``ggml_add(ctx, a, b)``. They only build metadata: the
 result tensor (a new packed tensor via ``ctx.new_tensor``/``ctx.dup_tensor``, or a view via
 ``ctx.new_view``) with ``.op``, ``.op_params`` and ``.src`` set; nothing is computed and no memory
@@ -47,16 +47,11 @@ keep ggml's names); use ``ggmlpy.ops.sum`` qualified.
 
 from __future__ import annotations
 
-# the types the op signatures use, importable from here as before the package split
-from ..graph import Graph
-from ..opcodes import GluOp, Op, UnaryOp
-from ..tensor import MAX_DIMS, Context, Tensor
-from ..types import Type
-from ._base import *  # noqa: F401,F403
-from .activations import *  # noqa: F401,F403
-from .elementwise import *  # noqa: F401,F403
-from .layout import *  # noqa: F401,F403
-from .nn import *  # noqa: F401,F403
+from ggmlpy.ops._base import *  # noqa: F401,F403
+from ggmlpy.ops.activations import *  # noqa: F401,F403
+from ggmlpy.ops.elementwise import *  # noqa: F401,F403
+from ggmlpy.ops.layout import *  # noqa: F401,F403
+from ggmlpy.ops.nn import *  # noqa: F401,F403
 
 __all__ = [
     # constants and enums
@@ -110,9 +105,8 @@ def _check_signatures() -> None:
     import inspect
     import sys
 
-    from .._check import typed_args
-
-    from . import _base, activations, elementwise, layout, nn
+    from ggmlpy.core.check import typed_args
+    from ggmlpy.ops import _base, activations, elementwise, layout, nn
     mods = (_base, activations, elementwise, layout, nn)
     g = globals()
     for name in __all__:

@@ -15,9 +15,9 @@ from enum import IntEnum
 
 import numpy as np
 
-from ..graph import Graph
-from ..opcodes import Op
-from ..tensor import Context, Tensor
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Context, Tensor
 
 __all__ = ["Prec", "SortOrder", "ROPE_TYPE_NORMAL", "ROPE_TYPE_NEOX",
            "set_name", "set_input", "set_output", "set_param", "build_forward_expand"]
@@ -188,7 +188,7 @@ def build_forward_expand(graph: Graph, tensor: Tensor) -> None:
 
     Delegates to :meth:`Graph.build_forward_expand` (depth-first post-order over ``src``; op NONE
     tensors become leafs, the rest nodes). Raises TypeError for a non-Graph/non-Tensor argument and
-    :class:`~ggmlpy.errors.GraphFullError` when the graph's size is exceeded.
+    :class:`~ggmlpy.core.errors.GraphFullError` when the graph's size is exceeded.
     """
     if not isinstance(graph, Graph):
         raise TypeError(f"build_forward_expand: expected a Graph, got {type(graph).__name__}")

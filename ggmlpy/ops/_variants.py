@@ -16,7 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..tensor import Tensor
+from ggmlpy.core.tensor import Tensor
 
 __all__ = ["inplace_variant", "named_variant"]
 

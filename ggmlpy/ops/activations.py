@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..opcodes import GluOp, Op, UnaryOp
-from ..tensor import Context, Tensor
-from ._base import _args, _desc, _dup_or_view, _int, _op, _require, _require_type
-from ._variants import inplace_variant, named_variant
+from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.ops._base import _args, _desc, _dup_or_view, _int, _op, _require, _require_type
+from ggmlpy.ops._variants import inplace_variant, named_variant
 
 __all__ = [
     "unary", "unary_inplace", "abs", "abs_inplace", "sgn", "sgn_inplace", "neg",
@@ -39,7 +39,7 @@ def unary(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
 
     a ``[ne0, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with contiguous rows (rows
     themselves may be strided). Result: new packed tensor of a's type and ne,
-    src ``[a]``, op_params ``[int(op)]`` (:class:`~ggmlpy.opcodes.UnaryOp`). Raises ValueError if
+    src ``[a]``, op_params ``[int(op)]`` (:class:`~ggmlpy.core.opcodes.UnaryOp`). Raises ValueError if
     a's rows are not contiguous or op is unknown.
     """
     return _unary_impl(ctx, a, op, False, "unary")
@@ -118,7 +118,7 @@ def glu(ctx: Context, a: Tensor, op: GluOp, swapped: bool = False) -> Tensor:
     first ``ne0 // 2`` elements of a row and g the next ``ne0 // 2`` (swapped: x second half, g
     first), ``out = act(x) * g``. Result: a's type, ``[ne0 // 2, ne1, ne2, ne3]`` (NumPy ``(ne3,
     ne2, ne1, ne0 // 2)``), src ``[a]``, op_params ``[int(op), int(swapped)]``
-    (:class:`~ggmlpy.opcodes.GluOp`). Raises ValueError if a is not contiguous_1 or op is unknown.
+    (:class:`~ggmlpy.core.opcodes.GluOp`). Raises ValueError if a is not contiguous_1 or op is unknown.
     """
     return _glu_impl(ctx, a, None, op, swapped, "glu")
 

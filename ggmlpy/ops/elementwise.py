@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..opcodes import Op
-from ..tensor import Context, Tensor
-from ._base import (_args, _dup_or_view, _f32, _is_padded_1d, _is_scalar, _op, _require,
-                    _view_tensor)
-from ._variants import inplace_variant, named_variant
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.ops._base import _args, _dup_or_view, _f32, _is_padded_1d, _is_scalar, _op, _require, _view_tensor
+from ggmlpy.ops._variants import inplace_variant, named_variant
 
 __all__ = [
     "dup", "dup_inplace", "add", "add_inplace", "add1", "add1_inplace", "sub",

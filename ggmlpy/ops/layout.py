@@ -10,13 +10,27 @@ import math
 
 import numpy as np
 
-from ..opcodes import Op
-from ..tensor import MAX_DIMS, Context, Tensor
-from ..types import Type
-from ._base import (_INT32_MAX, SortOrder, _args, _check_ctx, _desc, _dup_or_view, _f32, _int,
-                    _is_matrix, _is_vector, _nelements, _op, _require,
-                    _require_type, _view_tensor)
-from ._variants import inplace_variant, shared_doc
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import MAX_DIMS, Context, Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.ops._base import (
+    _INT32_MAX,
+    SortOrder,
+    _args,
+    _check_ctx,
+    _desc,
+    _dup_or_view,
+    _f32,
+    _int,
+    _is_matrix,
+    _is_vector,
+    _nelements,
+    _op,
+    _require,
+    _require_type,
+    _view_tensor,
+)
+from ggmlpy.ops._variants import inplace_variant, shared_doc
 
 __all__ = [
     "acc", "acc_inplace", "set", "set_inplace", "set_1d", "set_1d_inplace", "set_2d",

@@ -6,13 +6,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..opcodes import Op
-from ..tensor import Context, Tensor
-from ..types import Type
-from ._base import (ROPE_TYPE_NEOX, ROPE_TYPE_NORMAL, Prec, _args, _check_tensor, _desc, _divides,
-                    _dup_or_view, _f32, _int, _is_vector, _op, _require,
-                    _require_type)
-from ._variants import inplace_variant, named_variant, shared_doc
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.ops._base import (
+    ROPE_TYPE_NEOX,
+    ROPE_TYPE_NORMAL,
+    Prec,
+    _args,
+    _check_tensor,
+    _desc,
+    _divides,
+    _dup_or_view,
+    _f32,
+    _int,
+    _is_vector,
+    _op,
+    _require,
+    _require_type,
+)
+from ggmlpy.ops._variants import inplace_variant, named_variant, shared_doc
 
 __all__ = [
     "norm", "norm_inplace", "rms_norm", "rms_norm_inplace", "group_norm",

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from ..types import BF16_DTYPE, Type
-from . import kquants
-from .legacy import GGUF_QUANTIZE, gguf_dequantize_blocks, gguf_quantize_blocks
+from ggmlpy.core.types import BF16_DTYPE, Type
+from ggmlpy.quants import kquants
+from ggmlpy.quants.legacy import GGUF_QUANTIZE, gguf_dequantize_blocks, gguf_quantize_blocks
 
 __all__ = ["quantize", "dequantize", "fp32_to_fp16", "fp32_to_bf16", "QUANTIZABLE"]
 

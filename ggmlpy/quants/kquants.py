@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import F32, nearest_int, seqsum
+from ggmlpy.quants._common import F32, nearest_int, seqsum
 
 QK_K = 256
 GROUP_MAX_EPS = np.float32(1e-15)

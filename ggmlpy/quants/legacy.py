@@ -5,14 +5,14 @@ NumPy quantizers for these five types and its dequantizers for all eight block t
 with ggml's ``quantize_row_*_ref`` / ``dequantize_row_*`` (held by tests against vectors generated
 from ggml's C code, tests/data/ggml_quant_vectors.npz) and vectorized over blocks (measured
 300-1700 MB/s of float32 on one core, see scripts/bench_quant.py), so they are used as they are.
-Byte layouts are in :mod:`ggmlpy.types`.
+Byte layouts are in :mod:`ggmlpy.core.types`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..types import Type
+from ggmlpy.core.types import Type
 
 __all__ = ["gguf_quantize_blocks", "gguf_dequantize_blocks", "GGUF_QUANTIZE", "GGUF_DEQUANTIZE"]
 

@@ -1,7 +1,7 @@
 """ggmlpy's test-backend-ops: op cases compared across backends, timed, and checked for support
 (mirrors ggml's ``tests/test-backend-ops.cpp``; ``python -m ggmlpy test-backend-ops``).
 
-Also importable as ``ggmlpy.test_backend_ops`` (its former home; see :mod:`ggmlpy._aliases`).
+Also importable as ``ggmlpy.testops`` (its former home; see :mod:`ggmlpy._aliases`).
 Entry points: :func:`main` ``(argv) -> int`` (the command line, :mod:`.cli`); :func:`run_tests`
 ``(mode, backend=None, op=None, params=None) -> Report``; :func:`compare_graph`
 ``(graph, inputs, backend1, backend2, tolerance=None) -> DivergenceReport`` (any graph, node by
@@ -13,12 +13,12 @@ allocation), :mod:`.runner` (test/perf/support execution), :mod:`.report` (resul
 :mod:`.divergence` (whole-graph first-divergence search), :mod:`.cli` (command line).
 """
 
-from .case import Builder, TestCase
-from .families import all_cases, family_counts, perf_cases
-from .cli import main
-from .divergence import DivergenceReport, compare_graph
-from .report import Report, Result
-from .runner import run_tests
+from ggmlpy.testops.case import Builder, TestCase
+from ggmlpy.testops.cli import main
+from ggmlpy.testops.divergence import DivergenceReport, compare_graph
+from ggmlpy.testops.families import all_cases, family_counts, perf_cases
+from ggmlpy.testops.report import Report, Result
+from ggmlpy.testops.runner import run_tests
 
 __all__ = ["main", "Builder", "TestCase", "all_cases", "perf_cases", "family_counts", "run_tests",
            "Report", "Result", "compare_graph", "DivergenceReport"]

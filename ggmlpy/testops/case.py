@@ -5,7 +5,7 @@ A :class:`TestCase` holds an op description (``"ADD"``, ``"GELU"``), an ordered 
 (rendered by :func:`format_vars` exactly like ggml's ``vars()``: ``type=f32,ne=[10,5,4,3]``), a
 build function that creates the inputs through a :class:`Builder` and returns the output tensor,
 the NMSE threshold, the input value range and, for matrix ops, a flop count. Building never
-allocates: the builder works in a ``no_alloc`` :class:`~ggmlpy.tensor.Context`.
+allocates: the builder works in a ``no_alloc`` :class:`~ggmlpy.core.tensor.Context`.
 
 Data are deterministic: :meth:`TestCase.rng` is seeded from the case name, so one case's values
 do not depend on which other cases run.
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..tensor import Context, Tensor
-from ..types import Type
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
 
 __all__ = ["Init", "Builder", "TestCase", "format_vars", "init_uniform", "init_unique_rows",
            "init_ints", "DEFAULT_NMSE"]
@@ -134,7 +134,7 @@ class TestCase:
         op: the op description printed and matched by ``-o`` (``"ADD"``, ``"GELU"``, ``"SWIGLU"``).
         params: ordered parameters; :attr:`name` is ``op(format_vars(params))``.
         build: ``build(builder) -> out``: creates inputs with ``builder.new`` and returns the output.
-        family: the ggmlpy :class:`~ggmlpy.opcodes.Op` name of the output (``"UNARY"`` for GELU),
+        family: the ggmlpy :class:`~ggmlpy.core.opcodes.Op` name of the output (``"UNARY"`` for GELU),
             used for per-family counts.
         max_nmse: NMSE threshold (ggml's ``max_nmse_err``; 1e-7 by default).
         init_range: the default uniform range of every tensor without a specific init.
@@ -207,6 +207,6 @@ def _raw_init(rng: np.random.Generator, t: Tensor, lo: float, hi: float) -> np.n
     x = rng.uniform(lo, hi, size=t.nelements).astype(np.float32)
     if t.type == Type.BF16:
         return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
-    from ..quants import quantize  # noqa: PLC0415 - the optional gguf extra, block types only
+    from ggmlpy.quants import quantize  # noqa: PLC0415 - the optional gguf extra, block types only
 
     return quantize(x.reshape(t.ne[::-1]), t.type).reshape(-1)

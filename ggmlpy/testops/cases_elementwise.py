@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import ops
-from ..opcodes import GluOp, UnaryOp
-from ..tensor import Tensor
-from ..types import Type
-from .case import Builder, TestCase
+from ggmlpy import ops
+from ggmlpy.core.opcodes import GluOp, UnaryOp
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.testops.case import Builder, TestCase
 
 __all__ = ["elementwise_cases", "strided_rows"]
 

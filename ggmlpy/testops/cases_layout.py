@@ -3,10 +3,10 @@ GET_ROWS, PAD, ARANGE, TIMESTEP_EMBEDDING, SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT.
 
 from __future__ import annotations
 
-from .. import ops
-from ..tensor import Tensor
-from ..types import Type
-from .case import Builder, TestCase, init_ints, init_unique_rows, init_uniform
+from ggmlpy import ops
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.testops.case import Builder, TestCase, init_ints, init_uniform, init_unique_rows
 
 __all__ = ["layout_cases"]
 

@@ -7,11 +7,11 @@ import math
 
 import numpy as np
 
-from .. import ops
-from ..tensor import Tensor
-from ..types import Type
-from .case import Builder, TestCase, init_ints, init_uniform
-from .cases_elementwise import strided_rows
+from ggmlpy import ops
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.testops.case import Builder, TestCase, init_ints, init_uniform
+from ggmlpy.testops.cases_elementwise import strided_rows
 
 __all__ = ["nn_cases", "mul_mat_flops", "out_prod_flops", "flash_attn_flops"]
 

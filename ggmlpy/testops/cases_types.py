@@ -15,11 +15,11 @@ not compute it, so those cases report "not supported".
 
 from __future__ import annotations
 
-from .. import ops
-from ..tensor import Tensor
-from ..types import Type
-from .case import Builder, TestCase, init_ints
-from .cases_nn import _mm_case
+from ggmlpy import ops
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.testops.case import Builder, TestCase, init_ints
+from ggmlpy.testops.cases_nn import _mm_case
 
 __all__ = ["type_cases", "BLOCK_TYPES", "cpy_nmse"]
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from .._check import OneLineArgumentParser, check_str_sequence
+from ggmlpy.core.check import OneLineArgumentParser, check_str_sequence
 
 __all__ = ["main"]
 
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         TypeError: ``argv`` is not None or a sequence of str.
     """
-    from ..errors import BackendUnavailableError
+    from ggmlpy.core.errors import BackendUnavailableError
 
     if argv is not None:
         check_str_sequence("argv", argv, "test-backend-ops main")
@@ -98,10 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _register_named_sim(backend: str | None) -> None:
     """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn once (as ``embed --device``
-    does, :func:`ggmlpy.registry.register_named_sim_devices`); a name that is not a device then
+    does, :func:`ggmlpy.backend.registry.register_named_sim_devices`); a name that is not a device then
     raises BackendUnavailableError naming ``-b`` and why (GGMLPY_BACKENDS leaving it out, ...)."""
-    from .. import registry
-    from ..errors import BackendUnavailableError
+    from ggmlpy.backend import registry
+    from ggmlpy.core.errors import BackendUnavailableError
 
     names = [n.strip() for n in (backend or "").split(",") if n.strip()]
     n = registry.register_named_sim_devices(names)
@@ -115,8 +115,8 @@ def _register_named_sim(backend: str | None) -> None:
 
 def _check_build_result(result: object) -> str | None:
     """What is wrong with build()'s return value (one clause), or None when it is usable."""
-    from ..graph import Graph
-    from ..tensor import Tensor
+    from ggmlpy.core.graph import Graph
+    from ggmlpy.core.tensor import Tensor
 
     if not isinstance(result, tuple) or len(result) != 2:
         n = f" of {len(result)}" if isinstance(result, tuple) else ""
@@ -135,8 +135,8 @@ def _check_build_result(result: object) -> str | None:
 
 
 def _list_main(args: argparse.Namespace, mode: str) -> int:
-    from .families import all_cases, family_counts, perf_cases
-    from .runner import select_cases
+    from ggmlpy.testops.families import all_cases, family_counts, perf_cases
+    from ggmlpy.testops.runner import select_cases
 
     cases = perf_cases() if mode == "perf" else all_cases()
     if args.quick:
@@ -155,7 +155,7 @@ def _list_main(args: argparse.Namespace, mode: str) -> int:
 
 
 def _run_main(args: argparse.Namespace, mode: str) -> int:
-    from .runner import run_tests
+    from ggmlpy.testops.runner import run_tests
 
     stream = None if args.json else sys.stdout
     if mode == "support":
@@ -178,11 +178,11 @@ def _run_main(args: argparse.Namespace, mode: str) -> int:
 
 
 def _graph_main(args: argparse.Namespace) -> int:
-    from .. import registry
-    from ..backends.cpu import backend_cpu_init
-    from ..tensor import Context
-    from .divergence import compare_graph
-    from .runner import resolve_backends
+    from ggmlpy.backend import registry
+    from ggmlpy.backends.cpu.backend import backend_cpu_init
+    from ggmlpy.core.tensor import Context
+    from ggmlpy.testops.divergence import compare_graph
+    from ggmlpy.testops.runner import resolve_backends
 
     spec = importlib.util.spec_from_file_location("ggmlpy_user_graph", args.graph)
     if spec is None or spec.loader is None:

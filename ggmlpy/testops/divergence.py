@@ -19,14 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from .._check import check_bool, check_number, check_optional, check_type
-from ..backend import Backend, tensor_alloc, view_init
-from ..backend_compare import graph_copy, nmse
-from ..graph import Graph, graph_view
-from ..opcodes import VIEW_OPS, Op
-from ..tensor import Tensor
-from ..tensor_data import (backend_tensor_copy, backend_tensor_get, backend_tensor_set,
-                           check_array_shape)
+from ggmlpy.backend.interface import Backend, tensor_alloc, view_init
+from ggmlpy.backend.tensor_data import (
+    backend_tensor_copy,
+    backend_tensor_get,
+    backend_tensor_set,
+    check_array_shape,
+)
+from ggmlpy.core.check import check_bool, check_number, check_optional, check_type
+from ggmlpy.core.graph import Graph, graph_view
+from ggmlpy.core.opcodes import VIEW_OPS, Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.testops.compare import graph_copy, nmse
 
 __all__ = ["DivergenceReport", "compare_graph", "default_tolerance"]
 

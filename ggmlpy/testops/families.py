@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections import Counter
 from functools import lru_cache
 
-from .. import ops
-from ..tensor import Tensor
-from ..types import Type
-from .case import Builder, TestCase
-from .cases_elementwise import elementwise_cases
-from .cases_layout import layout_cases
-from .cases_nn import _fa_case, _mm_case, nn_cases
-from .cases_types import type_cases
+from ggmlpy import ops
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.testops.case import Builder, TestCase
+from ggmlpy.testops.cases_elementwise import elementwise_cases
+from ggmlpy.testops.cases_layout import layout_cases
+from ggmlpy.testops.cases_nn import _fa_case, _mm_case, nn_cases
+from ggmlpy.testops.cases_types import type_cases
 
 __all__ = ["all_cases", "perf_cases", "family_counts", "type_coverage_cases"]
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import Backend, Buffer, tensor_alloc, view_init
-from ..tensor import Context, Tensor
-from ..tensor_data import backend_tensor_get, backend_tensor_set
-from ..types import Type
+from ggmlpy.backend.interface import Backend, Buffer, tensor_alloc, view_init
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
 
 __all__ = ["GUARD_BYTES", "GuardedAllocation", "guarded_alloc", "guard_pattern"]
 

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import Graph
-from ..opcodes import VIEW_OPS, GluOp, Op, UnaryOp
-from ..tensor import Context, Tensor
-from ..types import Type
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import VIEW_OPS, GluOp, Op, UnaryOp
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
 
 __all__ = ["evaluate", "RefUnsupported"]
 

@@ -6,7 +6,7 @@ Mirrors ``test_case::eval``, ``eval_perf`` and ``eval_support`` of ggml's test-b
   the backend under test or by the CPU backend the case is "not supported". Otherwise every tensor
   is placed in one buffer of the backend under test with guard bytes around it
   (:mod:`.guards`), every non-view tensor (outputs included) gets the case's deterministic
-  initial data, and :func:`ggmlpy.backend_compare.compare_graph_backend` computes the graph node by node
+  initial data, and :func:`ggmlpy.testops.compare.compare_graph_backend` computes the graph node by node
   on both backends (the CPU side gets a copy made with ``graph_copy``). Each computed node's two
   results must be free of NaN and within the case's NMSE threshold; afterwards the guards must be
   intact and inputs nobody writes must still hold their initial bytes. When a case fails, a
@@ -25,18 +25,18 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from .._check import check_int, check_number, check_optional, check_str_sequence, check_type
-from ..backend import Backend, Device
-from ..backend_compare import compare_graph_backend, nmse
-from ..graph import Graph
-from ..opcodes import VIEW_OPS, Op
-from ..tensor import Context, Tensor
-from ..tensor_data import backend_tensor_get, backend_tensor_set
-from ..types import Type
-from .case import TestCase
-from .guards import guarded_alloc
-from .reference import RefUnsupported, evaluate
-from .report import FAIL, OK, UNSUPPORTED, Report, Result, SupportRow
+from ggmlpy.backend.interface import Backend, Device
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.core.check import check_int, check_number, check_optional, check_str_sequence, check_type
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import VIEW_OPS, Op
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.testops.case import TestCase
+from ggmlpy.testops.compare import compare_graph_backend, nmse
+from ggmlpy.testops.guards import guarded_alloc
+from ggmlpy.testops.reference import RefUnsupported, evaluate
+from ggmlpy.testops.report import FAIL, OK, UNSUPPORTED, Report, Result, SupportRow
 
 __all__ = ["select_cases", "resolve_backends", "run_case_test", "run_case_perf", "run_tests",
            "support_rows", "case_types"]
@@ -121,7 +121,7 @@ def resolve_backends(backend: Any = None, *, include_cpu: bool = False) -> list[
         TypeError: ``backend`` (or one of its items) is not a str, Backend or Device.
         BackendUnavailableError: a named device does not exist.
     """
-    from .. import registry
+    from ggmlpy.backend import registry
 
     check_type("include_cpu", include_cpu, bool, "resolve_backends")
     if backend is None:
@@ -165,7 +165,7 @@ def _as_f64(t: Tensor) -> np.ndarray:
         if t.type.is_quantized and not t.is_contiguous():
             raise ValueError(f"cannot compare the non-contiguous {t.type.type_name} tensor "
                              f"'{t.name}'")
-        from ..quants import dequantize  # noqa: PLC0415
+        from ggmlpy.quants import dequantize  # noqa: PLC0415
 
         return dequantize(data.reshape(-1).view(np.uint8), t.type, t.ne).astype(np.float64)
     return data.astype(np.float64)
@@ -292,7 +292,7 @@ def run_case_perf(case: TestCase, backend: Backend, min_time: float = 0.2,
     """Time one case on ``backend`` (mirrors ``eval_perf``): one warm-up compute, then compute +
     synchronize until at least ``min_time`` seconds and ``min_runs`` runs. Reports µs/run and
     GFLOP/s (when the case counts flops) or GB/s (bytes read + written per run / time, 1e9)."""
-    from ..alloc import alloc_ctx_tensors_from_buft
+    from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 
     res = Result(case.name, case.op, case.family, backend.name, OK)
     ctx, builder, out = case.build_graph()
@@ -386,8 +386,8 @@ def run_tests(mode: str = "test", backend: Any = None, op: str | Sequence[str] |
         ValueError: unknown mode, ``min_time < 0`` or ``min_runs < 1``.
         BackendUnavailableError: a named backend does not exist.
     """
-    from ..backends.cpu import backend_cpu_init
-    from .families import all_cases, perf_cases
+    from ggmlpy.backends.cpu.backend import backend_cpu_init
+    from ggmlpy.testops.families import all_cases, perf_cases
 
     where = "run_tests"
     check_type("mode", mode, str, where)

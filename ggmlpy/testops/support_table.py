@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..backends import kernels
-from ..tensor import Tensor
-from .case import TestCase
-from .runner import support_rows
+from ggmlpy.backends import kernels
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.testops.case import TestCase
+from ggmlpy.testops.runner import support_rows
 
 __all__ = ["BEGIN", "END", "COLUMNS", "support_section", "readme_section", "replace_readme_section"]
 
@@ -75,7 +75,7 @@ def support_section(cases: Sequence[TestCase] | None = None,
     Raises:
         RuntimeError: an array module of :data:`COLUMNS` cannot be imported.
     """
-    from .families import all_cases
+    from ggmlpy.testops.families import all_cases
 
     cases = all_cases() if cases is None else cases
     mods = modules or {m: _array_module(m) for _, m in COLUMNS}

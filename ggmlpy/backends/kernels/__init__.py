@@ -13,14 +13,14 @@ Layout: one module per op family (:mod:`.elementwise`, :mod:`.unary` (UNARY, GLU
 (copies, REPEAT, CONCAT, SET/ACC, GET_ROWS, PAD, ARANGE, TIMESTEP_EMBEDDING), :mod:`.reduce`,
 :mod:`.norm`, :mod:`.matmul`, :mod:`.attention` (DIAG_MASK, SOFT_MAX, FLASH_ATTN_EXT),
 :mod:`.rope`), helpers in :mod:`.common`, type conversion (F16, BF16, block-quantized rows
-to and from float32, on the host or with :mod:`ggmlpy.backends.cuda_quant` on the device) in
+to and from float32, on the host or with :mod:`ggmlpy.backends.cuda.quant` on the device) in
 :mod:`.typeconv`. Each kernel is registered once, with its support
 predicate, in :mod:`.registry`: ``@kernel(Op.ADD, supports=pred)`` where ``pred(node, xp) -> bool``
 may depend on the array module, so a runtime can declare its own gaps. That registry is the only
 statement of op support; the README's support table is generated from it
 (``python scripts/gen_support_table.py``). Runtime-specific kernels are stacked in front of a
 generic one with ``REGISTRY.override(op, make, supports)`` (the fused CUDA kernels of
-:mod:`ggmlpy.backends.cuda_kernels` are, for CuPy only). To add an op: write the kernel and its predicate in its
+:mod:`ggmlpy.backends.cuda.kernels` are, for CuPy only). To add an op: write the kernel and its predicate in its
 family module (or a new module imported below) and decorate it.
 
 Rules every kernel follows:
@@ -49,11 +49,22 @@ ggml aborts).
 
 from __future__ import annotations
 
+from ggmlpy.backends.cuda import kernels as _cuda_kernels  # a leaf module: imports nothing of this package
+
 # the family modules register their kernels on import (order is irrelevant: one op, one module)
-from . import attention, bounds, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
-from .registry import (REGISTRY, Kernel, KernelEntry, KernelRegistry, Predicate, Step, compile_node,
-                       kernel, registered_ops, supports_op)
-from .. import cuda_kernels as _cuda_kernels  # a leaf module: imports nothing of this package
+from ggmlpy.backends.kernels import attention, bounds, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
+from ggmlpy.backends.kernels.registry import (
+                                              REGISTRY,
+                                              Kernel,
+                                              KernelEntry,
+                                              KernelRegistry,
+                                              Predicate,
+                                              Step,
+                                              compile_node,
+                                              kernel,
+                                              registered_ops,
+                                              supports_op,
+)
 
 # the fused one-launch CUDA kernels, used in front of the generic ones when xp is CuPy
 _cuda_kernels.register(REGISTRY)

@@ -1,11 +1,11 @@
 """Soft-max and attention kernels: DIAG_MASK_INF/ZERO, SOFT_MAX (mask and ALiBi) and FLASH_ATTN_EXT
 (an exact float32 softmax; ggml's CPU accumulates in f16 when V is F16).
 
-SOFT_MAX without ALiBi (``max_bias == 0``) runs :func:`ggmlpy.backends.fastpath.soft_max`
+SOFT_MAX without ALiBi (``max_bias == 0``) runs :func:`ggmlpy.backends.cpu.fastpath.soft_max`
 straight in the destination (scale, mask, max, exp, one reciprocal per row and a multiply, no
 temporaries of the input's size); ggml's tiling broadcast of the mask over dims 2/3 is given to
 it as stride-0 views. Rows sum to 1 within float32 rounding as with the divide. With Numba (the
-``jit`` extra), C-contiguous float32 operands go to :func:`ggmlpy.backends.cpu_jit.soft_max`
+``jit`` extra), C-contiguous float32 operands go to :func:`ggmlpy.backends.cpu.jit.soft_max`
 instead: one compiled kernel, float64 sums; an F16 mask is converted to a float32 copy of the
 rows used first (exact), so it takes the same kernel. Every SOFT_MAX path flushes probabilities
 below float32's smallest normal number to zero (as the compiled kernel does), so a result does
@@ -20,13 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from ...opcodes import Op
-from ...tensor import Tensor
-from ...types import Type
-from .. import cpu_jit, fastpath
-from .common import F32, FLOATS, as_f32, as_strided, copy_into, src_of, sup_f32_same, use_jit
-from .registry import Kernel, Step, kernel
-
+from ggmlpy.backends.cpu import fastpath
+from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.backends.kernels.common import (
+    F32,
+    FLOATS,
+    as_f32,
+    as_strided,
+    copy_into,
+    src_of,
+    sup_f32_same,
+    use_jit,
+)
+from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 # ---------------------------------------------------------------------------------------------
 # support

@@ -2,7 +2,7 @@
 
 ggml aborts on an out-of-range GET_ROWS index; NumPy would read a negative index from the end
 (``-1`` = last row) and CuPy's ``take`` wraps every index silently. Here every backend raises
-:class:`~ggmlpy.errors.ComputeError` naming the op, the node, the source and the bad index:
+:class:`~ggmlpy.core.errors.ComputeError` naming the op, the node, the source and the bad index:
 
 * host arrays (``xp is numpy``: CPU, SIM): the min and max of the index tensor are checked
   before the rows are gathered (O(number of indices), no copy); nothing is written on failure.
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ComputeError
-from ...opcodes import Op
-from ...tensor import Tensor
+from ggmlpy.core.errors import ComputeError
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
 
 Step = Callable[[], None]
 

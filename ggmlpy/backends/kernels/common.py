@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided as _np_as_strided
 
-from ...tensor import Tensor
-from ...types import Type
-from .. import cpu_jit  # imports Numba only when a kernel first needs it
-from .registry import Step
-
+from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
+from ggmlpy.backends.kernels.registry import Step
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 F32 = np.float32
 F64 = np.float64
@@ -70,7 +69,7 @@ JIT_MIN_ELEMENTS = 4096
 
 
 def use_jit(xp: Any, *arrays: Any, min_elements: int = 0) -> bool:
-    """True when a NumPy kernel should call :mod:`ggmlpy.backends.cpu_jit`: the array module is
+    """True when a NumPy kernel should call :mod:`ggmlpy.backends.cpu.jit`: the array module is
     NumPy, Numba is usable (``GGMLPY_JIT`` not 0), every array is a C-contiguous float32 ndarray
     and the first holds at least ``min_elements`` elements. Read at plan build."""
     if xp is not np or not arrays or arrays[0].size < min_elements:
@@ -92,7 +91,7 @@ _build_tls = threading.local()
 @contextmanager
 def plan_build_scope() -> Iterator[None]:
     """For the ``with`` body on this thread (one plan build): :func:`use_jit` reads
-    :func:`ggmlpy.backends.cpu_jit.available` (an environment read) once instead of per kernel,
+    :func:`ggmlpy.backends.cpu.jit.available` (an environment read) once instead of per kernel,
     so every kernel of one plan makes the same choice. Nested scopes share the outer answer."""
     if getattr(_build_tls, "jit", None) is not None:
         yield

@@ -7,13 +7,25 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from ...opcodes import Op
-from ...tensor import Tensor
-from .. import cpu_jit
-from .common import (F32, FLOATS, JIT_MIN_ELEMENTS, alias, as_f32, flatten_ew, src_of,
-                     sup_f32_same, sup_same_float, tile_views, tiles, ufunc_step, use_jit)
-from .registry import Kernel, Step, kernel
-
+from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.backends.kernels.common import (
+    F32,
+    FLOATS,
+    JIT_MIN_ELEMENTS,
+    alias,
+    as_f32,
+    flatten_ew,
+    src_of,
+    sup_f32_same,
+    sup_same_float,
+    tile_views,
+    tiles,
+    ufunc_step,
+    use_jit,
+)
+from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
 
 # ---------------------------------------------------------------------------------------------
 # support
@@ -41,7 +53,7 @@ def _sup_leaky_clamp(node: Tensor, xp: Any) -> bool:
 
 def _jit_rows(xp: Any, a: Any, b: Any, dst: Any) -> tuple[Any, Any, Any] | None:
     """``(a, b, dst)`` as ``(R, n)``, ``(1 or R, n)``, ``(R, n)`` arrays for
-    :func:`ggmlpy.backends.cpu_jit.binary` (C-contiguous float32, ``b`` the same shape or one
+    :func:`ggmlpy.backends.cpu.jit.binary` (C-contiguous float32, ``b`` the same shape or one
     row broadcast over all rows, at least :data:`JIT_MIN_ELEMENTS`), or None."""
     if not use_jit(xp, a, b, dst, min_elements=JIT_MIN_ELEMENTS) or a.shape != dst.shape:
         return None

@@ -13,14 +13,30 @@ from typing import Any
 
 import numpy as np
 
-from ...opcodes import Op
-from ...tensor import Tensor
-from ...types import Type
-from .common import (F32, FLOATS, PLAIN, as_strided, c_contig, copy_into, src_of, sup_f32,
-                     tile_views, tiles)
-from .registry import Kernel, Step, kernel
-from .typeconv import CONVERTIBLE, bf16_bits, from_f32, host_quantizable, rows_ok, to_f32
-
+from ggmlpy.backends.kernels.common import (
+    F32,
+    FLOATS,
+    PLAIN,
+    as_strided,
+    c_contig,
+    copy_into,
+    src_of,
+    sup_f32,
+    tile_views,
+    tiles,
+)
+from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
+from ggmlpy.backends.kernels.typeconv import (
+    CONVERTIBLE,
+    bf16_bits,
+    from_f32,
+    host_quantizable,
+    rows_ok,
+    to_f32,
+)
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 # ---------------------------------------------------------------------------------------------
 # support

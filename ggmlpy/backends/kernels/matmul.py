@@ -2,7 +2,7 @@
 and OUT_PROD. F16 operands are computed in float32; the result is F32.
 
 On NumPy (CPU, SIM) a float32 product goes to the external CBLAS that ``GGMLPY_BLAS`` selects
-(:mod:`ggmlpy.backends.cpu_blas`: MKL when the ``mkl`` extra is installed; one ``cblas_sgemm``,
+(:mod:`ggmlpy.backends.cpu.blas`: MKL when the ``mkl`` extra is installed; one ``cblas_sgemm``,
 or one ``cblas_sgemm_batch`` for a batched product, with addresses fixed at plan build) when it
 can take the operands as they lie, else to NumPy's ``matmul``; the weight cache's float32 copies
 below go to the same library.
@@ -23,10 +23,10 @@ with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
   thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks is
   one block, so no temporary ever exceeds ~4 MiB whatever the weight.
 * CuPy, F16 weight: cuBLAS ``GemmEx`` with f16 inputs, f32 compute and f32 output
-  (:mod:`ggmlpy.backends.cuda_gemm`); src1 is converted to f16 first, as ggml-cuda does for its
+  (:mod:`ggmlpy.backends.cuda.gemm`); src1 is converted to f16 first, as ggml-cuda does for its
   cuBLAS path with an F16 src0. Only when the product folds to one 2-D GEMM with unit-stride
   rows; otherwise (and for BF16/quantized weights) the weight is converted on the device into a
-  float32 temporary (quantized: one RawKernel launch, :mod:`ggmlpy.backends.cuda_quant`) and
+  float32 temporary (quantized: one RawKernel launch, :mod:`ggmlpy.backends.cuda.quant`) and
   multiplied by cuBLAS (ggml-cuda likewise dequantizes src0 into a pool buffer per call).
 """
 
@@ -40,17 +40,16 @@ from typing import Any
 
 import numpy as np
 
-from ...backend import BufferUsage
-from ...opcodes import Op
-from ...tensor import Tensor
-from ...types import Type
-from .. import cpu_blas
-from ..cuda_gemm import gemm_f16, gemm_f16_ok
-from .common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
-from .registry import Step, kernel
-from .typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
-from .weight_cache import CACHE, array_address, configure_from_env
-
+from ggmlpy.backend.interface import BufferUsage
+from ggmlpy.backends.cpu import blas as cpu_blas
+from ggmlpy.backends.cuda.gemm import gemm_f16, gemm_f16_ok
+from ggmlpy.backends.kernels.common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
+from ggmlpy.backends.kernels.registry import Step, kernel
+from ggmlpy.backends.kernels.typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
+from ggmlpy.backends.kernels.weight_cache import CACHE, array_address, configure_from_env
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 # ---------------------------------------------------------------------------------------------
 # support
@@ -143,7 +142,7 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
 
 
 #: ``[True]`` while NumPy's BLAS runs one thread: set by
-#: :func:`ggmlpy.backends.cpu_threads.blas_single_thread` while a threaded CPU plan holds BLAS,
+#: :func:`ggmlpy.backends.cpu.threads.blas_single_thread` while a threaded CPU plan holds BLAS,
 #: and from the environment at import (``OPENBLAS_NUM_THREADS``, else ``OMP_NUM_THREADS``, = 1)
 BLAS_ONE_THREAD = [os.environ.get("OPENBLAS_NUM_THREADS", os.environ.get("OMP_NUM_THREADS")) == "1"]
 

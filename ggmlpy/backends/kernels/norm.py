@@ -4,7 +4,7 @@ Accumulation policy. ggml's CPU accumulates these sums in double. RMS_NORM, L2_N
 GROUP_NORM do the same here. NORM (LayerNorm, the hot one in BERT-style encoders) has two forms:
 
 * default (any array module; CUDA's fused kernel, when registered, overrides it):
-  :func:`ggmlpy.backends.fastpath.norm`, float32 throughout: the row mean with
+  :func:`ggmlpy.backends.cpu.fastpath.norm`, float32 throughout: the row mean with
   NumPy's pairwise summation (relative error about ``log2(n) * 6e-8``), the centred values
   written once into the destination, their sum of squares as a float32 dot product per row
   (``einsum``; error at most ``n * 6e-8`` relative, typically ``sqrt(n) * 6e-8``) and one
@@ -17,16 +17,16 @@ GROUP_NORM do the same here. NORM (LayerNorm, the hot one in BERT-style encoders
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
-from functools import partial
-
-from ... import env
-from ...opcodes import Op
-from ...tensor import Tensor
-from .. import cpu_jit, fastpath
-from .common import F32, F64, alias, sup_f32_same, use_jit
-from .registry import Step, kernel
+from ggmlpy.backends.cpu import fastpath
+from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.backends.kernels.common import F32, F64, alias, sup_f32_same, use_jit
+from ggmlpy.backends.kernels.registry import Step, kernel
+from ggmlpy.core import env
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
 
 
 @kernel(Op.NORM, supports=sup_f32_same)

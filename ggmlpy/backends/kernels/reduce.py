@@ -7,12 +7,11 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from ...opcodes import Op
-from ...tensor import Tensor
-from ...types import Type
-from .common import F64, FLOATS, c_contig, src_of
-from .registry import Step, kernel
-
+from ggmlpy.backends.kernels.common import F64, FLOATS, c_contig, src_of
+from ggmlpy.backends.kernels.registry import Step, kernel
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 # ---------------------------------------------------------------------------------------------
 # support

@@ -10,7 +10,7 @@ predicates, :func:`compile_node` dispatches to the factories, and the README's "
 backend" table is generated from :func:`supports_op` (:mod:`ggmlpy.testops.support_table`).
 
 Overrides: a runtime-specific kernel (the fused CUDA kernels of
-:mod:`ggmlpy.backends.cuda_kernels`) is stacked in front of an op's generic entry with
+:mod:`ggmlpy.backends.cuda.kernels`) is stacked in front of an op's generic entry with
 :meth:`KernelRegistry.override`. :meth:`KernelRegistry.compile_node` and
 :meth:`KernelRegistry.supports_op` try the overrides of the op in registration order, the first
 whose predicate says yes wins, then the generic entry. An override's predicate decides alone
@@ -29,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...opcodes import Op
-from ...tensor import Tensor
-from ...types import Type
-from .bounds import WRAPPERS
+from ggmlpy.backends.kernels.bounds import WRAPPERS
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 __all__ = ["Step", "Kernel", "Predicate", "KernelEntry", "KernelRegistry", "REGISTRY", "kernel",
            "compile_node", "supports_op", "registered_ops"]

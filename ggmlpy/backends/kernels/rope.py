@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from ...opcodes import Op
-from ...tensor import Tensor
-from ...types import Type
-from .common import F32, F64, FLOATS, as_f32, c_contig, copy_into, noop, src_of
-from .registry import Step, kernel
-
+from ggmlpy.backends.kernels.common import F32, F64, FLOATS, as_f32, c_contig, copy_into, noop, src_of
+from ggmlpy.backends.kernels.registry import Step, kernel
+from ggmlpy.core.opcodes import Op
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 # ---------------------------------------------------------------------------------------------
 # support

@@ -15,7 +15,7 @@ Where the work runs:
 * NumPy (CPU and SIM): blocks through :mod:`ggmlpy.quants` (gguf-py's dequantizers, the own
   K-quant quantizers), bit-exact with ggml's reference code, in chunks of :data:`ROW_BLOCK_ELEMS`
   elements so temporaries stay in cache.
-* CuPy: dequantization on the device with the RawKernels of :mod:`ggmlpy.backends.cuda_quant`
+* CuPy: dequantization on the device with the RawKernels of :mod:`ggmlpy.backends.cuda.quant`
   (never through host memory). Quantizing (CPY into a block type) is host-only: the CuPy support
   predicates refuse it.
 """
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ...types import Type
-from .common import F32, is_numpy
+from ggmlpy.backends.kernels.common import F32, is_numpy
+from ggmlpy.core.types import Type
 
 __all__ = ["FLOAT_TYPES", "QUANT_TYPES", "CONVERTIBLE", "ROW_BLOCK_ELEMS", "MIN_BLOCK_ROWS",
            "DEQUANT_CHUNK_ELEMS", "block_rows", "bf16_bits",
@@ -77,7 +77,7 @@ def host_quantizable(t: Type, xp: Any) -> bool:
 def rows_ok(t: Any) -> bool:
     """True when a tensor of a block type has contiguous rows of whole blocks (``nb0`` = one block
     and ``ne0`` a multiple of the block size), as the dequantizers need; always True for
-    per-element types. ``t`` is a :class:`~ggmlpy.tensor.Tensor`."""
+    per-element types. ``t`` is a :class:`~ggmlpy.core.tensor.Tensor`."""
     ty = t.type
     if not ty.is_quantized:
         return True
@@ -129,13 +129,13 @@ def to_f32(xp: Any, t: Type, x: Any, ne0: int) -> Any:
     if t not in QUANT_TYPES:
         raise ValueError(f"to_f32: type {t.type_name} has no float conversion")
     if not is_numpy(xp):
-        from .. import cuda_quant  # noqa: PLC0415 - device path only
+        from ggmlpy.backends.cuda import quant as cuda_quant  # noqa: PLC0415 - device path only
         return cuda_quant.dequantize_rows(xp, t, x, ne0)
     return _host_dequantize(t, x, ne0)
 
 
 def _host_dequantize(t: Type, x: np.ndarray, ne0: int) -> np.ndarray:
-    from ...quants.legacy import gguf_dequantize_blocks  # noqa: PLC0415 - optional gguf extra
+    from ggmlpy.quants.legacy import gguf_dequantize_blocks  # noqa: PLC0415 - optional gguf extra
 
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
@@ -170,6 +170,6 @@ def from_f32(xp: Any, t: Type, x: Any) -> Any:
         return _f32_to_bf16_bits(xp, x)
     if not is_numpy(xp):
         raise ValueError(f"from_f32: quantizing to {t.type_name} runs on the host only")
-    from ...quants import quantize  # noqa: PLC0415
+    from ggmlpy.quants import quantize  # noqa: PLC0415
 
     return quantize(x, t)

@@ -7,14 +7,14 @@ looks it up in an f16 table).
 GELU_ERF precision policy:
 
 * NumPy, F32 in and out (the default): with Numba (the ``jit`` extra, ``GGMLPY_JIT`` not 0)
-  :func:`ggmlpy.backends.cpu_jit.gelu_erf` (one multithreaded pass, same bound); without, the
-  float32 branch-free formula :func:`ggmlpy.special.gelu_erf_f32`, written straight into the destination in cache-sized
+  :func:`ggmlpy.backends.cpu.jit.gelu_erf` (one multithreaded pass, same bound); without, the
+  float32 branch-free formula :func:`ggmlpy.core.special.gelu_erf_f32`, written straight into the destination in cache-sized
   chunks; error ``<= GELU_ERF_F32_BOUND * max(1, |x|)`` (2e-7, checked on a dense grid), about
   4x faster than the float64 path. ``GELU`` (tanh form) on F32 is also computed in chunks into
   the destination (same formula and rounding as the reference, fewer passes over memory).
-* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built, :func:`ggmlpy.env.precise_kernels`),
+* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built, :func:`ggmlpy.core.env.precise_kernels`),
   F16 tensors and CuPy: ``0.5*x*erfc(-x/sqrt 2)`` in float64, rounded once (0.51 ulp;
-  :mod:`ggmlpy.special` for NumPy, ``cupyx.scipy.special.erfc`` for CuPy). This is the test
+  :mod:`ggmlpy.core.special` for NumPy, ``cupyx.scipy.special.erfc`` for CuPy). This is the test
   referee; the CuPy path stays float64 so the backends agree to the ulp there.
 """
 
@@ -27,22 +27,32 @@ from typing import Any
 
 import numpy as np
 
-from ... import env, special
-from ...opcodes import GluOp, Op, UnaryOp
-from ...tensor import Tensor
-from ...types import Type
-from .. import cpu_jit
-from .common import (F32, F64, FLOATS, as_f32, c_contig, flatten_ew, is_numpy, src_of,
-                     sup_same_float, ufunc_step, use_jit)
-from .registry import Step, kernel
-
+from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.backends.kernels.common import (
+    F32,
+    F64,
+    FLOATS,
+    as_f32,
+    c_contig,
+    flatten_ew,
+    is_numpy,
+    src_of,
+    sup_same_float,
+    ufunc_step,
+    use_jit,
+)
+from ggmlpy.backends.kernels.registry import Step, kernel
+from ggmlpy.core import env, special
+from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
 
 # ---------------------------------------------------------------------------------------------
 # erf (exact-erf GELU)
 
 
 def _erfc_fn(xp: Any) -> Callable[[Any], Any]:
-    """The element-wise erfc of ``xp``: :func:`ggmlpy.special.erfc` (float64) for NumPy, which has
+    """The element-wise erfc of ``xp``: :func:`ggmlpy.core.special.erfc` (float64) for NumPy, which has
     none; ``cupyx.scipy.special.erfc`` (a CuPy ufunc: float64 in, float64 out) for CuPy."""
     if is_numpy(xp):
         return special.erfc

@@ -7,25 +7,25 @@ per call made one token 8-17x slower than F32. This cache makes the conversion o
 and write instead of once per call.
 
 What is cached: the float32 values (NumPy shape ``ne[::-1]``, C-contiguous) of a MUL_MAT ``src0``
-whose memory lies in a buffer of usage :attr:`~ggmlpy.backend.BufferUsage.WEIGHTS` (checked at
+whose memory lies in a buffer of usage :attr:`~ggmlpy.backend.interface.BufferUsage.WEIGHTS` (checked at
 plan build and again on every call), NumPy array module only (CPU and SIM backends). The key is
 the buffer and the array's address, shape, strides and type; the entry also records the buffer's
 write generation read **before** converting.
 
 Never stale: every write to a buffer's bytes gives it a new write generation
-(:func:`ggmlpy.backend.buffer_written`: tensor set/memset/copy and their async forms, buffer
+(:func:`ggmlpy.backend.interface.buffer_written`: tensor set/memset/copy and their async forms, buffer
 clear and free, compiled graph steps writing a non-COMPUTE buffer); an entry is used only while
 the generation it recorded is the buffer's current one, and a writer bumps after its bytes are in
 place, so a conversion that overlapped a write is never reused. While an async write to the
 buffer is queued and its backend not yet synchronized (``buffer._async_writes > 0``) the cache
 is neither read nor filled. Freed buffers drop their entries at once
-(:func:`ggmlpy.snapshot.on_buffer_free`). Not tracked (documented limits): writes through a
+(:func:`ggmlpy.core.snapshot.on_buffer_free`). Not tracked (documented limits): writes through a
 NumPy view of the memory (``Tensor.numpy()``, a user array wrapped by ``cpu_buffer_from_array``:
 buffers of type ``CPU_Mapped`` are never cached), and graph steps compiled while their
 destination buffer was COMPUTE that write it after it is re-marked WEIGHTS; call
 ``buffer_written(buffer)`` after such writes.
 
-Budget: ``GGMLPY_WEIGHT_CACHE_MB`` (:func:`ggmlpy.env.weight_cache_mb`, default 256 MiB, read when
+Budget: ``GGMLPY_WEIGHT_CACHE_MB`` (:func:`ggmlpy.core.env.weight_cache_mb`, default 256 MiB, read when
 a plan is built); least recently used entries are evicted past it; a weight larger than the whole
 budget is not cached (the row-block path of :mod:`.matmul` converts it per call); 0 turns the
 cache off. Thread-safe (one lock around the table; conversions run outside it).
@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 
-from ... import snapshot
-from ...backend import BufferUsage
-from ...env import weight_cache_mb
+from ggmlpy.backend.interface import BufferUsage
+from ggmlpy.core import snapshot
+from ggmlpy.core.env import weight_cache_mb
 
 __all__ = ["WeightCache", "CACHE", "configure_from_env", "array_address"]
 

@@ -1,4 +1,7 @@
-import numpy as np, subprocess
+import subprocess
+
+import numpy as np
+
 rng = np.random.default_rng(20261201)
 segs = []
 n = 256

@@ -1,0 +1,211 @@
+"""The Numba kernels behind :mod:`ggmlpy.backends.cpu.jit` (imported by it on first use only;
+importing this module imports Numba). Module-level functions, so that Numba's on-disk cache
+(``cache=True``) finds them again in a later process. See :mod:`ggmlpy.backends.cpu.jit` for the
+formulas and their accuracy; shapes and layouts are checked there, not here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# no 'nnan'/'ninf': NaN and inf must propagate as in ggml; 'contract' allows FMAs, 'reassoc'
+# lets LLVM vectorize the reductions
+_FASTMATH = {"contract", "arcp", "nsz", "reassoc"}
+_OPTS = dict(fastmath=_FASTMATH, cache=True, nogil=True, error_model="numpy")
+
+F32 = np.float32
+F32_TINY = F32(np.finfo(np.float32).tiny)
+LN_TINY = F32(-87.33654)                      # ~ln(F32_TINY): below it exp(y) < F32_TINY -> 0
+LOG2E = F32(1.4426950408889634)
+LN2_HI, LN2_LO = F32(0.693359375), F32(-2.12194440e-4)  # LN2_HI: 9 significant bits
+E2, E3, E4, E5, E6, E7 = (F32(1.0 / math.factorial(i)) for i in range(2, 8))
+
+
+@njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
+def reduce_ln2(y, k):
+    # y - k ln2 in two steps (Cody-Waite): k * LN2_HI is exact for |k| <= 2^15, so the first
+    # difference is exact. A separate, not-inlined function without 'reassoc': with it LLVM
+    # folds the two steps into y - k * float32(ln2) (error up to 2.4e-7 at y = -87)
+    r = y - k * LN2_HI
+    return r - k * LN2_LO
+
+
+@njit(inline="always", **_OPTS)
+def expf_nonpos(y):  # exp(y) for float32 y <= 0: < 1 ulp; y < LN_TINY -> 0; NaN stays NaN
+    yc = LN_TINY if y < LN_TINY else y
+    k = np.floor(yc * LOG2E + F32(0.5))       # float32: int64 here would make the loop f64
+    r = reduce_ln2(yc, k)                     # |r| <= ln2 / 2
+    p = E7
+    p = p * r + E6
+    p = p * r + E5
+    p = p * r + E4
+    p = p * r + E3
+    p = p * r + E2
+    p = p * r + F32(1.0)
+    p = p * r + F32(1.0)
+    e = p * np.int32((np.int32(k) + np.int32(127)) << np.int32(23)).view(np.float32)  # * 2**k
+    return F32(0.0) if y < LN_TINY else e
+
+
+P = F32(0.3275911 * math.sqrt(0.5))
+A1, A2, A3, A4, A5 = (F32(v) for v in (0.254829592, -0.284496736, 1.421413741, -1.453152027,
+                                       1.061405429))
+GELU_SQ_MIN = F32(1e-18)  # below it a*a would be a float32 subnormal (slow): use 0 instead
+
+
+@njit(inline="always", **_OPTS)
+def gelu1(v):
+    a = abs(v)
+    a = F32(30.0) if a > F32(30.0) else a     # NaN passes through
+    t = F32(1.0) / (F32(1.0) + P * a)
+    q = t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5))))
+    aa = a * a if a > GELU_SQ_MIN else F32(0.0)
+    c = F32(0.5) * a * q * expf_nonpos(F32(-0.5) * aa)
+    r = (F32(0.0) if v < F32(0.0) else v) - c  # NaN passes through
+    return F32(0.0) if abs(r) < F32_TINY else r  # no float32 subnormals (they slow BLAS 10x)
+
+
+@njit(**_OPTS)
+def gelu_body(x, out):
+    for i in range(x.size):
+        out[i] = gelu1(x[i])
+
+
+@njit(**_OPTS)
+def gelu_inplace_body(x):  # one array: LLVM vectorizes without a runtime overlap check
+    for i in range(x.size):
+        x[i] = gelu1(x[i])
+
+
+@njit(inline="always", **_OPTS)
+def max_key(v):  # float32 bits as an int32 that orders like the float (integer max vectorizes)
+    k = np.float32(v).view(np.int32)
+    return k ^ ((k >> np.int32(31)) & np.int32(0x7fffffff))
+
+
+@njit(inline="always", **_OPTS)
+def softmax_rows(x, m, has_mask, dims, sc, o):
+    # x, o: flat C-order (X3, X2, X1, X0) (o may be x); m: flat (M3, M2, M1, X0)
+    X3, X2, X1, X0, M3, M2, M1 = dims
+    i1 = i2 = i3 = 0
+    for r in range(X3 * X2 * X1):             # counters, no divisions per row
+        b = r * X0
+        if has_mask:
+            mb = (((i3 % M3) * M2 + (i2 % M2)) * M1 + i1) * X0
+            for j in range(X0):
+                o[b + j] = x[b + j] * sc + m[mb + j]
+        else:
+            for j in range(X0):
+                o[b + j] = x[b + j] * sc
+        i1 += 1
+        if i1 == X1:
+            i1 = 0
+            i2 += 1
+            if i2 == X2:
+                i2 = 0
+                i3 += 1
+        mk = np.int32(-2147483648)
+        for j in range(X0):
+            k = max_key(o[b + j])
+            mk = k if k > mk else mk
+        mx = np.int32(mk ^ ((mk >> np.int32(31)) & np.int32(0x7fffffff))).view(np.float32)
+        for j in range(X0):
+            o[b + j] = expf_nonpos(o[b + j] - mx)  # a NaN max (NaN in the row) -> NaN row
+        s = 0.0
+        for j in range(X0):                    # float64 sum, a separate loop (vectorizes)
+            s += o[b + j]
+        inv = F32(1.0 / s)
+        for j in range(X0):
+            e = o[b + j] * inv
+            o[b + j] = F32(0.0) if e < F32_TINY else e  # no float32 subnormals
+
+
+@njit(**_OPTS)
+def softmax_body(x, m, has_mask, dims, scale, out):
+    softmax_rows(x, m, has_mask, dims, scale, out)
+
+
+@njit(**_OPTS)
+def softmax_inplace_body(x, m, has_mask, dims, scale):
+    # inlined with one name for both arrays, so LLVM knows they are the same memory
+    softmax_rows(x, m, has_mask, dims, scale, x)
+
+
+@njit(inline="always", **_OPTS)
+def mean_rstd(xr, n, eps):
+    s = 0.0
+    for j in range(n):
+        s += xr[j]
+    mean = s / n
+    s2 = 0.0
+    for j in range(n):
+        d = xr[j] - mean
+        s2 += d * d
+    return mean, 1.0 / math.sqrt(s2 / n + eps)
+
+
+@njit(**_OPTS)
+def norm_body(x, eps, out):
+    R, n = x.shape
+    for r in range(R):
+        xr = x[r]
+        orow = out[r]
+        mean, rstd = mean_rstd(xr, n, eps)
+        for j in range(n):
+            orow[j] = np.float32((xr[j] - mean) * rstd)
+
+
+@njit(**_OPTS)
+def norm_inplace_body(x, eps):
+    R, n = x.shape
+    for r in range(R):
+        xr = x[r]
+        mean, rstd = mean_rstd(xr, n, eps)
+        for j in range(n):
+            xr[j] = np.float32((xr[j] - mean) * rstd)
+
+
+@njit(**_OPTS)
+def binary_body(a, b, out, op):
+    R, n = a.shape
+    bcast = b.shape[0] == 1
+    for r in range(R):
+        ar = a[r]
+        br = b[0] if bcast else b[r]
+        orow = out[r]
+        if op == 0:
+            for j in range(n):
+                orow[j] = ar[j] + br[j]
+        elif op == 1:
+            for j in range(n):
+                orow[j] = ar[j] - br[j]
+        elif op == 2:
+            for j in range(n):
+                orow[j] = ar[j] * br[j]
+        else:
+            for j in range(n):
+                orow[j] = ar[j] / br[j]
+
+
+@njit(**_OPTS)
+def binary_inplace_body(a, b, op):  # a (op)= b: two arrays, so LLVM's overlap check passes
+    R, n = a.shape
+    bcast = b.shape[0] == 1
+    for r in range(R):
+        ar = a[r]
+        br = b[0] if bcast else b[r]
+        if op == 0:
+            for j in range(n):
+                ar[j] += br[j]
+        elif op == 1:
+            for j in range(n):
+                ar[j] -= br[j]
+        elif op == 2:
+            for j in range(n):
+                ar[j] *= br[j]
+        else:
+            for j in range(n):
+                ar[j] /= br[j]

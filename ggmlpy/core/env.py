@@ -1,0 +1,360 @@
+"""The ``GGMLPY_*`` environment variables: each one parsed and validated in one place.
+
+=========================  ===============================================================
+variable                   accepted value
+=========================  ===============================================================
+``GGMLPY_BACKENDS``        comma-separated device names (``SIM0,CPU``): letters then digits
+``GGMLPY_SIM_DEVICES``     integer 0..64: SIM devices registered at first use
+``GGMLPY_SIM_LATENCY_US``  finite number >= 0: microseconds per SIM launch and copy
+``GGMLPY_SIM_MEMORY_MB``   finite number > 0: MiB of memory per SIM device
+``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
+``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
+``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
+``GGMLPY_BLAS``            ``auto``, ``numpy``, ``mkl`` or a CBLAS library's path: the CPU's
+                           float32 GEMMs (default ``auto``: MKL when installed, else NumPy)
+``GGMLPY_WEIGHT_CACHE_MB``  finite number >= 0: MiB of float32 weight copies kept by the
+                           NumPy MUL_MAT (default 256; 0 = off)
+``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
+``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
+``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
+``GGMLPY_RAY_CPUS``        integer 1..1024: CPUs of the local Ray instance (default 2)
+``GGMLPY_RAY_OBJECT_STORE_MB``  integer 75..1048576: its object store in MiB (default 512)
+``GGMLPY_FIXTURES``        a folder (read by the test suite only)
+=========================  ===============================================================
+
+An empty or all-blank value means "unset". A malformed value raises :class:`EnvError` (a
+``ValueError``) whose one-line message names the variable, the value and what is accepted.
+:func:`validate` checks every variable at once; the registry calls it before it registers
+anything, so a bad variable leaves no half-initialised state. This module imports only
+:mod:`ggmlpy.core.errors`, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+from ggmlpy.core.errors import GgmlpyError
+
+__all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
+           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "BLAS", "blas", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
+           "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
+           "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
+           "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
+           "ray_requested", "parse_ray_address", "WEIGHT_CACHE_MB", "DEFAULT_WEIGHT_CACHE_MB",
+           "weight_cache_mb"]
+
+BACKENDS = "GGMLPY_BACKENDS"
+SIM_DEVICES = "GGMLPY_SIM_DEVICES"
+SIM_LATENCY_US = "GGMLPY_SIM_LATENCY_US"
+SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
+SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
+PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
+JIT = "GGMLPY_JIT"
+BLAS = "GGMLPY_BLAS"
+WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
+FIXTURES = "GGMLPY_FIXTURES"
+RAY_DEVICES = "GGMLPY_RAY_DEVICES"
+RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
+RAY_TIMEOUT_S = "GGMLPY_RAY_TIMEOUT_S"
+RAY_CPUS = "GGMLPY_RAY_CPUS"
+RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
+
+#: Every variable ggmlpy reads.
+KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, PRECISE_KERNELS,
+         JIT, BLAS, WEIGHT_CACHE_MB, FIXTURES,
+         RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
+
+#: Upper bound of ``GGMLPY_SIM_DEVICES``.
+MAX_SIM_DEVICES = 64
+
+_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z_]*\d*$")
+
+
+class EnvError(GgmlpyError, ValueError):
+    """A ``GGMLPY_*`` variable holds a value ggmlpy cannot use.
+
+    Attributes:
+        name: the variable's name. value: its (raw) value.
+    """
+
+    def __init__(self, name: str, value: str, expected: str) -> None:
+        self.name = name
+        self.value = value
+        super().__init__(f"{name}={value!r} is invalid: expected {expected}")
+
+
+def _raw(name: str) -> str | None:
+    v = os.environ.get(name)
+    if v is None or not v.strip():
+        return None
+    return v.strip()
+
+
+def backends() -> list[str] | None:
+    """``GGMLPY_BACKENDS`` as a list of upper-case device names (order kept, duplicates
+    dropped), or None when unset.
+
+    Raises:
+        EnvError: an entry is empty or is not a device name (letters, then optional digits).
+    """
+    v = _raw(BACKENDS)
+    if v is None:
+        return None
+    out: list[str] = []
+    for part in v.split(","):
+        p = part.strip()
+        if not p or not _NAME_RE.match(p):
+            raise EnvError(BACKENDS, v, "a comma-separated list of device names such as "
+                                        "'SIM0,CPU' (bad entry " + repr(p) + ")")
+        if p.upper() not in out:
+            out.append(p.upper())
+    return out
+
+
+def sim_devices() -> int:
+    """``GGMLPY_SIM_DEVICES`` as an int in 0..64 (0 when unset).
+
+    Raises:
+        EnvError: not an integer, or out of range.
+    """
+    v = _raw(SIM_DEVICES)
+    if v is None:
+        return 0
+    expected = f"an integer in 0..{MAX_SIM_DEVICES}"
+    try:
+        n = int(v)
+    except ValueError:
+        raise EnvError(SIM_DEVICES, v, expected) from None
+    if not 0 <= n <= MAX_SIM_DEVICES:
+        raise EnvError(SIM_DEVICES, v, expected)
+    return n
+
+
+def _number(name: str, positive: bool) -> float | None:
+    v = _raw(name)
+    if v is None:
+        return None
+    expected = "a finite number " + ("> 0" if positive else ">= 0")
+    try:
+        x = float(v)
+    except ValueError:
+        raise EnvError(name, v, expected) from None
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise EnvError(name, v, expected)
+    return x
+
+
+def sim_latency_us() -> float | None:
+    """``GGMLPY_SIM_LATENCY_US`` in microseconds (finite, >= 0), or None when unset.
+
+    Raises:
+        EnvError: not a finite number >= 0 (``nan``, ``inf``, ``-1``, ``abc`` are refused).
+    """
+    return _number(SIM_LATENCY_US, positive=False)
+
+
+def sim_memory_mb() -> float | None:
+    """``GGMLPY_SIM_MEMORY_MB`` in MiB (finite, > 0), or None when unset.
+
+    Raises:
+        EnvError: not a finite number > 0.
+    """
+    return _number(SIM_MEMORY_MB, positive=True)
+
+
+def sched_debug() -> int:
+    """``GGMLPY_SCHED_DEBUG`` as 0, 1 or 2 (0 when unset).
+
+    Raises:
+        EnvError: any other value.
+    """
+    v = _raw(SCHED_DEBUG)
+    if v is None:
+        return 0
+    if v not in ("0", "1", "2"):
+        raise EnvError(SCHED_DEBUG, v, "0, 1 or 2")
+    return int(v)
+
+
+def _int_in(name: str, lo: int, hi: int) -> int | None:
+    v = _raw(name)
+    if v is None:
+        return None
+    expected = f"an integer in {lo}..{hi}"
+    try:
+        n = int(v)
+    except ValueError:
+        raise EnvError(name, v, expected) from None
+    if not lo <= n <= hi:
+        raise EnvError(name, v, expected)
+    return n
+
+
+_ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+_ADDRESS_EXPECTED = "'auto' or HOST:PORT of a Ray head (e.g. 10.0.0.5:6379)"
+
+
+def parse_ray_address(value: str, name: str = RAY_ADDRESS) -> str:
+    """``value`` stripped if it is ``auto`` (any case; returned lower-case) or ``HOST:PORT`` with
+    a port in 1..65535 (``[v6addr]:PORT`` for IPv6).
+
+    Raises:
+        EnvError: anything else (``ray://`` client URLs included), naming ``name``.
+    """
+    v = value.strip()
+    if v.lower() == "auto":
+        return "auto"
+    m = _ADDRESS_RE.match(v)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise EnvError(name, value, _ADDRESS_EXPECTED)
+    return v
+
+
+def ray_devices() -> int | None:
+    """``GGMLPY_RAY_DEVICES`` as an int in 0..1024, or None when unset.
+
+    Raises:
+        EnvError: not an integer, or out of range.
+    """
+    return _int_in(RAY_DEVICES, 0, 1024)
+
+
+def ray_address() -> str | None:
+    """``GGMLPY_RAY_ADDRESS`` (``"auto"`` or ``"HOST:PORT"``), or None when unset.
+
+    Raises:
+        EnvError: any other value.
+    """
+    v = _raw(RAY_ADDRESS)
+    return None if v is None else parse_ray_address(v)
+
+
+def ray_timeout_s() -> float | None:
+    """``GGMLPY_RAY_TIMEOUT_S`` in seconds (finite, > 0), or None when unset.
+
+    Raises:
+        EnvError: not a finite number > 0.
+    """
+    return _number(RAY_TIMEOUT_S, positive=True)
+
+
+def ray_cpus() -> int | None:
+    """``GGMLPY_RAY_CPUS`` (1..1024), or None when unset. Raises EnvError otherwise."""
+    return _int_in(RAY_CPUS, 1, 1024)
+
+
+def ray_object_store_mb() -> int | None:
+    """``GGMLPY_RAY_OBJECT_STORE_MB`` (75..1048576, Ray's minimum is 75 MiB), or None when
+    unset. Raises EnvError otherwise."""
+    return _int_in(RAY_OBJECT_STORE_MB, 75, 1 << 20)
+
+
+def ray_requested() -> bool:
+    """Whether the environment asks for RAY devices at first use: ``GGMLPY_RAY_DEVICES`` > 0,
+    or ``GGMLPY_RAY_ADDRESS`` set and ``GGMLPY_RAY_DEVICES`` not 0.
+
+    Raises:
+        EnvError: a malformed RAY variable.
+    """
+    n = ray_devices()
+    return (n is not None and n > 0) or (ray_address() is not None and n != 0)
+
+
+def precise_kernels() -> bool:
+    """``GGMLPY_PRECISE_KERNELS`` as a bool (False when unset): True selects the float64
+    reference formulations of the CPU's GELU/GELU_ERF and NORM kernels (ggml's double sums; the
+    test referee) instead of the float32 fast paths. Read when a plan is built.
+
+    Raises:
+        EnvError: a value other than 0 or 1.
+    """
+    return _flag(PRECISE_KERNELS, False)
+
+
+def jit_enabled() -> bool:
+    """``GGMLPY_JIT`` as a bool (True when unset): False keeps the CPU on its NumPy kernels even
+    when Numba is installed (:mod:`ggmlpy.backends.cpu.jit`). Read when a plan is built.
+
+    Raises:
+        EnvError: a value other than 0 or 1.
+    """
+    return _flag(JIT, True)
+
+
+def blas() -> str:
+    """``GGMLPY_BLAS``: which BLAS the CPU backend's float32 GEMMs call
+    (:mod:`ggmlpy.backends.cpu.blas`). ``"auto"`` when unset (MKL when its runtime library is
+    installed, else NumPy's matmul), ``"numpy"``, ``"mkl"``, or the path of a CBLAS shared library
+    (returned as given). The names are case-insensitive and returned in lower case. Read when a
+    plan is built.
+
+    Raises:
+        EnvError: neither a name above nor the path of an existing file (a folder is named as
+            such). Whether the library loads is checked by
+            :func:`ggmlpy.backends.cpu.blas.active` (a ``BlasUnavailableError``, also an
+            ``EnvError``).
+    """
+    v = _raw(BLAS)
+    if v is None:
+        return "auto"
+    if v.lower() in ("auto", "numpy", "mkl"):
+        return v.lower()
+    if not os.path.isfile(v):
+        why = "a folder, not a file" if os.path.isdir(v) else "no such file"
+        raise EnvError(BLAS, v, f"auto, numpy, mkl or the path of a CBLAS shared library ({why})")
+    return v
+
+
+def _flag(name: str, default: bool) -> bool:
+    """A 0/1 variable as a bool (``default`` when unset); EnvError for anything else."""
+    v = _raw(name)
+    if v is None:
+        return default
+    if v not in ("0", "1"):
+        raise EnvError(name, v, "0 or 1")
+    return v == "1"
+
+
+#: ``GGMLPY_WEIGHT_CACHE_MB`` when unset: 256 MiB holds every float32 copy of MiniLM-L6's F16
+#: or quantized matrices (about 87 MB) several times over
+DEFAULT_WEIGHT_CACHE_MB = 256.0
+
+
+def weight_cache_mb() -> float:
+    """``GGMLPY_WEIGHT_CACHE_MB``: the byte budget, in MiB (2**20 bytes), of the float32 copies of
+    F16/BF16/quantized weights that the NumPy MUL_MAT keeps between calls
+    (:mod:`ggmlpy.backends.kernels.weight_cache`); :data:`DEFAULT_WEIGHT_CACHE_MB` when unset.
+    ``0`` turns the cache off (every call converts the weight in row blocks). Read when a plan
+    is built.
+
+    Raises:
+        EnvError: not a finite number >= 0.
+    """
+    v = _number(WEIGHT_CACHE_MB, positive=False)
+    return DEFAULT_WEIGHT_CACHE_MB if v is None else v
+
+
+def validate() -> None:
+    """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
+    order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
+    backends()
+    sim_devices()
+    sim_latency_us()
+    sim_memory_mb()
+    sched_debug()
+    precise_kernels()
+    jit_enabled()
+    blas()
+    weight_cache_mb()
+    ray_devices()
+    ray_address()
+    ray_timeout_s()
+    ray_cpus()
+    ray_object_store_mb()
+
+
+def unknown_variables() -> list[str]:
+    """Names of set ``GGMLPY_*`` variables that ggmlpy does not read (likely typos), sorted."""
+    return sorted(k for k in os.environ if k.startswith("GGMLPY_") and k not in KNOWN)

@@ -1,0 +1,2 @@
+"""GGUF files: reading and writing weights in ggml's file format.
+"""

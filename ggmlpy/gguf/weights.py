@@ -1,0 +1,360 @@
+"""GGUF files: :func:`gguf_load` into one WEIGHTS buffer, :func:`gguf_save` from tensors or arrays.
+
+Parsing and writing go through the ``gguf`` package (gguf-py, the optional ``[gguf]`` extra):
+its ``GGUFReader`` reads the header, metadata and tensor infos from an ``np.memmap`` of the
+file, and its ``GGUFWriter`` writes files. This module adds what ggml's ``gguf_init_from_file``
+checks and gguf-py does not (each tensor's type known, its offset aligned, its data inside the
+file, ``ne[0]`` a multiple of the block size), and places the tensors with the public backend API
+(``Context``, ``alloc_ctx_tensors_from_buft``, ``backend_tensor_set``): the data is read once,
+straight from the memory map into the backend buffer. Mirrors llama.cpp's model loading
+(``gguf_init_from_file`` with ``no_alloc`` + ``ggml_backend_alloc_ctx_tensors_from_buft`` +
+``ggml_backend_tensor_set`` per tensor) and ``gguf_write_to_file``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
+from ggmlpy.backend.interface import Backend, Buffer, BufferType, BufferUsage
+from ggmlpy.backend.tensor_data import as_bytes, backend_tensor_get, backend_tensor_set
+from ggmlpy.core.check import describe
+from ggmlpy.core.errors import GGUFError
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type, type_from_dtype
+from ggmlpy.quants import quantize
+
+__all__ = ["GGUFModel", "gguf_load", "gguf_save"]
+
+# header pseudo-fields gguf-py lists among the key/value pairs
+_HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("GGUF files need the gguf package: pip install 'ggmlpy[gguf]'") from e
+    return gguf
+
+
+@dataclass
+class GGUFModel:
+    """What :func:`gguf_load` returns: the tensors in one WEIGHTS buffer and the metadata.
+
+    Attributes:
+        path: the file read.
+        ctx: a ``no_alloc`` :class:`~ggmlpy.core.tensor.Context` holding one tensor per GGUF tensor,
+            in file order, named as in the file, with the file's type and ``ne``.
+        buffer: the WEIGHTS buffer holding every tensor (a MultiBuffer only when the buffer type's
+            max size forces a split, as in ggml), or None for a file without tensor data.
+        tensors: name -> :class:`~ggmlpy.core.tensor.Tensor` (the same objects as in ``ctx``).
+        metadata: key -> value (int, float, bool, str, or a list of them), header fields excluded.
+        metadata_types: key -> (GGUF value type id, array element type id or None); pass it to
+            :func:`gguf_save` to write the same value types back.
+        alignment: the file's data alignment in bytes (``general.alignment``, default 32).
+    """
+
+    path: str
+    ctx: Context
+    buffer: Buffer | None
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata_types: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    alignment: int = 32
+
+    def __getitem__(self, name: str) -> Tensor:
+        """The tensor called ``name``; KeyError naming it if the file has none."""
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def free(self) -> None:
+        """Free the weights buffer (mirrors ``ggml_backend_buffer_free``); tensors lose memory."""
+        if self.buffer is not None:
+            self.buffer.free()
+            self.buffer = None
+
+
+def _reader_class():
+    gguf = _gguf()
+
+    class _Reader(gguf.GGUFReader):
+        # keep the raw tensor infos: the checks below name the tensor at fault, which gguf-py's
+        # own tensor building (one generic ValueError) does not
+        def _build_tensors(self, start_offs: int, fields: list) -> None:
+            self.tensors = []
+            self.tensor_fields = fields
+            self.tensor_data_start = start_offs
+
+    return _Reader
+
+
+def _tensor_infos(path: str, reader: Any, file_size: int) -> list[tuple[str, Type, list[int], int]]:
+    """(name, type, ne, absolute data offset) of each tensor, after ggml's per-tensor checks."""
+    infos = []
+    seen: set[str] = set()
+    align = int(reader.alignment)
+    for fld in reader.tensor_fields:
+        _nl, name_data, _nd, dims, raw_type, offset = fld.parts
+        name = bytes(name_data).decode("utf-8", errors="replace")
+        if name in seen:
+            raise GGUFError(path, "duplicate tensor name", name)
+        seen.add(name)
+        ne = [int(d) for d in dims]
+        if not 1 <= len(ne) <= 4:
+            raise GGUFError(path, f"{len(ne)} dimensions; ggml tensors have 1 to 4", name)
+        try:
+            t = Type(int(raw_type[0]))
+        except ValueError:
+            raise GGUFError(path, f"unknown or unsupported ggml type id {int(raw_type[0])} "
+                            f"(ggmlpy knows {', '.join(x.type_name for x in Type)})", name) from None
+        if ne[0] % t.blck_size:
+            raise GGUFError(path, f"ne[0] = {ne[0]} is not a multiple of the block size "
+                            f"{t.blck_size} of {t.type_name}", name)
+        rel = int(offset[0])
+        if rel % align:
+            raise GGUFError(path, f"data offset {rel} is not a multiple of the alignment {align}",
+                            name)
+        nbytes = t.row_size(ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
+        start = int(reader.tensor_data_start) + rel
+        if start + nbytes > file_size:
+            raise GGUFError(path, f"data [{start}, {start + nbytes}) runs past the end of the "
+                            f"file ({file_size} bytes): file truncated", name)
+        infos.append((name, t, ne, start))
+    return infos
+
+
+def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferType) -> GGUFModel:
+    """Read a GGUF file: tensors into one new WEIGHTS buffer of ``backend_or_buft``, plus metadata.
+
+    The file is memory-mapped (``np.memmap``); each tensor's bytes are copied once from the map
+    into the buffer with ``backend_tensor_set`` (synchronous). Tensor ``ne`` and types are the
+    file's (ggml order: ``ne[0]`` innermost; the NumPy view of a tensor has shape ``ne[::-1]``).
+
+    Args:
+        path: the .gguf file.
+        backend_or_buft: a :class:`~ggmlpy.backend.interface.Backend` (its default buffer type is used) or
+            a :class:`~ggmlpy.backend.interface.BufferType`.
+
+    Returns:
+        A :class:`GGUFModel`.
+
+    Raises:
+        TypeError: ``backend_or_buft`` is neither.
+        FileNotFoundError: no such file.
+        GGUFError: the file is not GGUF or its header/metadata cannot be parsed; a tensor has an
+            unknown type, a misaligned offset, data past the end of the file (truncated), more
+            than 4 dimensions or ``ne[0]`` not a multiple of its block size (the message names
+            the file and the tensor).
+        OutOfMemoryError: the buffer cannot be allocated.
+        ImportError: the ``gguf`` package is missing.
+    """
+    if isinstance(backend_or_buft, Backend):
+        buft = backend_or_buft.get_default_buffer_type()
+    elif isinstance(backend_or_buft, BufferType):
+        buft = backend_or_buft
+    else:
+        raise TypeError(f"gguf_load: backend_or_buft must be a Backend or BufferType, got "
+                        f"{type(backend_or_buft).__name__}")
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"gguf_load: no such file {path!r}")
+    file_size = os.path.getsize(path)
+    try:
+        reader = _reader_class()(path, "r")
+    except Exception as e:  # gguf-py raises ValueError/IndexError/KeyError/OverflowError
+        raise GGUFError(path, f"not a readable GGUF file (header or metadata): "
+                        f"{type(e).__name__}: {e}") from e
+    infos = _tensor_infos(path, reader, file_size)
+
+    metadata: dict[str, Any] = {}
+    mtypes: dict[str, tuple[int, int | None]] = {}
+    for key, fld in reader.fields.items():
+        if key in _HEADER_FIELDS:
+            continue
+        try:
+            metadata[key] = fld.contents()
+        except Exception as e:
+            raise GGUFError(path, f"metadata key {key!r} cannot be decoded: {e}") from e
+        main = int(fld.types[0]) if fld.types else None
+        sub = int(fld.types[-1]) if len(fld.types) > 1 else None
+        mtypes[key] = (main, sub)
+
+    ctx = Context(no_alloc=True)
+    tensors: dict[str, Tensor] = {}
+    for name, t, ne, _start in infos:
+        tensors[name] = ctx.new_tensor(t, ne).set_name(name)
+    buffer = alloc_ctx_tensors_from_buft(ctx, buft) if infos else None
+    if buffer is not None:
+        buffer.set_usage(BufferUsage.WEIGHTS)
+    mm = reader.data
+    try:
+        for name, t, ne, start in infos:
+            tt = tensors[name]
+            if tt.nbytes:
+                backend_tensor_set(tt, mm[start:start + tt.nbytes])
+    except BaseException:
+        if buffer is not None:  # a failed load keeps no device memory (nobody else can free it)
+            buffer.free()
+        raise
+    return GGUFModel(path, ctx, buffer, tensors, metadata, mtypes, int(reader.alignment))
+
+
+def _infer_vtype(v: Any, VT: Any) -> Any:
+    if isinstance(v, (bool, np.bool_)):
+        return VT.BOOL
+    if isinstance(v, (int, np.integer)):
+        v = int(v)
+        if 0 <= v < 2**32:
+            return VT.UINT32
+        if -2**31 <= v < 0:
+            return VT.INT32
+        if v < 0:
+            return VT.INT64
+        return VT.UINT64 if v >= 2**63 else VT.INT64
+    if isinstance(v, (float, np.floating)):
+        return VT.FLOAT32
+    if isinstance(v, str):
+        return VT.STRING
+    if isinstance(v, (list, tuple, np.ndarray)):
+        return VT.ARRAY
+    raise TypeError(f"gguf_save: metadata value {v!r} of type {type(v).__name__} has no GGUF type")
+
+
+def _infer_subtype(values: Any, key: str, VT: Any) -> Any:
+    vals = list(values)
+    if not vals:
+        return VT.INT32
+    kinds = {_infer_vtype(x, VT) for x in vals}
+    if VT.ARRAY in kinds:
+        raise TypeError(f"gguf_save: metadata {key!r}: nested arrays are not supported")
+    if kinds <= {VT.UINT32, VT.INT32}:
+        return VT.INT32 if all(-2**31 <= int(x) < 2**31 for x in vals) else VT.INT64
+    if len(kinds) == 1:
+        return kinds.pop()
+    raise TypeError(f"gguf_save: metadata {key!r}: array mixes value types {sorted(kinds)}")
+
+
+def _tensor_bytes(name: str, value: Any) -> tuple[Type, list[int], np.ndarray]:
+    """(type, ne, uint8 byte array of NumPy shape ne[::-1] with the last axis in bytes)."""
+    if isinstance(value, Tensor):
+        if not value.is_contiguous():
+            raise ValueError(f"gguf_save: tensor '{name}' is not contiguous")
+        raw = as_bytes(backend_tensor_get(value))
+        t, ne = value.type, [int(n) for n in value.ne]
+        while len(ne) > 1 and ne[-1] == 1:
+            ne.pop()
+    elif isinstance(value, tuple) and len(value) == 2:
+        arr = np.asarray(value[1])
+        try:
+            raw = quantize(arr, value[0]).reshape(-1)
+        except (TypeError, ValueError) as e:  # quantize's message names the rule, not the tensor
+            raise type(e)(f"gguf_save: tensor '{name}': {e}") from None
+        t = Type(value[0])
+        ne = list(arr.shape[::-1]) or [1]
+    elif isinstance(value, np.ndarray):
+        try:
+            t = type_from_dtype(value.dtype)
+        except TypeError as e:
+            raise TypeError(f"gguf_save: tensor '{name}': {e}") from None
+        raw = as_bytes(value)
+        ne = list(value.shape[::-1]) or [1]
+    else:
+        raise TypeError(f"gguf_save: tensor '{name}' must be a Tensor, a NumPy array or a "
+                        f"(Type, float array) pair, got {type(value).__name__}")
+    if len(ne) > 4:
+        raise ValueError(f"gguf_save: tensor '{name}' has {len(ne)} dimensions (at most 4)")
+    byte_shape = tuple(ne[::-1][:-1]) + (t.row_size(ne[0]),)
+    return t, ne, raw.reshape(byte_shape)
+
+
+def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] | Mapping[str, Any],
+              metadata: Mapping[str, Any] | None = None,
+              types: Mapping[str, tuple[int, int | None]] | None = None) -> None:
+    """Write a GGUF file (version 3, alignment ``metadata['general.alignment']`` or 32).
+
+    Args:
+        path: the file to write (replaced if it exists).
+        tensors: a :class:`~ggmlpy.core.tensor.Context` or iterable of allocated, named, contiguous
+            tensors (their bytes are read with ``backend_tensor_get``, synchronous); or a mapping
+            name -> tensor, NumPy array (type from its dtype: float32 -> F32, float16 -> F16,
+            ``ml_dtypes.bfloat16`` -> BF16, ints) or ``(Type, float array)`` (converted with
+            :func:`~ggmlpy.quants.quantize`; NumPy shape ``ne[::-1]``). Trailing ``ne`` of 1 are
+            dropped as ggml's writer does.
+        metadata: key -> int, float, bool, str, or list of one of those. Value types are inferred
+            (int -> UINT32, or INT32/INT64 when negative or large; float -> FLOAT32; int lists ->
+            INT32 arrays) unless ``types`` gives them. ``general.architecture`` defaults to
+            "ggmlpy" (gguf-py always writes the key).
+        types: key -> (GGUF value type id, array element type id or None), e.g.
+            ``GGUFModel.metadata_types`` for an exact round trip.
+
+    Raises:
+        TypeError: a tensor or metadata value of an unsupported kind.
+        ValueError: unnamed or duplicate tensors, non-contiguous tensors, more than 4 dims,
+            ``ne[0]`` not a multiple of the block size, a bad alignment.
+        NotAllocatedError: a tensor has no memory.
+        ImportError: the ``gguf`` package is missing.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"gguf_save: path must be str or os.PathLike, got {describe(path)}")
+    if isinstance(tensors, (str, bytes)) or not isinstance(tensors, (Context, Iterable)):
+        raise TypeError("gguf_save: tensors must be a Context, an iterable of Tensor or a mapping, "
+                        f"got {describe(tensors)}")
+    for what, m in (("metadata", metadata), ("types", types)):
+        if m is not None and not isinstance(m, Mapping):
+            raise TypeError(f"gguf_save: {what} must be a mapping or None, got {describe(m)}")
+    gguf = _gguf()
+    VT = gguf.GGUFValueType
+    metadata = dict(metadata or {})
+    types = dict(types or {})
+    if isinstance(tensors, Mapping):
+        items = list(tensors.items())
+    else:
+        items = []
+        for t in tensors:
+            if not isinstance(t, Tensor):
+                raise TypeError(f"gguf_save: expected Tensors, got {type(t).__name__}")
+            if not t.name:
+                raise ValueError("gguf_save: every tensor needs a name (set_name)")
+            items.append((t.name, t))
+    names = [n for n, _ in items]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"gguf_save: duplicate tensor names {dup}")
+    arch = metadata.pop("general.architecture", "ggmlpy")
+    types.pop("general.architecture", None)
+    w = gguf.GGUFWriter(os.fspath(path), str(arch))
+    try:
+        align = metadata.pop("general.alignment", None)
+        types.pop("general.alignment", None)
+        if align is not None:
+            align = int(align)
+            if align <= 0 or align & (align - 1):
+                raise ValueError(f"gguf_save: general.alignment = {align} is not a power of two")
+            w.add_custom_alignment(align)
+        for key, val in metadata.items():
+            if key in types:
+                main, sub = types[key]
+                vt = VT(main)
+                st = VT(sub) if sub is not None and vt == VT.ARRAY else None
+            else:
+                vt = _infer_vtype(val, VT)
+                st = _infer_subtype(val, key, VT) if vt == VT.ARRAY else None
+            if vt == VT.ARRAY:
+                val = list(val.tolist() if isinstance(val, np.ndarray) else val)
+            w.add_key_value(key, val, vt, sub_type=st)
+        for name, value in items:
+            t, ne, raw = _tensor_bytes(name, value)
+            w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(t)))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+    finally:
+        w.close()
