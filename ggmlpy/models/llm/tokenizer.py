@@ -69,19 +69,19 @@ class Tokenizer:
         self._byte_decoder: dict[str, int] | None = None
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], source: str = "GGUF metadata") -> "Tokenizer":
         """Builds the tokenizer of a GGUF file from its metadata (key -> value).
 
         ``tokenizer.ggml.tokens`` may be a list of str / bytes or a NumPy string array;
         ``tokenizer.ggml.scores`` (float32) and ``tokenizer.ggml.token_type`` (int32) are arrays of
         the same length. The expensive tables (the special-token matcher, the BPE model) are built
-        on first use.
+        on first use. ``source`` (a file path) names the metadata in error messages.
 
         Raises:
             ggmlpy.errors.FileFormatError: the metadata describe no vocabulary, an inconsistent one,
                 or a tokenizer model / pre-tokenizer that is not implemented.
         """
-        return cls(Vocab.from_gguf_metadata(metadata))
+        return cls(Vocab.from_gguf_metadata(metadata, source))
 
     # --- properties -------------------------------------------------------------------------
 

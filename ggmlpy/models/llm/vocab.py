@@ -148,18 +148,18 @@ BPE_PRE_REGEXES: dict[str, tuple[str, ...]] = {
 }
 
 
-def _as_str_list(value: Any, key: str) -> list[str]:
+def _as_str_list(value: Any, key: str, source: str) -> list[str]:
     """A metadata string array as a list of str (bytes are decoded as UTF-8)."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
     if not isinstance(value, (list, tuple)):
-        raise FileFormatError(f"{key}: expected an array of strings, got {type(value).__name__}")
+        raise FileFormatError(source, f"{key}: expected an array of strings, got {type(value).__name__}")
     out = list(value)
     if out and not isinstance(out[0], str):
         try:
             out = [v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v) for v in out]
         except UnicodeDecodeError as e:
-            raise FileFormatError(f"{key}: a string is not valid UTF-8 ({e})") from e
+            raise FileFormatError(source, f"{key}: a string is not valid UTF-8 ({e})") from e
     return out
 
 
@@ -217,13 +217,14 @@ class Vocab:
         return len(self.tokens)
 
     @classmethod
-    def from_gguf_metadata(cls, meta: Mapping[str, Any]) -> "Vocab":
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], source: str = "GGUF metadata") -> "Vocab":
         """Reads a vocabulary from GGUF metadata (key -> value), as ``llama_vocab::impl::load``.
 
         Args:
             meta: the file's metadata; ``tokenizer.ggml.tokens`` a sequence of str (or bytes, or a
                 NumPy string array), ``tokenizer.ggml.scores`` float32/int32 values and
                 ``tokenizer.ggml.token_type`` int32 values, each [n_vocab] when present.
+            source: what the metadata came from (a file path), named in error messages.
 
         Raises:
             FileFormatError: a required key is missing, an array is shorter than the token list,
@@ -232,38 +233,38 @@ class Vocab:
         """
         model = meta.get("tokenizer.ggml.model")
         if model is None:
-            raise FileFormatError("tokenizer.ggml.model is missing: the file carries no tokenizer")
+            raise FileFormatError(source, "tokenizer.ggml.model is missing: the file carries no tokenizer")
         model = str(model)
         if model not in (VocabType.SPM, VocabType.BPE):
-            raise FileFormatError(f"tokenizer.ggml.model = {model!r}: only 'llama' (SentencePiece) and "
+            raise FileFormatError(source, f"tokenizer.ggml.model = {model!r}: only 'llama' (SentencePiece) and "
                                   f"'gpt2' (byte-level BPE) vocabularies are implemented")
         pre = str(meta.get("tokenizer.ggml.pre") or "")
         if "tokenizer.ggml.tokens" not in meta:
-            raise FileFormatError("tokenizer.ggml.tokens is missing: cannot find the vocabulary")
-        tokens = _as_str_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens")
+            raise FileFormatError(source, "tokenizer.ggml.tokens is missing: cannot find the vocabulary")
+        tokens = _as_str_list(meta["tokenizer.ggml.tokens"], "tokenizer.ggml.tokens", source)
         n = len(tokens)
         if n == 0:
-            raise FileFormatError("tokenizer.ggml.tokens is empty")
+            raise FileFormatError(source, "tokenizer.ggml.tokens is empty")
         if "" in tokens:
             tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         token_to_id = dict(zip(tokens, range(n)))
         if len(token_to_id) != n:
             seen: set[str] = set()
             dup = next(t for t in tokens if t in seen or seen.add(t))
-            raise FileFormatError(f"tokenizer.ggml.tokens: duplicate token {dup!r} "
+            raise FileFormatError(source, f"tokenizer.ggml.tokens: duplicate token {dup!r} "
                                   f"(ids {tokens.index(dup)} and {tokens.index(dup, tokens.index(dup) + 1)})")
 
         scores = np.zeros(n, np.float32)
         if meta.get("tokenizer.ggml.scores") is not None:
             s = np.asarray(meta["tokenizer.ggml.scores"])
             if s.shape[0] < n:
-                raise FileFormatError(f"tokenizer.ggml.scores has {s.shape[0]} values for {n} tokens")
+                raise FileFormatError(source, f"tokenizer.ggml.scores has {s.shape[0]} values for {n} tokens")
             scores = s[:n].astype(np.float32, copy=False)
         attrs = np.full(n, TokenAttr.NORMAL, np.int32)
         if meta.get("tokenizer.ggml.token_type") is not None:
             t = np.asarray(meta["tokenizer.ggml.token_type"]).astype(np.int64, copy=False)
             if t.shape[0] < n:
-                raise FileFormatError(f"tokenizer.ggml.token_type has {t.shape[0]} values for {n} tokens")
+                raise FileFormatError(source, f"tokenizer.ggml.token_type has {t.shape[0]} values for {n} tokens")
             t = t[:n]
             attrs = np.where((t >= 0) & (t < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t, 0, 6)],
                              TokenAttr.UNDEFINED).astype(np.int32)
@@ -277,14 +278,14 @@ class Vocab:
         else:
             raw = meta.get("tokenizer.ggml.merges")
             if raw is None:
-                raise FileFormatError("tokenizer.ggml.merges is missing: a 'gpt2' vocabulary needs its merges")
-            for m in _as_str_list(raw, "tokenizer.ggml.merges"):
+                raise FileFormatError(source, "tokenizer.ggml.merges is missing: a 'gpt2' vocabulary needs its merges")
+            for m in _as_str_list(raw, "tokenizer.ggml.merges", source):
                 pos = m.find(" ", 1)
                 merges.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))
             special = {"bos": 11, "eos": 11}
             key = pre or "default"
             if key not in _BPE_PRE:
-                raise FileFormatError(f"tokenizer.ggml.pre = {pre!r}: pre-tokenizer not implemented "
+                raise FileFormatError(source, f"tokenizer.ggml.pre = {pre!r}: pre-tokenizer not implemented "
                                       f"(implemented: {', '.join(sorted(_BPE_PRE))})")
             pre_family, clean_spaces, ignore_merges, add_bos = _BPE_PRE[key]
             add_eos, add_sep, add_space_prefix = False, False, False
@@ -304,7 +305,7 @@ class Vocab:
         add_sep = _meta_bool(meta, "tokenizer.ggml.add_sep_token", add_sep)
         for flag, slot in ((add_bos, "bos"), (add_eos, "eos"), (add_sep, "sep")):
             if flag and special[slot] < 0:
-                raise FileFormatError(f"tokenizer.ggml.add_{slot}_token is true, but "
+                raise FileFormatError(source, f"tokenizer.ggml.add_{slot}_token is true, but "
                                       f"the {slot} token id is not set")
 
         # text-detected special ids; a detected token that is not CONTROL becomes CONTROL.
