@@ -242,3 +242,28 @@ def test_edge_cases() -> None:
         SamplerParams(top_k=2.5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="SamplerParams"):
         Sampler({"temp": 1.0})  # type: ignore[arg-type]
+
+
+def test_seeded_draws_match_llama_cpp() -> None:
+    # tests/data/llm_sampling_ref.npz: llama.cpp's chain (llama-cpp-python 0.3.36, scripts/
+    # make_llm_sampling_reference.py) on seeded logits [24 steps, 300 ids] per case, prompt tokens
+    # accepted first, each drawn id accepted after its step
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "data" / "llm_sampling_ref.npz"
+    d = np.load(path)
+    meta = json.loads(bytes(d["meta"]).decode("utf-8"))
+    assert len(meta["cases"]) == 8
+    for ci, c in enumerate(meta["cases"]):
+        s = Sampler(SamplerParams(temp=c["temp"], top_k=c["top_k"], top_p=c["top_p"], min_p=c["min_p"],
+                                  repeat_penalty=c["repeat"], repeat_last_n=c["last_n"],
+                                  frequency_penalty=c["freq"], presence_penalty=c["present"],
+                                  min_keep=c["min_keep"], seed=c["seed"]))
+        history = d[f"prompt_{ci}"].tolist()
+        got = []
+        for step in range(meta["steps"]):
+            tok = s.sample(d[f"logits_{ci}"][step], history)
+            got.append(tok)
+            history.append(tok)
+        assert got == d[f"ids_{ci}"].tolist(), f"case {ci} {c}"
