@@ -86,7 +86,8 @@ def _read_metadata(path: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", required=True)
-    ap.add_argument("--strings", default=str(Path(__file__).resolve().parent.parent / "tests/data/gemma3_tokenizer.json"))
+    default_strings = Path(__file__).resolve().parent.parent / "tests/data/gemma3_tokenizer.json"
+    ap.add_argument("--strings", default=str(default_strings))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--ref-python", default="/work/refvenv/bin/python")
@@ -133,7 +134,8 @@ def main() -> None:
         "gguf": args.gguf, "n_strings": len(strings), "modes": 2, "rounds": args.rounds, "reps": args.reps,
         "llama_cpp_python": version, "metadata_read_s_gguf_py": round(read_s, 3),
         "ggmlpy": {"build_s": round(ours["build_s"], 4), "us_per_string": us(ours["encode_s"])},
-        "llama_cpp": {"load_vocab_only_s": round(ref["load_s"], 4), "us_per_string_tokenize": us(ref["tokenize_s"]),
+        "llama_cpp": {"load_vocab_only_s": round(ref["load_s"], 4),
+                      "us_per_string_tokenize": us(ref["tokenize_s"]),
                       "us_per_string_raw_ctypes": us(ref["raw_s"])},
         "ratio_llama_cpp_tokenize_over_ggmlpy": round(ref["tokenize_s"] / ours["encode_s"], 3),
         "ratio_llama_cpp_raw_over_ggmlpy": round(ref["raw_s"] / ours["encode_s"], 3),

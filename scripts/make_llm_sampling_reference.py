@@ -27,15 +27,23 @@ import json
 import numpy as np
 
 CASES = [
-    # temp, top_k, top_p, min_p, repeat, last_n, freq, present, min_keep, seed, n_vocab, steps
-    dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat=1.0, last_n=64, freq=0.0, present=0.0, min_keep=0, seed=1),
-    dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat=1.0, last_n=64, freq=0.0, present=0.0, min_keep=0, seed=2),
-    dict(temp=1.3, top_k=0, top_p=0.9, min_p=0.0, repeat=1.0, last_n=64, freq=0.0, present=0.0, min_keep=0, seed=3),
-    dict(temp=0.7, top_k=0, top_p=1.0, min_p=0.1, repeat=1.0, last_n=64, freq=0.0, present=0.0, min_keep=0, seed=4),
-    dict(temp=0.9, top_k=20, top_p=0.8, min_p=0.02, repeat=1.3, last_n=16, freq=0.2, present=0.4, min_keep=0, seed=5),
-    dict(temp=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat=1.1, last_n=8, freq=0.0, present=0.0, min_keep=0, seed=6),
-    dict(temp=1.5, top_k=5, top_p=0.5, min_p=0.0, repeat=1.0, last_n=0, freq=0.0, present=0.0, min_keep=3, seed=7),
-    dict(temp=0.6, top_k=500, top_p=0.99, min_p=0.01, repeat=1.05, last_n=-1, freq=0.1, present=0.0, min_keep=0, seed=8),
+    # sampler settings per case (penalties' last_n -1: the whole history)
+    dict(temp=0.8, top_k=40, top_p=0.95, min_p=0.05, repeat=1.0, last_n=64, freq=0.0, present=0.0,
+         min_keep=0, seed=1),
+    dict(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat=1.0, last_n=64, freq=0.0, present=0.0,
+         min_keep=0, seed=2),
+    dict(temp=1.3, top_k=0, top_p=0.9, min_p=0.0, repeat=1.0, last_n=64, freq=0.0, present=0.0,
+         min_keep=0, seed=3),
+    dict(temp=0.7, top_k=0, top_p=1.0, min_p=0.1, repeat=1.0, last_n=64, freq=0.0, present=0.0,
+         min_keep=0, seed=4),
+    dict(temp=0.9, top_k=20, top_p=0.8, min_p=0.02, repeat=1.3, last_n=16, freq=0.2, present=0.4,
+         min_keep=0, seed=5),
+    dict(temp=0.0, top_k=40, top_p=0.95, min_p=0.05, repeat=1.1, last_n=8, freq=0.0, present=0.0,
+         min_keep=0, seed=6),
+    dict(temp=1.5, top_k=5, top_p=0.5, min_p=0.0, repeat=1.0, last_n=0, freq=0.0, present=0.0,
+         min_keep=3, seed=7),
+    dict(temp=0.6, top_k=500, top_p=0.99, min_p=0.01, repeat=1.05, last_n=-1, freq=0.1, present=0.0,
+         min_keep=0, seed=8),
 ]
 N_VOCAB, STEPS, PROMPT = 300, 24, 12
 
@@ -53,8 +61,8 @@ def main() -> None:
         prompt = rng.integers(0, N_VOCAB, size=PROMPT).astype(np.int32)
         chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
         last_n = c["last_n"] if c["last_n"] >= 0 else STEPS + PROMPT  # -1: the whole history
-        L.llama_sampler_chain_add(chain, L.llama_sampler_init_penalties(N_VOCAB, last_n, c["repeat"], c["freq"],
-                                                                        c["present"]))
+        penalties = L.llama_sampler_init_penalties(N_VOCAB, last_n, c["repeat"], c["freq"], c["present"])
+        L.llama_sampler_chain_add(chain, penalties)
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(c["top_k"]))
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(c["top_p"], c["min_keep"]))
         L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(c["min_p"], c["min_keep"]))
@@ -80,7 +88,7 @@ def main() -> None:
     meta = {"tool": "llama-cpp-python", "llama_cpp_python_version": L.__version__,
             "script": "scripts/make_llm_sampling_reference.py", "n_vocab": N_VOCAB, "steps": STEPS,
             "prompt_len": PROMPT, "cases": CASES,
-            "what": "llama.cpp sampler chain penalties -> top_k -> top_p -> min_p -> temp_ext -> dist, seeded"}
+            "what": "llama.cpp chain penalties -> top_k -> top_p -> min_p -> temp_ext -> dist, seeded"}
     out["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     np.savez_compressed(args.out, **out)
     print(args.out, {k: v.shape for k, v in out.items() if k.startswith("ids_")})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .vocab import BPE_PRE_REGEXES, Vocab
+from ggmlpy.models.llm.vocab import BPE_PRE_REGEXES, Vocab
 
 __all__ = ["BPEEncoder"]
 

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ...errors import FileFormatError
-from .tokenizer import Tokenizer
+from ggmlpy.core.errors import FileFormatError
+from ggmlpy.models.llm.tokenizer import Tokenizer
 
 __all__ = ["ChatTemplate"]
 

@@ -284,7 +284,8 @@ class Sampler:
         """
         p = self.params
         c = Candidates.from_logits(logits)
-        apply_penalties(c, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty)
+        apply_penalties(c, history, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                        p.presence_penalty)
         apply_top_k(c, p.top_k)
         apply_top_p(c, p.top_p, p.min_keep)
         apply_min_p(c, p.min_p, p.min_keep)

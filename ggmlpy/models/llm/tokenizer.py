@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from .bpe import BPEEncoder
-from .spm import spm_tokenize
-from .vocab import TokenAttr, Vocab, VocabType, as_sequence
+from ggmlpy.models.llm.bpe import BPEEncoder
+from ggmlpy.models.llm.spm import spm_tokenize
+from ggmlpy.models.llm.vocab import TokenAttr, Vocab, VocabType, as_sequence
 
 __all__ = ["Tokenizer"]
 
@@ -78,7 +78,7 @@ class Tokenizer:
         on first use. ``source`` (a file path) names the metadata in error messages.
 
         Raises:
-            ggmlpy.errors.FileFormatError: the metadata describe no vocabulary, an inconsistent one,
+            ggmlpy.core.errors.FileFormatError: the metadata describe no vocabulary, an inconsistent one,
                 or a tokenizer model / pre-tokenizer that is not implemented.
         """
         return cls(Vocab.from_gguf_metadata(metadata, source))

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import FileFormatError
+from ggmlpy.core.errors import FileFormatError
 
 __all__ = ["Vocab", "TokenAttr", "TokenType", "VocabType"]
 
@@ -139,8 +139,8 @@ _GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!
 BPE_PRE_REGEXES: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt2": (_GPT2_RE,),
-    "llama3": (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "llama3": (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+               r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
     "qwen2": (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
     "starcoder": (r"\p{N}", _GPT2_RE),
@@ -236,8 +236,8 @@ class Vocab:
             raise FileFormatError(source, "tokenizer.ggml.model is missing: the file carries no tokenizer")
         model = str(model)
         if model not in (VocabType.SPM, VocabType.BPE):
-            raise FileFormatError(source, f"tokenizer.ggml.model = {model!r}: only 'llama' (SentencePiece) and "
-                                  f"'gpt2' (byte-level BPE) vocabularies are implemented")
+            raise FileFormatError(source, f"tokenizer.ggml.model = {model!r}: only 'llama' (SentencePiece) "
+                                          f"and 'gpt2' (byte-level BPE) vocabularies are implemented")
         pre = str(meta.get("tokenizer.ggml.pre") or "")
         if "tokenizer.ggml.tokens" not in meta:
             raise FileFormatError(source, "tokenizer.ggml.tokens is missing: cannot find the vocabulary")
@@ -264,7 +264,8 @@ class Vocab:
         if meta.get("tokenizer.ggml.token_type") is not None:
             t = np.asarray(meta["tokenizer.ggml.token_type"]).astype(np.int64, copy=False)
             if t.shape[0] < n:
-                raise FileFormatError(source, f"tokenizer.ggml.token_type has {t.shape[0]} values for {n} tokens")
+                raise FileFormatError(source, f"tokenizer.ggml.token_type has {t.shape[0]} values "
+                                              f"for {n} tokens")
             t = t[:n]
             attrs = np.where((t >= 0) & (t < len(_TYPE_TO_ATTR)), _TYPE_TO_ATTR[np.clip(t, 0, 6)],
                              TokenAttr.UNDEFINED).astype(np.int32)
@@ -278,7 +279,8 @@ class Vocab:
         else:
             raw = meta.get("tokenizer.ggml.merges")
             if raw is None:
-                raise FileFormatError(source, "tokenizer.ggml.merges is missing: a 'gpt2' vocabulary needs its merges")
+                raise FileFormatError(source, "tokenizer.ggml.merges is missing: a 'gpt2' vocabulary "
+                                              "needs its merges")
             for m in _as_str_list(raw, "tokenizer.ggml.merges", source):
                 pos = m.find(" ", 1)
                 merges.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ggmlpy.errors import FileFormatError
+from ggmlpy.core.errors import FileFormatError
 from ggmlpy.models.llm.tokenizer import Tokenizer
 
 jinja2 = pytest.importorskip("jinja2", reason="chat templates need jinja2 (the [llm] extra)")
@@ -105,4 +105,5 @@ def test_gemma_file_has_no_template(gemma_meta: dict[str, Any]) -> None:
     ids = t.encode(tok, [{"role": "user", "content": "Hi"}])
     assert ids[:2] == [tok.bos_id, tok.vocab.token_to_id["<start_of_turn>"]]
     assert ids.count(tok.bos_id) == 1 and ids[-1] == tok.vocab.token_to_id["\n"]
-    assert tok.decode(ids, unparse_special=True) == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.decode(ids, unparse_special=True) == \
+        "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"

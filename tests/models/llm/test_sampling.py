@@ -15,9 +15,18 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from ggmlpy.models.llm.sampling import (MT19937, Candidates, Sampler, SamplerParams, apply_min_p,
-                                        apply_penalties, apply_temperature, apply_top_k, apply_top_p,
-                                        greedy)
+from ggmlpy.models.llm.sampling import (
+    MT19937,
+    Candidates,
+    Sampler,
+    SamplerParams,
+    apply_min_p,
+    apply_penalties,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    greedy,
+)
 
 
 def _logits(n: int, seed: int, scale: float = 3.0) -> np.ndarray:
@@ -30,8 +39,9 @@ def _probs64(logits: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-@pytest.mark.parametrize("last_n,repeat,freq,pres", [(8, 1.3, 0.0, 0.0), (64, 1.1, 0.5, 0.25), (-1, 2.0, 0.1, 1.0),
-                                                     (3, 1.0, 0.0, 0.7), (0, 1.5, 1.0, 1.0), (16, 1.0, 0.0, 0.0)])
+@pytest.mark.parametrize("last_n,repeat,freq,pres", [(8, 1.3, 0.0, 0.0), (64, 1.1, 0.5, 0.25),
+                                                     (-1, 2.0, 0.1, 1.0), (3, 1.0, 0.0, 0.7),
+                                                     (0, 1.5, 1.0, 1.0), (16, 1.0, 0.0, 0.0)])
 def test_penalties(last_n: int, repeat: float, freq: float, pres: float) -> None:
     n = 40
     logits = _logits(n, 1)
@@ -166,8 +176,10 @@ def test_mt19937_matches_std() -> None:
     assert a.uniform() == (float(r[0]) + float(r[1]) * 2.0 ** 32) / 2.0 ** 64
 
 
-@pytest.mark.parametrize("params", [SamplerParams(seed=3), SamplerParams(temp=1.3, top_k=0, top_p=0.9, min_p=0.0, seed=9),
-                                    SamplerParams(temp=0.7, top_k=5, top_p=1.0, min_p=0.1, repeat_penalty=1.2, seed=11)])
+@pytest.mark.parametrize("params", [
+    SamplerParams(seed=3),
+    SamplerParams(temp=1.3, top_k=0, top_p=0.9, min_p=0.0, seed=9),
+    SamplerParams(temp=0.7, top_k=5, top_p=1.0, min_p=0.1, repeat_penalty=1.2, seed=11)])
 def test_chain_draw_is_the_dist_definition(params: SamplerParams) -> None:
     n = 200
     history = [3, 7, 7, 50]
@@ -202,7 +214,8 @@ def test_seeded_reproducibility() -> None:
     p = SamplerParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1234)
     a = [Sampler(p).sample(logits) for _ in range(3)]
     assert a[0] == a[1] == a[2]
-    s1, s2, s3 = Sampler(p), Sampler(p), Sampler(SamplerParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=99))
+    s1, s2 = Sampler(p), Sampler(p)
+    s3 = Sampler(SamplerParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=99))
     seq1 = [s1.sample(logits) for _ in range(20)]
     assert seq1 == [s2.sample(logits) for _ in range(20)]
     assert seq1 != [s3.sample(logits) for _ in range(20)]

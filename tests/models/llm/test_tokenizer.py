@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ggmlpy.errors import FileFormatError
+from ggmlpy.core.errors import FileFormatError
 from ggmlpy.models.llm.tokenizer import Tokenizer, _clean_spaces
 
 MODES = {"bos": (True, False), "special": (False, True)}
@@ -63,7 +63,8 @@ def bpe_tok(bpe_meta: dict[str, Any]) -> Tokenizer:
 def test_bpe_ids_match_llama_cpp(bpe_tok: Tokenizer, bpe_ref: dict[str, Any], mode: str) -> None:
     assert len(bpe_ref["cases"]) >= 300
     bad = _mismatches(bpe_tok, bpe_ref, mode)
-    assert not bad, f"{len(bad)}/{len(bpe_ref['cases'])} strings differ from llama.cpp:\n" + "\n".join(bad[:10])
+    assert not bad, f"{len(bad)}/{len(bpe_ref['cases'])} strings differ from llama.cpp:\n" + \
+        "\n".join(bad[:10])
 
 
 def test_bpe_vocab_matches_llama_cpp(bpe_tok: Tokenizer, bpe_ref: dict[str, Any]) -> None:
@@ -87,7 +88,8 @@ def gemma_tok(gemma_meta: dict[str, Any]) -> Tokenizer:
 def test_gemma_ids_match_llama_cpp(gemma_tok: Tokenizer, gemma_ref: dict[str, Any], mode: str) -> None:
     assert len(gemma_ref["cases"]) >= 300
     bad = _mismatches(gemma_tok, gemma_ref, mode)
-    assert not bad, f"{len(bad)}/{len(gemma_ref['cases'])} strings differ from llama.cpp:\n" + "\n".join(bad[:10])
+    assert not bad, f"{len(bad)}/{len(gemma_ref['cases'])} strings differ from llama.cpp:\n" + \
+        "\n".join(bad[:10])
 
 
 @pytest.mark.model
@@ -207,7 +209,8 @@ def test_metadata_errors() -> None:
     with pytest.raises(FileFormatError, match="'bert'"):
         Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]})
     with pytest.raises(FileFormatError, match="duplicate token 'a'"):
-        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b", "a"]})
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "llama",
+                                      "tokenizer.ggml.tokens": ["a", "b", "a"]})
     with pytest.raises(FileFormatError, match="pre-tokenizer not implemented"):
         Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"],
                                       "tokenizer.ggml.merges": [], "tokenizer.ggml.pre": "no-such-pre"})
