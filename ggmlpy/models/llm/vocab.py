@@ -152,7 +152,7 @@ def _as_str_list(value: Any, key: str, source: str) -> list[str]:
     """A metadata string array as a list of str (bytes are decoded as UTF-8)."""
     if isinstance(value, np.ndarray):
         value = value.tolist()
-    if not isinstance(value, (list, tuple)):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise FileFormatError(source, f"{key}: expected an array of strings, got {type(value).__name__}")
     out = list(value)
     if out and not isinstance(out[0], str):

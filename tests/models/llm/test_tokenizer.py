@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.core.errors import FileFormatError
+from ggmlpy.models.llm.stream import StreamDecoder
 from ggmlpy.models.llm.tokenizer import Tokenizer, _clean_spaces
 
 MODES = {"bos": (True, False), "special": (False, True)}
@@ -235,3 +236,28 @@ def test_clean_spaces_passes() -> None:
     assert _clean_spaces(b"rock ' n roll") == b"rock'n roll"
     assert _clean_spaces(b"it 's I 'm we 're you 've") == b"it's I'm we're you've"
     assert _clean_spaces(b"don 't he 'd we 'll") == b"don 't he 'd we 'll"
+
+
+def test_stream_decoder_matches_llama_cpp_pieces(bpe_tok: Tokenizer, bpe_ref: dict[str, Any]) -> None:
+    # "pieces": llama-cpp-python's Llama.detokenize, the llama_token_to_piece(special=False) bytes
+    # joined with one leading space dropped after a BOS
+    bad = []
+    for case in bpe_ref["cases"]:
+        for mode in MODES:
+            ids = case[mode]["ids"]
+            dec = StreamDecoder(bpe_tok)
+            text = "".join(dec.push(i) for i in ids) + dec.flush()
+            if ids and ids[0] == bpe_tok.bos_id and text.startswith(" "):
+                text = text[1:]
+            if text != case[mode]["pieces"]:
+                bad.append(f"{ids[:12]}: {text!r} != {case[mode]['pieces']!r}")
+    assert not bad, "\n".join(bad[:10])
+
+
+def test_stream_decoder_holds_partial_characters() -> None:
+    tok = _spm([("a", -1, NORMAL)], **{"tokenizer.ggml.add_space_prefix": False})
+    dec = StreamDecoder(tok)
+    # "€" = E2 82 AC as three byte tokens (ids 3 + byte): nothing until the last byte
+    assert [dec.push(3 + b) for b in (0xE2, 0x82, 0xAC)] == ["", "", "€"]
+    assert dec.push(3 + 0xE2) == "" and dec.flush() == "\ufffd"
+    assert dec.push(tok.vocab.token_to_id["a"]) == "a"
