@@ -115,7 +115,7 @@ GEMMA_PROMPTS: list[tuple[str, str]] = [
     ("arabic", "\u0627\u0644\u0644\u063a\u0629 \u0627\u0644\u0639\u0631\u0628\u064a\u0629 \u0647\u064a"),
     ("emoji", "My favourite emoji are \U0001F600 and"),
     ("json", "{\"name\": \"Alice\", \"age\": 30, \"city\":"),
-    ("sixteen_tokens", "The quick brown fox jumps over the lazy dog and then runs"),
+    ("sixteen_tokens", "The quick brown fox jumps over the lazy dog and then runs away into the"),
     ("single_word", "Hello"),
     ("spaces_newlines", "  Line one\n\n\tLine two\n   "),
     ("story_long", LONG_STORY + "Mira asked:"),
