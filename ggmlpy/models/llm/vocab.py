@@ -163,6 +163,19 @@ def _as_str_list(value: Any, key: str, source: str) -> list[str]:
     return out
 
 
+def _parse_merges(lines: list[str]) -> list[tuple[str, str]]:
+    """``"left right"`` merge lines as pairs, split at the first space after the first character
+    (llama_vocab::impl::load); a line without one gives ``("", "")``, a merge that never matches."""
+    pairs = [m.split(" ", 1) for m in lines]
+    if all(len(p) == 2 and p[0] for p in pairs):
+        return [(p[0], p[1]) for p in pairs]
+    out = []
+    for m in lines:
+        pos = m.find(" ", 1)
+        out.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))
+    return out
+
+
 def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
     value = meta.get(key)
     return default if value is None else bool(value)
@@ -281,9 +294,7 @@ class Vocab:
             if raw is None:
                 raise FileFormatError(source, "tokenizer.ggml.merges is missing: a 'gpt2' vocabulary "
                                               "needs its merges")
-            for m in _as_str_list(raw, "tokenizer.ggml.merges", source):
-                pos = m.find(" ", 1)
-                merges.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))
+            merges = _parse_merges(_as_str_list(raw, "tokenizer.ggml.merges", source))
             special = {"bos": 11, "eos": 11}
             key = pre or "default"
             if key not in _BPE_PRE:

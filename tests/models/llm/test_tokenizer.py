@@ -261,3 +261,12 @@ def test_stream_decoder_holds_partial_characters() -> None:
     assert [dec.push(3 + b) for b in (0xE2, 0x82, 0xAC)] == ["", "", "€"]
     assert dec.push(3 + 0xE2) == "" and dec.flush() == "\ufffd"
     assert dec.push(tok.vocab.token_to_id["a"]) == "a"
+
+
+def test_merge_lines_split_after_the_first_character() -> None:
+    from ggmlpy.models.llm.vocab import _parse_merges
+
+    # llama.cpp splits at the first space found from position 1: a leading space belongs to the
+    # left part; a line without a space is an empty pair
+    assert _parse_merges(["ab c", "Ġ t", "a bc d"]) == [("ab", "c"), ("Ġ", "t"), ("a", "bc d")]
+    assert _parse_merges([" a b", "x", "ab c"]) == [(" a", "b"), ("", ""), ("ab", "c")]
