@@ -59,7 +59,15 @@ class BPEEncoder:
         self._tok = tok
 
     def encode(self, fragments: Sequence[str]) -> list[list[int]]:
-        """Token ids of each raw fragment (``tokenizers`` batch encode, no special tokens)."""
+        """Token ids of each raw fragment (no special-token matching), as
+        ``llm_tokenizer_bpe_session::tokenize`` per fragment; one ``tokenizers`` batch call.
+
+        Args:
+            fragments: raw text pieces (special tokens already split out).
+
+        Returns:
+            one list of int ids per fragment, in order.
+        """
         if len(fragments) == 1:
             return [self._tok.encode(fragments[0], add_special_tokens=False).ids]
         return [e.ids for e in self._tok.encode_batch(list(fragments), add_special_tokens=False)]

@@ -17,6 +17,7 @@ import pytest
 from ggmlpy.core.errors import FileFormatError
 from ggmlpy.models.llm.stream import StreamDecoder
 from ggmlpy.models.llm.tokenizer import Tokenizer, _clean_spaces
+from ggmlpy.models.llm.vocab import _parse_merges
 
 MODES = {"bos": (True, False), "special": (False, True)}
 
@@ -264,8 +265,6 @@ def test_stream_decoder_holds_partial_characters() -> None:
 
 
 def test_merge_lines_split_after_the_first_character() -> None:
-    from ggmlpy.models.llm.vocab import _parse_merges
-
     # llama.cpp splits at the first space found from position 1: a leading space belongs to the
     # left part; a line without a space is an empty pair
     assert _parse_merges(["ab c", "Ġ t", "a bc d"]) == [("ab", "c"), ("Ġ", "t"), ("a", "bc d")]
