@@ -64,15 +64,15 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, overload
 
 import numpy as np
 
-from ..errors import GGUFError
-from ..types import Type
+from ggmlpy.core.errors import GGUFError
+from ggmlpy.core.types import Type
 
 __all__ = ["GGUFReader", "TensorInfo", "StringArray", "ValueType", "MAX_NESTING",
            "MAX_TENSOR_NAME", "DEFAULT_ALIGNMENT", "block_swap_fields"]
@@ -256,14 +256,36 @@ class TensorInfo:
         a new array with each element (plain types) or each multi-byte block field (block types,
         :func:`block_swap_fields`) byte-swapped.
         """
-        fields = block_swap_fields(self.type)
-        if self.byte_order == "<" or not fields or self.nbytes == 0:
+        if self.byte_order == "<" or self.nbytes == 0:
             return self.data
-        blocks = np.array(self.data).reshape(-1, self.type.type_size)
-        for start, width in fields:
-            f = blocks[:, start:start + width]
-            f[...] = f[:, ::-1].copy()
-        return blocks.reshape(self.data.shape)
+        return _to_little(self.data.reshape(-1), self.type, self.byte_order).reshape(
+            self.data.shape)
+
+    def chunks(self, max_bytes: int = 1 << 24) -> Iterator[tuple[int, np.ndarray]]:
+        """The data in ggml's little-endian layout, in pieces of whole blocks.
+
+        Yields:
+            ``(byte offset in the tensor, 1-D uint8 array)`` in order, each piece at most
+            ``max_bytes`` long (rounded down to whole blocks; at least one block): views of the
+            map for a little-endian file, swapped copies for a big-endian one.
+        """
+        ts = self.type.type_size
+        step = max(ts, max_bytes // ts * ts)
+        flat = self.data.reshape(-1)
+        for off in range(0, self.nbytes, step):
+            yield off, _to_little(flat[off:off + step], self.type, self.byte_order)
+
+
+def _to_little(raw: np.ndarray, t: Type, order: str) -> np.ndarray:
+    """1-D uint8 ``raw`` (whole blocks of ``t`` in byte order ``order``) in little-endian layout."""
+    fields = block_swap_fields(t)
+    if order == "<" or not fields or not len(raw):
+        return raw
+    blocks = np.array(raw).reshape(-1, t.type_size)
+    for start, width in fields:
+        f = blocks[:, start:start + width]
+        f[...] = f[:, ::-1].copy()
+    return blocks.reshape(-1)
 
 
 class _Cursor:
@@ -601,9 +623,9 @@ class GGUFReader:
             start = self.data_offset + offset
             end = start + nbytes
             if end > self.file_size:
-                raise c.error(f"extends past the end of the file: data [{start}, {end}) (data "
-                              f"offset {offset} + {nbytes} bytes), the file has "
-                              f"{self.file_size} bytes: file truncated", name)
+                raise c.error(f"data [{start}, {end}) (data offset {offset} + {nbytes} bytes) "
+                              f"runs past the end of the file, which has {self.file_size} "
+                              "bytes: file truncated", name)
             shape = tuple(reversed(ne[1:])) + (t.row_size(ne[0]),) if len(ne) >= 2 else (nbytes,)
             view = self._u8[start:end].reshape(shape) if nbytes else np.zeros(shape, np.uint8)
             self.tensors[name] = TensorInfo(name, t, ne, offset, start, nbytes, view,
@@ -625,6 +647,23 @@ class GGUFReader:
             return self.tensors[name]
         except KeyError:
             raise KeyError(f"{self.path}: no tensor named {name!r}") from None
+
+    def release(self, tensor: TensorInfo, offset: int = 0, nbytes: int | None = None) -> None:
+        """Drop the mapped pages of ``tensor``'s data (``nbytes`` bytes from byte ``offset`` of
+        it, default all) from this process once they were copied.
+
+        ``madvise(MADV_DONTNEED)`` on the pages the range touches (a read-only file mapping: the
+        pages leave this process's resident set; reading a view again faults them back in from
+        the file). A no-op where the platform has no ``madvise``.
+        """
+        nbytes = tensor.nbytes - offset if nbytes is None else nbytes
+        if nbytes <= 0 or not hasattr(self._mmap, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        first = tensor.file_offset + offset
+        start = first // page * page
+        end = min(self.file_size, -(-(first + nbytes) // page) * page)
+        self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def get(self, key: str, default: Any = None) -> Any:
         """The value of metadata ``key``, or ``default``."""
@@ -658,12 +697,17 @@ def _string_offsets(u8: np.ndarray, c: _Cursor, name: str, n: int) -> tuple[np.n
     exact_until = 0  # after a short run, read this many strings the exact way before retrying
     while j < n:
         if n - j >= 64 and j >= exact_until:
-            k, window = _short_run(u8, c.order, p, n - j, size, window, starts[j:], lens[j:])
+            k, filled = _short_run(u8, c.order, p, n - j, size, window, starts[j:], lens[j:])
             if k:
+                used = int(starts[j + k - 1] + lens[j + k - 1]) - p
                 j += k
-                p = int(starts[j - 1] + lens[j - 1])
+                p += used
                 if k < 16:
                     exact_until = j + 64
+                # a run that filled its window asks for a bigger one, a broken run for one about
+                # its size; never much more than the rest needs at the mean length so far
+                window = window * 4 if filled else max(1 << 12, 2 * used)
+                window = min(window, (p - c.pos) * (n - j) // j * 5 // 4 + (1 << 12))
                 continue
             exact_until = j + 64
         if p + 8 > size:
@@ -683,7 +727,7 @@ def _string_offsets(u8: np.ndarray, c: _Cursor, name: str, n: int) -> tuple[np.n
 
 
 def _short_run(u8: np.ndarray, order: str, p: int, m: int, size: int, window: int,
-               starts: np.ndarray, lens: np.ndarray) -> tuple[int, int]:
+               starts: np.ndarray, lens: np.ndarray) -> tuple[int, bool]:
     """Strings shorter than 256 bytes from byte ``p`` on, at most ``m`` of them, at once.
 
     The candidates are the positions in ``[p, p + window)`` whose 8-byte word (in the file's
@@ -693,7 +737,7 @@ def _short_run(u8: np.ndarray, order: str, p: int, m: int, size: int, window: in
     prefix), so its strings are taken; the run stops where the chain breaks.
 
     Returns:
-        ``(strings taken, next window size)``; writes their content starts and lengths into
+        ``(strings taken, whether the run went on to the end of the window)``; writes their content starts and lengths into
         ``starts[:k]`` and ``lens[:k]``. ``k`` is 0 when ``p`` does not hold a length below 256.
     """
     end = min(size, p + min(window, 264 * m + 8))
@@ -703,10 +747,10 @@ def _short_run(u8: np.ndarray, order: str, p: int, m: int, size: int, window: in
     parts = [np.flatnonzero(np.frombuffer(region, dt, count=(nw - a) // 8, offset=a) < 256) * 8 + a
              for a in range(min(8, nw - 7)) if nw - a >= 8]
     if not parts:
-        return 0, window
+        return 0, False
     pos = np.sort(np.concatenate(parts))
     if not len(pos) or pos[0] != 0:
-        return 0, window
+        return 0, False
     ln = region[pos + (0 if order == "<" else 7)].astype(np.int64)
     nxt = pos + 8 + ln
     brk = np.flatnonzero(nxt[:-1] != pos[1:])
@@ -715,11 +759,7 @@ def _short_run(u8: np.ndarray, order: str, p: int, m: int, size: int, window: in
     if int(nxt[k - 1]) > nw:  # the last string runs past the window (or the file)
         k -= 1
     if k <= 0:
-        return 0, window
+        return 0, False
     starts[:k] = pos[:k] + 8 + p
     lens[:k] = ln[:k]
-    used = int(nxt[k - 1])
-    # a run that reached the end of the window asks for a bigger one; a broken run for one
-    # about the size of what it used
-    grow = used + 264 >= nw
-    return k, (min(window * 4, 1 << 26) if grow else max(1 << 12, 2 * used))
+    return k, int(nxt[k - 1]) + 264 >= nw

@@ -1,12 +1,10 @@
 """GGUF files: :func:`gguf_load` into one WEIGHTS buffer, :func:`gguf_save` from tensors or arrays.
 
-Parsing and writing go through the ``gguf`` package (gguf-py, the optional ``[gguf]`` extra):
-its ``GGUFReader`` reads the header, metadata and tensor infos from an ``np.memmap`` of the
-file, and its ``GGUFWriter`` writes files. This module adds what ggml's ``gguf_init_from_file``
-checks and gguf-py does not (each tensor's type known, its offset aligned, its data inside the
-file, ``ne[0]`` a multiple of the block size), and places the tensors with the public backend API
+Loading parses the file with :class:`~ggmlpy.gguf.reader.GGUFReader` (ours: a memory map, every
+declared size checked, both byte orders) and places the tensors with the public backend API
 (``Context``, ``alloc_ctx_tensors_from_buft``, ``backend_tensor_set``): the data is read once,
-straight from the memory map into the backend buffer. Mirrors llama.cpp's model loading
+straight from the memory map into the backend buffer. Writing goes through the ``gguf`` package's
+``GGUFWriter`` (gguf-py, the optional ``[gguf]`` extra). Mirrors llama.cpp's model loading
 (``gguf_init_from_file`` with ``no_alloc`` + ``ggml_backend_alloc_ctx_tensors_from_buft`` +
 ``ggml_backend_tensor_set`` per tensor) and ``gguf_write_to_file``.
 """
@@ -24,16 +22,12 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import Backend, Buffer, BufferType, BufferUsage
 from ggmlpy.backend.tensor_data import as_bytes, backend_tensor_get, backend_tensor_set
 from ggmlpy.core.check import describe
-from ggmlpy.core.errors import GGUFError
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type, type_from_dtype
+from ggmlpy.gguf.reader import GGUFReader, StringArray
 from ggmlpy.quants import quantize
 
 __all__ = ["GGUFModel", "gguf_load", "gguf_save"]
-
-# header pseudo-fields gguf-py lists among the key/value pairs
-_HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
-
 
 def _gguf():
     try:
@@ -82,61 +76,30 @@ class GGUFModel:
             self.buffer = None
 
 
-def _reader_class():
-    gguf = _gguf()
-
-    class _Reader(gguf.GGUFReader):
-        # keep the raw tensor infos: the checks below name the tensor at fault, which gguf-py's
-        # own tensor building (one generic ValueError) does not
-        def _build_tensors(self, start_offs: int, fields: list) -> None:
-            self.tensors = []
-            self.tensor_fields = fields
-            self.tensor_data_start = start_offs
-
-    return _Reader
+# bytes copied from the map per backend_tensor_set call: the mapped pages of one piece at a time
+# are resident, not those of a whole (possibly 100s of MB) tensor
+_COPY_CHUNK = 1 << 24
 
 
-def _tensor_infos(path: str, reader: Any, file_size: int) -> list[tuple[str, Type, list[int], int]]:
-    """(name, type, ne, absolute data offset) of each tensor, after ggml's per-tensor checks."""
-    infos = []
-    seen: set[str] = set()
-    align = int(reader.alignment)
-    for fld in reader.tensor_fields:
-        _nl, name_data, _nd, dims, raw_type, offset = fld.parts
-        name = bytes(name_data).decode("utf-8", errors="replace")
-        if name in seen:
-            raise GGUFError(path, "duplicate tensor name", name)
-        seen.add(name)
-        ne = [int(d) for d in dims]
-        if not 1 <= len(ne) <= 4:
-            raise GGUFError(path, f"{len(ne)} dimensions; ggml tensors have 1 to 4", name)
-        try:
-            t = Type(int(raw_type[0]))
-        except ValueError:
-            raise GGUFError(path, f"unknown or unsupported ggml type id {int(raw_type[0])} "
-                            f"(ggmlpy knows {', '.join(x.type_name for x in Type)})", name) from None
-        if ne[0] % t.blck_size:
-            raise GGUFError(path, f"ne[0] = {ne[0]} is not a multiple of the block size "
-                            f"{t.blck_size} of {t.type_name}", name)
-        rel = int(offset[0])
-        if rel % align:
-            raise GGUFError(path, f"data offset {rel} is not a multiple of the alignment {align}",
-                            name)
-        nbytes = t.row_size(ne[0]) * int(np.prod(ne[1:], dtype=np.int64))
-        start = int(reader.tensor_data_start) + rel
-        if start + nbytes > file_size:
-            raise GGUFError(path, f"data [{start}, {start + nbytes}) runs past the end of the "
-                            f"file ({file_size} bytes): file truncated", name)
-        infos.append((name, t, ne, start))
-    return infos
+def _plain(value: Any) -> Any:
+    """A reader value as plain Python: arrays (NumPy, StringArray, nested lists) as lists."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (np.ndarray, StringArray)):
+        return value.tolist()
+    return value
 
 
 def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferType) -> GGUFModel:
     """Read a GGUF file: tensors into one new WEIGHTS buffer of ``backend_or_buft``, plus metadata.
 
-    The file is memory-mapped (``np.memmap``); each tensor's bytes are copied once from the map
-    into the buffer with ``backend_tensor_set`` (synchronous). Tensor ``ne`` and types are the
-    file's (ggml order: ``ne[0]`` innermost; the NumPy view of a tensor has shape ``ne[::-1]``).
+    The file is parsed by :class:`~ggmlpy.gguf.reader.GGUFReader` (memory-mapped; every count,
+    length and offset checked against the file). Each tensor's bytes are copied once from the map
+    into the buffer with ``backend_tensor_set`` (synchronous), in pieces of at most 16 MiB, in
+    ggml's little-endian layout (a big-endian file's tensors are byte-swapped on the way); each
+    copied piece's pages are then dropped from the process (``madvise``), so the process holds
+    the buffer, not the buffer plus the mapped file. Tensor ``ne`` and types are the file's (ggml order: ``ne[0]`` innermost;
+    the NumPy view of a tensor has shape ``ne[::-1]``; a tensor of 0 dims gets ``ne = [1]``).
 
     Args:
         path: the .gguf file.
@@ -144,17 +107,19 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
             a :class:`~ggmlpy.backend.interface.BufferType`.
 
     Returns:
-        A :class:`GGUFModel`.
+        A :class:`GGUFModel`; its metadata arrays are plain lists (the vocabulary as a list of str).
 
     Raises:
         TypeError: ``backend_or_buft`` is neither.
         FileNotFoundError: no such file.
-        GGUFError: the file is not GGUF or its header/metadata cannot be parsed; a tensor has an
-            unknown type, a misaligned offset, data past the end of the file (truncated), more
-            than 4 dimensions or ``ne[0]`` not a multiple of its block size (the message names
-            the file and the tensor).
+        GGUFError: the file is not GGUF or anything in it is inconsistent: header, metadata
+            (lengths and counts past the end of the file, unknown value types, bad UTF-8,
+            duplicate keys, a bad ``general.alignment``), tensor infos (unknown or unsupported
+            type, more than 4 dimensions, a shape overflowing int64, ``ne[0]`` not a multiple of
+            the block size, a misaligned offset, data past the end of the file or overlapping
+            another tensor's, duplicate names). The message names the file and, when one is at
+            fault, the key or tensor.
         OutOfMemoryError: the buffer cannot be allocated.
-        ImportError: the ``gguf`` package is missing.
     """
     if isinstance(backend_or_buft, Backend):
         buft = backend_or_buft.get_default_buffer_type()
@@ -166,40 +131,23 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"gguf_load: no such file {path!r}")
-    file_size = os.path.getsize(path)
-    try:
-        reader = _reader_class()(path, "r")
-    except Exception as e:  # gguf-py raises ValueError/IndexError/KeyError/OverflowError
-        raise GGUFError(path, f"not a readable GGUF file (header or metadata): "
-                        f"{type(e).__name__}: {e}") from e
-    infos = _tensor_infos(path, reader, file_size)
-
-    metadata: dict[str, Any] = {}
-    mtypes: dict[str, tuple[int, int | None]] = {}
-    for key, fld in reader.fields.items():
-        if key in _HEADER_FIELDS:
-            continue
-        try:
-            metadata[key] = fld.contents()
-        except Exception as e:
-            raise GGUFError(path, f"metadata key {key!r} cannot be decoded: {e}") from e
-        main = int(fld.types[0]) if fld.types else None
-        sub = int(fld.types[-1]) if len(fld.types) > 1 else None
-        mtypes[key] = (main, sub)
+    reader = GGUFReader(path)
+    metadata = {key: _plain(v) for key, v in reader.fields.items()}
+    mtypes = {key: (int(vt), None if sub is None else int(sub))
+              for key, (vt, sub) in reader.field_types.items()}
 
     ctx = Context(no_alloc=True)
     tensors: dict[str, Tensor] = {}
-    for name, t, ne, _start in infos:
-        tensors[name] = ctx.new_tensor(t, ne).set_name(name)
-    buffer = alloc_ctx_tensors_from_buft(ctx, buft) if infos else None
+    for name, ti in reader.tensors.items():
+        tensors[name] = ctx.new_tensor(ti.type, list(ti.ne) or [1]).set_name(name)
+    buffer = alloc_ctx_tensors_from_buft(ctx, buft) if tensors else None
     if buffer is not None:
         buffer.set_usage(BufferUsage.WEIGHTS)
-    mm = reader.data
     try:
-        for name, t, ne, start in infos:
-            tt = tensors[name]
-            if tt.nbytes:
-                backend_tensor_set(tt, mm[start:start + tt.nbytes])
+        for name, ti in reader.tensors.items():
+            for off, part in ti.chunks(_COPY_CHUNK):
+                backend_tensor_set(tensors[name], part, off, len(part))
+                reader.release(ti, off, len(part))
     except BaseException:
         if buffer is not None:  # a failed load keeps no device memory (nobody else can free it)
             buffer.free()

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.core.types import Type
+from ggmlpy.gguf.reader import GGUFReader
 from ggmlpy.models.loader import BertConfig, BertTokenizer, check_model_dir, load_weights
 
 __all__ = ["SCHEMES", "TypedWeight", "convert", "read_bert_gguf", "tensor_type_for",
@@ -247,11 +248,8 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
             "bytes": os.path.getsize(out_path), "types": counts}
 
 
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    return reader.fields.get(key, default)
 
 
 def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[str, TypedWeight]]:
@@ -265,21 +263,18 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
 
     Raises:
         ModelNotFoundError: the file does not exist.
-        ValueError: not a BERT GGUF, a key or tensor missing, a tensor type ggmlpy lacks (each
-            naming the file and what is wrong).
+        GGUFError: the file is not a readable GGUF file, or a tensor has a type ggmlpy lacks
+            (:class:`~ggmlpy.gguf.reader.GGUFReader`'s checks; naming the file and what is wrong).
+        ValueError: not a BERT GGUF, a key or tensor missing (each naming the file).
         ImportError: gguf or tokenizers missing.
     """
-    from ggmlpy.core.errors import GGUFError  # noqa: PLC0415
     from ggmlpy.models.loader import ModelNotFoundError  # noqa: PLC0415
 
     gguf = _gguf()
     path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF model file {str(path)!r} does not exist")
-    try:
-        reader = gguf.GGUFReader(str(path), "r")
-    except Exception as e:  # noqa: BLE001 - gguf-py raises ValueError/struct.error/...
-        raise GGUFError(str(path), f"not a readable GGUF file: {e}") from None
+    reader = GGUFReader(path)
     arch = _field(reader, "general.architecture")
     if arch != _ARCH:
         raise ValueError(f"{path}: architecture {arch!r}, expected 'bert'")
@@ -295,7 +290,7 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
     heads = int(need(A.HEAD_COUNT.format(arch=_ARCH)))
     n_layer = int(need(L.BLOCK_COUNT.format(arch=_ARCH)))
     ctx_len = int(need(L.CONTEXT_LENGTH.format(arch=_ARCH)))
-    tokens = [str(t) for t in need(K.LIST)]
+    tokens = list(need(K.LIST))
     pooling = int(_field(reader, L.POOLING_TYPE.format(arch=_ARCH), int(gguf.PoolingType.MEAN)))
     if pooling not in (int(gguf.PoolingType.MEAN), int(gguf.PoolingType.CLS)):
         raise ValueError(f"{path}: pooling type {pooling} is not supported (mean or cls)")
@@ -314,17 +309,12 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
     tokenizer = _tokenizer(tokens, bool(_field(reader, "ggmlpy.tokenizer.lowercase", True)), cfg)
     by_gguf = {g: hf for hf, g in hf_to_gguf_names(n_layer).items()}
     weights: dict[str, TypedWeight] = {}
-    for rt in reader.tensors:
+    for rt in reader.tensors.values():
         hf = by_gguf.get(rt.name)
         if hf is None:
             continue
-        try:
-            t = Type(int(rt.tensor_type))
-        except ValueError:
-            raise ValueError(f"{path}: tensor {rt.name!r} has type id {int(rt.tensor_type)}, "
-                             "which ggmlpy does not know") from None
-        ne = tuple(int(n) for n in rt.shape)
-        data = np.asarray(rt.data).reshape(-1).view(np.uint8)
+        t, ne = rt.type, rt.ne
+        data = rt.little_endian().reshape(-1)
         if t != Type.F32 and (all(n == 1 for n in ne[1:]) or rt.name.startswith("token_types")):
             # used by element-wise ops (ADD/MUL), which compute F32/F16 only: stored as F32
             from ggmlpy.quants import dequantize  # noqa: PLC0415

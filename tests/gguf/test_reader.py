@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ggmlpy.errors import GGUFError
+from ggmlpy.core.errors import GGUFError
+from ggmlpy.core.types import Type
 from ggmlpy.gguf.reader import GGUFReader, StringArray, ValueType, block_swap_fields
-from ggmlpy.types import Type
 
 gguf = pytest.importorskip("gguf")
 
@@ -417,6 +417,7 @@ def test_truncation_at_every_byte_is_an_error_naming_what_was_read(tmp_path):
         messages.add(re.sub(r"\d+", "N", ei.value.reason.split(":")[0]))
     text = " | ".join(sorted(messages))
     for want in ("the file is empty", "truncated at byte N while reading the version",
+                 "data [N, N) (data offset N + N bytes) runs past the end of the file",
                  "the header declares N tensors and N keys",
                  "truncated at byte N while reading the length of element N of array 's'",
                  "element N of array 'k.strs' declares N bytes at byte N",
@@ -424,13 +425,13 @@ def test_truncation_at_every_byte_is_an_error_naming_what_was_read(tmp_path):
                  "array 'k.uN.arr' at byte N declares N elements of type UINTN, which need",
                  "truncated at byte N while reading ne[N] of tensor 'p.fN'",
                  "truncated at byte N while reading the data offset of tensor 'q.qN_K'",
-                 "extends past the end of the file"):
+                 ):
         assert want in text, (want, text)
     e = _refused(tmp_path, full[:12], r"truncated at byte 12 while reading the tensor count: it "
                  r"needs 8 bytes from byte 8, the file has 4 left")
     assert e.reason.startswith("truncated")
-    _refused(tmp_path, full[:-40], r"extends past the end of the file: data \[\d+, \d+\) .*the "
-             rf"file has {len(full) - 40} bytes: file truncated", arrs[-1][0])
+    _refused(tmp_path, full[:-40], r"data \[\d+, \d+\) .* runs past the end of the file, which "
+             rf"has {len(full) - 40} bytes: file truncated", arrs[-1][0])
 
 
 def test_tensor_shape_overflow_is_refused(tmp_path):
@@ -464,8 +465,8 @@ def test_overlapping_tensors_are_refused_naming_both(tmp_path):
 def test_tensor_past_the_end_names_tensor_and_bytes(tmp_path):
     data = R.file(infos=[R.tinfo("w", [8], 0, 2**63)], data=b"\0" * 32)
     start = len(data) - 32 + 2**63
-    _refused(tmp_path, data, rf"extends past the end of the file: data \[{start}, {start + 32}\) "
-             rf"\(data offset {2**63} \+ 32 bytes\), the file has {len(data)} bytes", "w")
+    _refused(tmp_path, data, rf"data \[{start}, {start + 32}\) \(data offset {2**63} \+ 32 "
+             rf"bytes\) runs past the end of the file, which has {len(data)} bytes", "w")
 
 
 @pytest.mark.parametrize("tid, what", [(99, "not a ggml type"),
@@ -564,7 +565,7 @@ def test_version_2_and_empty_arrays_and_zero_dim_tensors_read(tmp_path):
 _FUZZ = textwrap.dedent("""
     import json, resource, struct, sys, time
     import numpy as np
-    from ggmlpy.errors import GGUFError
+    from ggmlpy.core.errors import GGUFError
     from ggmlpy.gguf.reader import GGUFReader
 
     src, work, seed, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])

@@ -134,7 +134,7 @@ def test_bad_gguf_files_give_one_clear_error(tmp_path):
         read_bert_gguf(other)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"GGUF" + b"\x00" * 10)
-    with pytest.raises(GGUFError, match="junk.gguf.*not a readable GGUF"):
+    with pytest.raises(GGUFError, match=r"junk.gguf: unsupported GGUF version 0"):
         read_bert_gguf(junk)
 
 
