@@ -33,30 +33,9 @@ which reads as ``version << 24`` with the wrong order (gguf.cpp checks ``version
 This reader detects a big-endian file that way and reads every header field, metadata value and
 tensor info big-endian (numeric arrays are views with a big-endian dtype, so values read right).
 Tensor data is exposed two ways: :attr:`TensorInfo.data`, the file's bytes as they are, and
-:meth:`TensorInfo.little_endian`, the bytes in ggml's little-endian layout (the same view for a
-little-endian file; a swapped copy for a big-endian one). The big-endian layout of a tensor is
-the one a big-endian ggml host writes with its native structs: plain types (F32, F16, BF16, I16,
-I32, I64, F64) have each element byte-swapped (I8 has nothing to swap); in a block type's block
-every multi-byte field is byte-swapped on its own and byte arrays stay as they are:
-
-=======  ====  ===================================================================
-type     size  fields swapped (byte offset in the block: width)
-=======  ====  ===================================================================
-Q4_0     18    d f16 (0:2)
-Q4_1     20    d f16 (0:2), m f16 (2:2)
-Q5_0     22    d f16 (0:2), qh as one u32 (2:4) (ggml copies it to and from a uint32_t)
-Q5_1     24    d f16 (0:2), m f16 (2:2), qh as one u32 (4:4)
-Q8_0     34    d f16 (0:2)
-Q4_K     144   d f16 (0:2), dmin f16 (2:2); scales[12] and qs are bytes
-Q5_K     176   d f16 (0:2), dmin f16 (2:2); scales[12], qh[32] and qs are bytes
-Q6_K     210   d f16 (208:2); ql, qh and the int8 scales are bytes
-=======  ====  ===================================================================
-
-This agrees with gguf-py's ``gguf_convert_endian.py`` for the types it converts (Q4_0, Q8_0,
-Q4_K, Q6_K, the plain float types). Note that gguf-py's ``GGUFWriter(endianess=BIG)`` swaps the
-elements of the NumPy array it is given, which leaves block data (a ``uint8`` array) in the
-little-endian layout: such a file is not a valid big-endian file for block types, and this
-reader (like a big-endian ggml host) reads its scales swapped.
+:meth:`TensorInfo.little_endian` / :meth:`TensorInfo.chunks`, the bytes in ggml's little-endian
+layout (the same view for a little-endian file; swapped copies for a big-endian one, by the rule
+of :mod:`ggmlpy.gguf.byteorder`).
 """
 
 from __future__ import annotations
@@ -64,18 +43,21 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from ggmlpy.core.errors import GGUFError
 from ggmlpy.core.types import Type
+from ggmlpy.gguf.byteorder import to_little_endian
+from ggmlpy.gguf.cursor import Cursor
+from ggmlpy.gguf.strings import read_string_array
 
-__all__ = ["GGUFReader", "TensorInfo", "StringArray", "ValueType", "MAX_NESTING",
-           "MAX_TENSOR_NAME", "DEFAULT_ALIGNMENT", "block_swap_fields"]
+__all__ = ["GGUFReader", "TensorInfo", "ValueType", "MAX_NESTING", "MAX_TENSOR_NAME",
+           "DEFAULT_ALIGNMENT"]
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -126,94 +108,6 @@ _GGML_ONLY_TYPES = {9: "q8_1", 10: "q2_K", 11: "q3_K", 15: "q8_K", 16: "iq2_xxs"
                     23: "iq4_xs", 29: "iq1_m", 34: "tq1_0", 35: "tq2_0", 39: "mxfp4"}
 
 
-def block_swap_fields(t: Type) -> tuple[tuple[int, int], ...]:
-    """The multi-byte fields of one block of ``t`` that byte order changes.
-
-    Returns:
-        ``(byte offset in the block, width in bytes)`` pairs; for a plain type one pair
-        ``(0, type_size)`` (empty for 1-byte types). See the module docstring for the layouts.
-    """
-    t = Type(t)
-    if not t.is_quantized:
-        return ((0, t.type_size),) if t.type_size > 1 else ()
-    return _BLOCK_FIELDS[t]
-
-
-_BLOCK_FIELDS: dict[Type, tuple[tuple[int, int], ...]] = {
-    Type.Q4_0: ((0, 2),),
-    Type.Q4_1: ((0, 2), (2, 2)),
-    Type.Q5_0: ((0, 2), (2, 4)),
-    Type.Q5_1: ((0, 2), (2, 2), (4, 4)),
-    Type.Q8_0: ((0, 2),),
-    Type.Q4_K: ((0, 2), (2, 2)),
-    Type.Q5_K: ((0, 2), (2, 2)),
-    Type.Q6_K: ((208, 2),),
-}
-
-
-class StringArray(Sequence[str]):
-    """A GGUF array of strings, decoded once (all UTF-8 checked at open), sliced on access.
-
-    ``len(a)`` is the element count; ``a[i]`` the i-th string (negative indices count from the
-    end; a slice gives a list); :meth:`tolist` all of them; :meth:`raw` one element's bytes.
-    Equality with a list/tuple of str compares the strings.
-    """
-
-    __slots__ = ("_text", "_chars", "_bytes", "_blob")
-
-    def __init__(self, text: str, char_bounds: np.ndarray, byte_bounds: np.ndarray,
-                 blob: bytes) -> None:
-        self._text = text
-        self._chars = char_bounds  # n + 1 boundaries into text
-        self._bytes = byte_bounds  # n + 1 boundaries into blob
-        self._blob = blob
-
-    def __len__(self) -> int:
-        return len(self._chars) - 1
-
-    @overload
-    def __getitem__(self, i: int) -> str: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> list[str]: ...
-
-    def __getitem__(self, i: int | slice) -> str | list[str]:
-        n = len(self)
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(n))]
-        i = int(i)
-        if not -n <= i < n:
-            raise IndexError(f"StringArray index {i} out of range for {n} strings")
-        i %= n
-        return self._text[int(self._chars[i]):int(self._chars[i + 1])]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.tolist())
-
-    def tolist(self) -> list[str]:
-        """Every string, in order (one slice of the decoded text each)."""
-        t, c = self._text, self._chars.tolist()
-        return [t[a:b] for a, b in zip(c[:-1], c[1:])]
-
-    def raw(self, i: int) -> bytes:
-        """The UTF-8 bytes of element ``i``."""
-        i = int(i) % len(self) if len(self) else int(i)
-        return self._blob[int(self._bytes[i]):int(self._bytes[i + 1])]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, StringArray):
-            return self.tolist() == other.tolist()
-        if isinstance(other, (list, tuple)):
-            return self.tolist() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        head = ", ".join(repr(s) for s in self[:4])
-        return f"StringArray({len(self)} strings: [{head}{', ...' if len(self) > 4 else ''}])"
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of a GGUF file (mirrors ggml's ``gguf_tensor_info``).
@@ -258,7 +152,7 @@ class TensorInfo:
         """
         if self.byte_order == "<" or self.nbytes == 0:
             return self.data
-        return _to_little(self.data.reshape(-1), self.type, self.byte_order).reshape(
+        return to_little_endian(self.data.reshape(-1), self.type, self.byte_order).reshape(
             self.data.shape)
 
     def chunks(self, max_bytes: int = 1 << 24) -> Iterator[tuple[int, np.ndarray]]:
@@ -273,68 +167,7 @@ class TensorInfo:
         step = max(ts, max_bytes // ts * ts)
         flat = self.data.reshape(-1)
         for off in range(0, self.nbytes, step):
-            yield off, _to_little(flat[off:off + step], self.type, self.byte_order)
-
-
-def _to_little(raw: np.ndarray, t: Type, order: str) -> np.ndarray:
-    """1-D uint8 ``raw`` (whole blocks of ``t`` in byte order ``order``) in little-endian layout."""
-    fields = block_swap_fields(t)
-    if order == "<" or not fields or not len(raw):
-        return raw
-    blocks = np.array(raw).reshape(-1, t.type_size)
-    for start, width in fields:
-        f = blocks[:, start:start + width]
-        f[...] = f[:, ::-1].copy()
-    return blocks.reshape(-1)
-
-
-class _Cursor:
-    """Position in the mapped file with checked reads; every failure is a GGUFError."""
-
-    __slots__ = ("path", "buf", "size", "pos", "order", "_u32", "_u64")
-
-    def __init__(self, path: str, buf: Any, size: int, order: str) -> None:
-        self.path, self.buf, self.size, self.pos = path, buf, size, 0
-        self.set_order(order)
-
-    def set_order(self, order: str) -> None:
-        self.order = order
-        self._u32 = struct.Struct(order + "I").unpack_from
-        self._u64 = struct.Struct(order + "Q").unpack_from
-
-    def error(self, reason: str, tensor: str | None = None) -> GGUFError:
-        return GGUFError(self.path, reason, tensor)
-
-    def left(self) -> int:
-        return self.size - self.pos
-
-    def need(self, n: int, what: str) -> None:
-        if n > self.size - self.pos:
-            raise self.error(f"truncated at byte {self.size} while reading {what}: it needs "
-                             f"{n} bytes from byte {self.pos}, the file has "
-                             f"{self.size - self.pos} left")
-
-    def u32(self, what: str) -> int:
-        self.need(4, what)
-        (v,) = self._u32(self.buf, self.pos)
-        self.pos += 4
-        return v
-
-    def u64(self, what: str) -> int:
-        self.need(8, what)
-        (v,) = self._u64(self.buf, self.pos)
-        self.pos += 8
-        return v
-
-    def raw_string(self, what: str) -> tuple[int, bytes]:
-        """(file offset of the bytes, bytes) of a length-prefixed string."""
-        n = self.u64(f"the length of {what}")
-        if n > self.size - self.pos:
-            raise self.error(f"{what} declares {n} bytes at byte {self.pos}, but the file has "
-                             f"{self.size - self.pos} left")
-        at = self.pos
-        self.pos += n
-        return at, bytes(self.buf[at:at + n])
+            yield off, to_little_endian(flat[off:off + step], self.type, self.byte_order)
 
 
 class GGUFReader:
@@ -385,7 +218,7 @@ class GGUFReader:
     # ------------------------------------------------------------------ header and metadata
 
     def _parse(self) -> None:
-        c = _Cursor(self.path, self._mmap, self.file_size, "<")
+        c = Cursor(self.path, self._mmap, self.file_size, "<")
         c.need(4, "the magic")
         magic = bytes(self._mmap[0:4])
         if magic != GGUF_MAGIC:
@@ -426,7 +259,7 @@ class GGUFReader:
         self.data_offset = data_offset
         self._place_tensors(c, infos)
 
-    def _read_kv(self, c: _Cursor, i: int) -> None:
+    def _read_kv(self, c: Cursor, i: int) -> None:
         at, kb = c.raw_string(f"key #{i}")
         if not kb:
             raise c.error(f"key #{i} at byte {at - 8} is empty")
@@ -446,7 +279,7 @@ class GGUFReader:
         self.fields[key] = value
         self.field_types[key] = (vt, sub)
 
-    def _value_type(self, c: _Cursor, what: str) -> ValueType:
+    def _value_type(self, c: Cursor, what: str) -> ValueType:
         at = c.pos
         raw = c.u32(what)
         try:
@@ -454,7 +287,7 @@ class GGUFReader:
         except ValueError:
             raise c.error(f"{what} at byte {at} is {raw}, not a GGUF value type (0..12)") from None
 
-    def _read_scalar(self, c: _Cursor, vt: ValueType, what: str, key: str) -> Any:
+    def _read_scalar(self, c: Cursor, vt: ValueType, what: str, key: str) -> Any:
         if vt == ValueType.STRING:
             at, b = c.raw_string(what)
             try:
@@ -472,7 +305,7 @@ class GGUFReader:
         c.pos += size
         return v
 
-    def _read_array(self, c: _Cursor, key: str, depth: int) -> tuple[Any, ValueType]:
+    def _read_array(self, c: Cursor, key: str, depth: int) -> tuple[Any, ValueType]:
         """(value, element type) of the array at the cursor (its type and count come first)."""
         name = f"array {key!r}" if depth == 1 else f"a nested array (depth {depth}) of {key!r}"
         if depth > MAX_NESTING:
@@ -491,7 +324,7 @@ class GGUFReader:
             raise c.error(f"{name} at byte {at} declares {n} elements of type {et.name}, which "
                           f"need at least {least} bytes ({unit}); the file has {left} left")
         if et == ValueType.STRING:
-            return self._read_string_array(c, key, name, n), et
+            return read_string_array(self._u8, c, name, n), et
         if et == ValueType.ARRAY:
             items = []
             for _ in range(n):
@@ -509,47 +342,7 @@ class GGUFReader:
         c.pos += least
         return arr, et
 
-    def _read_string_array(self, c: _Cursor, key: str, name: str, n: int) -> StringArray:
-        starts, lens = _string_offsets(self._u8, c, name, n)
-        total = int(lens.sum()) if n else 0
-        if n:
-            # gather the string bytes (everything from the first length prefix to the end of the
-            # last string, less the n 8-byte prefixes)
-            first = int(starts[0]) - 8
-            end = int(starts[-1] + lens[-1])
-            keep = np.ones(end - first, bool)
-            pref = starts - (8 + first)
-            for k in range(8):
-                keep[pref + k] = False
-            blob_u8 = self._u8[first:end][keep]
-            c.pos = end
-        else:
-            blob_u8 = np.zeros(0, np.uint8)
-        blob = blob_u8.tobytes()
-        bounds = np.zeros(n + 1, np.int64)
-        np.cumsum(lens, out=bounds[1:])
-        try:
-            text = blob.decode("utf-8")
-        except UnicodeDecodeError as e:
-            j = int(np.searchsorted(bounds, e.start, side="right")) - 1
-            raise c.error(f"element {j} of {name} (at byte {int(starts[j])}) is not valid UTF-8 "
-                          f"(byte {int(starts[j]) + e.start - int(bounds[j])})") from None
-        if len(text) == total:  # ASCII: characters and bytes line up
-            chars = bounds
-        else:
-            # a string starting with a continuation byte would decode as part of its neighbour
-            head = blob_u8[bounds[:-1][lens > 0]]
-            bad = np.flatnonzero((head & 0xC0) == 0x80)
-            if len(bad):
-                j = int(np.flatnonzero(lens > 0)[bad[0]])
-                raise c.error(f"element {j} of {name} (at byte {int(starts[j])}) is not valid "
-                              "UTF-8 (starts with a continuation byte)")
-            lead = np.zeros(total + 1, np.int64)
-            np.cumsum((blob_u8 & 0xC0) != 0x80, out=lead[1:])
-            chars = lead[bounds]
-        return StringArray(text, chars, bounds, blob)
-
-    def _set_alignment(self, c: _Cursor) -> None:
+    def _set_alignment(self, c: Cursor) -> None:
         key = "general.alignment"
         if key not in self.fields:
             return
@@ -563,7 +356,7 @@ class GGUFReader:
 
     # ------------------------------------------------------------------ tensor infos
 
-    def _read_tensor_info(self, c: _Cursor, i: int, seen: set[str]
+    def _read_tensor_info(self, c: Cursor, i: int, seen: set[str]
                           ) -> tuple[str, Type, tuple[int, ...], int, int]:
         at, nb = c.raw_string(f"the name of tensor #{i}")
         try:
@@ -597,26 +390,29 @@ class GGUFReader:
             raise c.error(f"unknown or unsupported ggml type id {raw_type} at byte {tat} "
                           f"({what}; ggmlpy knows {', '.join(x.type_name for x in Type)})",
                           name) from None
-        n_el = 1
+        # Python ints: nothing wraps. The products skip zeros, so that a tensor with no elements
+        # cannot hide other dimensions whose product (and so its NumPy shape) overflows int64
+        n_el = n_nz = 1
         for v in ne:
             n_el *= v
-        if n_el > _INT64_MAX:
-            raise c.error(f"ne = {ne} has {n_el} elements, more than int64 can count", name)
+            n_nz *= max(v, 1)
+        if n_nz > _INT64_MAX:
+            raise c.error(f"ne = {ne} has {n_nz} elements, more than int64 can count", name)
         ne0 = ne[0] if ne else 1  # missing dimensions are 1, as in ggml
         if ne0 % t.blck_size:
             raise c.error(f"ne[0] = {ne0} is not a multiple of the block size {t.blck_size} "
                           f"of {t.type_name}", name)
+        if -(-n_nz // t.blck_size) * t.type_size > _INT64_MAX:
+            raise c.error(f"ne = {ne} of {t.type_name} takes {n_nz // t.blck_size * t.type_size} "
+                          "bytes, more than int64 can count", name)
         nbytes = n_el // t.blck_size * t.type_size
-        if nbytes > _INT64_MAX:
-            raise c.error(f"ne = {ne} of {t.type_name} takes {nbytes} bytes, more than int64 "
-                          "can count", name)
         offset = c.u64(f"the data offset of tensor {name!r}")
         if offset % self.alignment:
             raise c.error(f"data offset {offset} is not a multiple of the alignment "
                           f"{self.alignment}", name)
         return name, t, tuple(ne), offset, nbytes
 
-    def _place_tensors(self, c: _Cursor, infos: list) -> None:
+    def _place_tensors(self, c: Cursor, infos: list) -> None:
         self.tensors = {}
         spans = []
         for name, t, ne, offset, nbytes in infos:
@@ -679,87 +475,3 @@ def _pad(x: int, a: int) -> int:
     return (x + a - 1) // a * a
 
 
-def _string_offsets(u8: np.ndarray, c: _Cursor, name: str, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(content start, length) of each of the ``n`` strings of an array at ``c.pos``, int64.
-
-    Every length is checked against the bytes left. Each prefix's position depends on the
-    previous length, so the prefixes are walked in runs: :func:`_short_run` takes a run of
-    strings shorter than 256 bytes at once (vectorised), and a string it cannot take (a longer
-    or an empty one, or one whose bytes look like a short prefix) is read the exact way, after
-    which runs are tried again. Leaves ``c.pos`` at the end of the last string.
-    """
-    starts = np.empty(n, np.int64)
-    lens = np.empty(n, np.int64)
-    unpack = struct.Struct(c.order + "Q").unpack_from
-    buf, size = c.buf, c.size
-    j, p = 0, c.pos
-    window = 1 << 12
-    exact_until = 0  # after a short run, read this many strings the exact way before retrying
-    while j < n:
-        if n - j >= 64 and j >= exact_until:
-            k, filled = _short_run(u8, c.order, p, n - j, size, window, starts[j:], lens[j:])
-            if k:
-                used = int(starts[j + k - 1] + lens[j + k - 1]) - p
-                j += k
-                p += used
-                if k < 16:
-                    exact_until = j + 64
-                # a run that filled its window asks for a bigger one, a broken run for one about
-                # its size; never much more than the rest needs at the mean length so far
-                window = window * 4 if filled else max(1 << 12, 2 * used)
-                window = min(window, (p - c.pos) * (n - j) // j * 5 // 4 + (1 << 12))
-                continue
-            exact_until = j + 64
-        if p + 8 > size:
-            raise c.error(f"truncated at byte {size} while reading the length of element {j} of "
-                          f"{name} (at byte {p})")
-        (ln,) = unpack(buf, p)
-        p += 8
-        if ln > size - p:
-            raise c.error(f"element {j} of {name} declares {ln} bytes at byte {p}, but the file "
-                          f"has {size - p} left")
-        starts[j] = p
-        lens[j] = ln
-        p += ln
-        j += 1
-    c.pos = p
-    return starts, lens
-
-
-def _short_run(u8: np.ndarray, order: str, p: int, m: int, size: int, window: int,
-               starts: np.ndarray, lens: np.ndarray) -> tuple[int, bool]:
-    """Strings shorter than 256 bytes from byte ``p`` on, at most ``m`` of them, at once.
-
-    The candidates are the positions in ``[p, p + window)`` whose 8-byte word (in the file's
-    order) is below 256, found with one comparison per word for each of the 8 alignments. From
-    ``p`` on, as long as each candidate's length leads exactly to the next candidate, that chain
-    is the one the length prefixes define (it starts at a true prefix and each step follows the
-    prefix), so its strings are taken; the run stops where the chain breaks.
-
-    Returns:
-        ``(strings taken, whether the run went on to the end of the window)``; writes their content starts and lengths into
-        ``starts[:k]`` and ``lens[:k]``. ``k`` is 0 when ``p`` does not hold a length below 256.
-    """
-    end = min(size, p + min(window, 264 * m + 8))
-    region = u8[p:end]
-    nw = len(region)
-    dt = np.dtype(order + "u8")
-    parts = [np.flatnonzero(np.frombuffer(region, dt, count=(nw - a) // 8, offset=a) < 256) * 8 + a
-             for a in range(min(8, nw - 7)) if nw - a >= 8]
-    if not parts:
-        return 0, False
-    pos = np.sort(np.concatenate(parts))
-    if not len(pos) or pos[0] != 0:
-        return 0, False
-    ln = region[pos + (0 if order == "<" else 7)].astype(np.int64)
-    nxt = pos + 8 + ln
-    brk = np.flatnonzero(nxt[:-1] != pos[1:])
-    k = int(brk[0]) + 1 if len(brk) else len(pos)
-    k = min(k, m)
-    if int(nxt[k - 1]) > nw:  # the last string runs past the window (or the file)
-        k -= 1
-    if k <= 0:
-        return 0, False
-    starts[:k] = pos[:k] + 8 + p
-    lens[:k] = ln[:k]
-    return k, int(nxt[k - 1]) + 264 >= nw

@@ -24,7 +24,8 @@ from ggmlpy.backend.tensor_data import as_bytes, backend_tensor_get, backend_ten
 from ggmlpy.core.check import describe
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type, type_from_dtype
-from ggmlpy.gguf.reader import GGUFReader, StringArray
+from ggmlpy.gguf.reader import GGUFReader
+from ggmlpy.gguf.strings import StringArray
 from ggmlpy.quants import quantize
 
 __all__ = ["GGUFModel", "gguf_load", "gguf_save"]

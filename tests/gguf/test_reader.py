@@ -19,7 +19,10 @@ import pytest
 
 from ggmlpy.core.errors import GGUFError
 from ggmlpy.core.types import Type
-from ggmlpy.gguf.reader import GGUFReader, StringArray, ValueType, block_swap_fields
+from ggmlpy.gguf import strings
+from ggmlpy.gguf.byteorder import block_swap_fields
+from ggmlpy.gguf.reader import GGUFReader, ValueType
+from ggmlpy.gguf.strings import StringArray
 
 gguf = pytest.importorskip("gguf")
 
@@ -210,7 +213,7 @@ def test_nested_arrays_keep_their_nesting(tmp_path):
         assert [[a.tolist() for a in inner] for inner in deep] == [[[1.5]], [[2.5, 3.5], [4.5]]]
 
 
-def test_many_strings_fast_and_exact_walks_agree(tmp_path):
+def test_many_strings_fast_and_exact_walks_agree(tmp_path, monkeypatch):
     """Strings of every kind in one long array: short ones (the vectorised runs), empty ones,
     ones of 256+ bytes, ones whose bytes look like a short length prefix (seven zero bytes),
     non-ASCII ones; the result equals the strings written, in both byte orders."""
@@ -228,6 +231,17 @@ def test_many_strings_fast_and_exact_walks_agree(tmp_path):
         assert [got[i] for i in (0, 7, 8, -1)] == [vals[0], vals[7], vals[8], vals[-1]]
         with pytest.raises(IndexError, match="out of range"):
             got[len(vals)]
+    # the same files walked the exact way only (no vectorised runs), and with the runs counted
+    runs = []
+    real = strings._short_run
+    monkeypatch.setattr(strings, "_short_run", lambda *a: runs.append(real(*a)) or runs[-1])
+    assert GGUFReader(tmp_path / "s0.gguf").fields["s"].tolist() == vals
+    # after each string a run cannot take, 64 are read the exact way: with one such string in
+    # about 20 here, a good third still comes in runs
+    assert sum(k for k, _ in runs) > len(vals) // 3
+    monkeypatch.setattr(strings, "_short_run", lambda *a: (0, False))
+    for big in (False, True):
+        assert GGUFReader(tmp_path / f"s{int(big)}.gguf").fields["s"].tolist() == vals
 
 
 # ---------------------------------------------------------------- tensors
@@ -441,6 +455,12 @@ def test_tensor_shape_overflow_is_refused(tmp_path):
     _refused(tmp_path, R.file(infos=[R.tinfo("w", [2**61, 1], 28, 0)]),
              r"ne = \[2305843009213693952, 1\] of f64 takes 18446744073709551616 bytes, more "
              "than int64 can count", "w")
+    # no elements, but the other dimensions' product (the NumPy shape) overflows
+    _refused(tmp_path, R.file(infos=[R.tinfo("w", [2**40, 0, 2**40], 0, 0)]),
+             r"ne = \[1099511627776, 0, 1099511627776\] has 1208925819614629174706176 elements",
+             "w")
+    _refused(tmp_path, R.file(infos=[R.tinfo("w", [2**62, 0], 0, 0)]),
+             r"ne = \[4611686018427387904, 0\] of f32 takes 18446744073709551616 bytes", "w")
     _refused(tmp_path, R.file(infos=[R.tinfo("w", [4, 2**64 - 3], 0, 0)]),
              r"ne\[1\] = -3 \(at byte \d+\) is negative", "w")
     _refused(tmp_path, R.file(infos=[R.tinfo("w", [1] * 5, 0, 0)]),
