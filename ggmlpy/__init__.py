@@ -7,7 +7,7 @@ allocators (:mod:`ggmlpy.alloc.tallocr`, :mod:`ggmlpy.alloc.gallocr`), the NumPy
 host-emulated device (:mod:`ggmlpy.backends`), and the multi-backend scheduler
 (:mod:`ggmlpy.sched.scheduler`), ggml's quantized types (:mod:`ggmlpy.quants`: ``ggmlpy.quantize``,
 ``ggmlpy.dequantize``) and GGUF files (:mod:`ggmlpy.gguf.weights`: ``ggmlpy.gguf_load``,
-``ggmlpy.gguf_save``; needs the ``[gguf]`` extra).
+``ggmlpy.gguf_save``; saving needs the ``[gguf]`` extra; :mod:`ggmlpy.gguf.reader` parses).
 
 Conventions: shapes are ggml's ``ne`` (``ne[0]`` innermost); the NumPy array holding the same data
 has shape ``ne[::-1]``. Strides ``nb`` and all offsets and sizes are in bytes.

@@ -9,10 +9,9 @@ naming the file and saying what is wrong in the file's terms (which key or tenso
 
 Cost: scalars are parsed with ``struct``; an array of numbers is a read-only NumPy view of the
 file (no Python object per element); an array of strings is located by walking its length
-prefixes (a vectorised pass when every string is shorter than 256 bytes, a tight loop
-otherwise: each prefix's position depends on the previous length), then all its bytes are
-gathered and decoded as UTF-8 at once; single strings are decoded on access from the decoded
-text (:class:`StringArray`).
+prefixes (vectorised runs of short strings, :mod:`ggmlpy.gguf.strings`), then all its bytes are
+gathered and decoded as UTF-8 at once; single strings are sliced out of the decoded text on
+access (:class:`~ggmlpy.gguf.strings.StringArray`).
 
 File layout (GGUF v2/v3, ggml's docs/gguf.md): magic ``GGUF``; u32 version; u64 tensor count;
 u64 key count; the keys (string key, u32 value type, value); the tensor infos (string name, u32
