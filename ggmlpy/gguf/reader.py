@@ -4,7 +4,7 @@
 parses the header, the key/value metadata and the tensor infos once, and exposes each tensor's
 data as a zero-copy view of the mapped file. Nothing the file declares is trusted: every count,
 length, dimension, type id and offset is checked against the bytes actually left in the file
-before anything is read or allocated, and every problem raises :class:`~ggmlpy.errors.GGUFError`
+before anything is read or allocated, and every problem raises :class:`~ggmlpy.core.errors.GGUFError`
 naming the file and saying what is wrong in the file's terms (which key or tensor, at which byte).
 
 Cost: scalars are parsed with ``struct``; an array of numbers is a read-only NumPy view of the
@@ -107,13 +107,13 @@ _GGML_ONLY_TYPES = {9: "q8_1", 10: "q2_K", 11: "q3_K", 15: "q8_K", 16: "iq2_xxs"
                     23: "iq4_xs", 29: "iq1_m", 34: "tq1_0", 35: "tq2_0", 39: "mxfp4"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TensorInfo:
     """One tensor of a GGUF file (mirrors ggml's ``gguf_tensor_info``).
 
     Attributes:
         name: the tensor's name.
-        type: its element :class:`~ggmlpy.types.Type`.
+        type: its element :class:`~ggmlpy.core.types.Type`.
         ne: elements per dimension in ggml order (``ne[0]`` innermost), as many as the file
             declares (0 to 4); the NumPy shape is ``ne[::-1]``.
         offset: byte offset of the data relative to the data section (``GGUFReader.data_offset``).
@@ -147,7 +147,7 @@ class TensorInfo:
 
         The view :attr:`data` itself for a little-endian file (zero copy); for a big-endian file
         a new array with each element (plain types) or each multi-byte block field (block types,
-        :func:`block_swap_fields`) byte-swapped.
+        :func:`~ggmlpy.gguf.byteorder.block_swap_fields`) byte-swapped.
         """
         if self.byte_order == "<" or self.nbytes == 0:
             return self.data
@@ -186,7 +186,7 @@ class GGUFReader:
         fields: key -> value, in file order. Numbers are ``int``/``float``, BOOL is ``bool``,
             STRING ``str``; an array of numbers is a read-only NumPy view of the file (dtype of
             the element type, in the file's byte order; BOOL arrays ``np.bool_``); an array of
-            strings a :class:`StringArray`; an array of arrays a ``list`` of such arrays (never
+            strings a :class:`~ggmlpy.gguf.strings.StringArray`; an array of arrays a ``list`` of such arrays (never
             flattened).
         field_types: key -> ``(ValueType, element ValueType or None)``; the element type only for
             arrays (ARRAY for an array of arrays; the inner arrays' types are their values').
@@ -274,7 +274,7 @@ class GGUFReader:
         if vt == ValueType.ARRAY:
             value, sub = self._read_array(c, key, 1)
         else:
-            value = self._read_scalar(c, vt, f"the value of key {key!r}", key)
+            value = self._read_scalar(c, vt, f"the value of key {key!r}")
         self.fields[key] = value
         self.field_types[key] = (vt, sub)
 
@@ -286,7 +286,7 @@ class GGUFReader:
         except ValueError:
             raise c.error(f"{what} at byte {at} is {raw}, not a GGUF value type (0..12)") from None
 
-    def _read_scalar(self, c: Cursor, vt: ValueType, what: str, key: str) -> Any:
+    def _read_scalar(self, c: Cursor, vt: ValueType, what: str) -> Any:
         if vt == ValueType.STRING:
             at, b = c.raw_string(what)
             try:
