@@ -1,4 +1,4 @@
-"""The README's "Supported ops per backend" section equals what the kernel registry generates
+"""docs/ops.md (the supported ops per backend) equals what the kernel registry generates
 (scripts/gen_support_table.py --write regenerates it), and the generator reflects the registry."""
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from ggmlpy.core.opcodes import Op
 from ggmlpy.testops.families import all_cases
 from ggmlpy.testops.support_table import BEGIN, END, readme_section, replace_readme_section, support_section
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
 
 
 def test_readme_table_equals_the_registry():
     pytest.importorskip("cupy")  # the CUDA column asks supports_op(node, cupy)
     text = README.read_text(encoding="utf-8")
     assert readme_section(text) == support_section(), \
-        "README support table is stale: run python scripts/gen_support_table.py --write"
+        "docs/ops.md is stale: run python scripts/gen_support_table.py --write"
 
 
 def _rows(section):
