@@ -116,6 +116,12 @@ class Scheduler(AssignPasses, TemplateSplits):
         ValueError: no backends, more than 16, the last is not a CPU device, a buffer type not
             supported by its backend, ``bufts`` of the wrong length, or an unknown ``alloc_policy``.
 
+    Counters (read-only for users): ``n_plans``, the compute-buffer plans made so far (each
+    ``GraphAllocator`` planning pass: one per :meth:`reserve` and :meth:`reserve_size`, and one
+    whenever :meth:`alloc_graph` finds the current plan unusable and plans again). A reserved
+    graph is planned once: later evaluations of it, in every copy slot when pipelining, reuse
+    that plan. ``reuse.hits``/``reuse.misses`` and ``templates.hits``: see below.
+
     Environment: ``GGMLPY_SCHED_DEBUG=1`` prints the splits (to stderr) once per split actually
     made, as ggml prints once per ``ggml_backend_sched_split_graph`` call: by :meth:`reserve`,
     :meth:`reserve_size`, :meth:`split_graph`, and :meth:`alloc_graph` when it splits (or applies
@@ -161,6 +167,7 @@ class Scheduler(AssignPasses, TemplateSplits):
             raise ValueError(f"Scheduler: alloc_policy must be one of {POLICIES}, "
                              f"got {alloc_policy!r}")
         self.galloc = GraphAllocator.new_n(self.bufts, policy=alloc_policy)
+        self.n_plans = 0
         self.debug = _debug_level()
         self.callback_eval: EvalCallback | None = None
         # per-split state
@@ -396,6 +403,15 @@ class Scheduler(AssignPasses, TemplateSplits):
                     break
         self._placed = []
         self._placement = None
+        recs = self.galloc._node_recs  # (replaced by every planning pass)
+        ok = self._alloc_planned(sg, changed)
+        if self.galloc._node_recs is not recs:
+            self.n_plans += 1
+        return ok
+
+    def _alloc_planned(self, sg: Graph, changed: bool) -> bool:
+        """Place the scheduler graph ``sg`` with the allocator's plan, planning anew first when
+        the backend ids changed (``changed``) or the allocator finds its plan unusable."""
         if changed or not self.galloc.alloc_graph(sg):
             for b in self.backends:
                 b.synchronize()
@@ -420,6 +436,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.synchronize()
         try:
             self._split(graph, "reserve")
+            self.n_plans += 1
             ok = self.galloc.reserve_n(self.graph, self._node_ids, self._leaf_ids)
         finally:
             self.reset()
@@ -435,6 +452,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.synchronize()
         try:
             self._split(graph, "reserve_size")
+            self.n_plans += 1
             return self.galloc.reserve_n_size(self.graph, self._node_ids, self._leaf_ids)
         finally:
             self.reset()
@@ -530,9 +548,12 @@ class Scheduler(AssignPasses, TemplateSplits):
                 last = self._vouch
                 st = snap.state
                 if (last is not None and last[2] is self.galloc._snap
-                        and (last[1] is sig or last[1] == sig)
                         and (last[0] is st or last[0] == st)):
-                    self.galloc._vouch(self.graph)
+                    if last[1] is sig or last[1] == sig:
+                        self.galloc._vouch(self.graph)
+                    elif last[1][1:] == sig[1:] and self._slots_interchangeable():
+                        # the same split for another copy slot: one plan serves every slot
+                        self.galloc._vouch(self.graph, other_slot=True)
                 vouch = (st, sig)
         self._vouch = None
         if not self._alloc_splits():
@@ -554,6 +575,21 @@ class Scheduler(AssignPasses, TemplateSplits):
                 templates.add(SplitTemplate(snap.state, self.cur_copy, pkey, tokens, sig, rec,
                                             pos, order, self._offload_asked))
         self.is_alloc = True
+        return True
+
+    def _slots_interchangeable(self) -> bool:
+        """Whether the scheduler graphs of the current split for different copy slots get the
+        same allocator plan, position by position (so a plan made for one slot serves them
+        all, as in ggml, where ``ggml_gallocr_needs_realloc`` compares sizes only): pipelining
+        (every copy of a split or graph input is an INPUT|OUTPUT leaf, placed first and never
+        freed, so which one is current changes no lifetime) and no graph input has memory of
+        its own or is a view (the user's tensor is the current slot of its copies: it must be
+        placed like the duplicates it stands in for)."""
+        if self.n_copies < 2:
+            return False
+        for t in self._graph_inputs:
+            if t._buffer is not None or t._offset is not None or t.view_src is not None:
+                return False
         return True
 
     def _restore(self, graph: Graph, rec: SplitRecord) -> None:
