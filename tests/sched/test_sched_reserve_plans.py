@@ -85,7 +85,7 @@ def test_copy_slots_keep_disjoint_memory_under_one_plan():
     for _ in range(4):
         sched.reset()
         assert sched.alloc_graph(g)
-        for (src, b), copies in sched._copies.items():
+        for (src, b), copies in sched._state.copies.items():
             cur = copies[sched.cur_copy]
             addrs.setdefault(f"{src.name}@{b}", set()).add((id(cur.buffer), cur.offset))
         xv = rng.standard_normal((4, 16)).astype(np.float32)
