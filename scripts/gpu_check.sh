@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check for a CUDA machine: the GPU-marked tests, then the device benchmarks, then a short table.
+# GPU check for a CUDA machine: the GPU-marked tests, the pinned-upload ordering check
+# (scripts/gpu_pinned_race.py), then the device benchmarks, then a short table.
 #
 # Expects Python 3.12 with numpy and cupy-cuda13x (safetensors, tokenizers for the model step);
 # ggmlpy itself is NOT installed: it runs from the repository root with PYTHONPATH=. .
@@ -66,6 +67,12 @@ else
     status=1
 fi
 
+echo "== pinned host sources read by queued uploads (CUDA_Host, 20 pipelined batches)"
+timeout 120 "$PY" scripts/gpu_pinned_race.py --device CUDA0 >"$OUT/pinned_race.json" 2>"$OUT/pinned_race.err"
+rc=$?
+[ "$rc" -eq 0 ] || { status=1; echo "gpu_pinned_race failed (exit $rc):"; tail -5 "$OUT/pinned_race.err"; }
+cat "$OUT/pinned_race.json"
+
 echo "== device benchmarks"
 timeout 150 "$PY" scripts/bench_device.py --device CUDA0 --repeat 5 >"$OUT/bench_device.json" 2>"$OUT/bench_device.err"
 rc=$?
@@ -114,6 +121,13 @@ try:
     ]
 except Exception as e:  # noqa: BLE001
     rows.append(("device benchmarks", f"missing ({type(e).__name__}: {e})"))
+try:
+    pr = json.load(open(os.path.join(out, "pinned_race.json")))
+    for mode, r in pr["modes"].items():
+        rows.append((f"pinned uploads, {mode}: wrong batches (control without fences)",
+                     f"{r['wrong']}/{pr['batches']} ({r['wrong_without_fences']}/{pr['batches']})"))
+except Exception as e:  # noqa: BLE001
+    rows.append(("pinned uploads", f"not run ({type(e).__name__})"))
 p = os.path.join(out, "minilm.json")
 try:
     m = json.load(open(p))

@@ -51,7 +51,8 @@ log = logging.getLogger("ggmlpy.alloc.tallocr")
 #: smaller (single-chunk plans only).
 POLICIES = ("ggml", "compact")
 #: when True, a graph the scheduler vouches for (:meth:`GraphAllocator._vouch`) is compared
-#: anyway and a mismatch raises RuntimeError (tests turn it on)
+#: anyway (a vouch for another copy slot: planned afresh aside and the plans compared) and a
+#: mismatch raises RuntimeError (tests turn it on)
 VERIFY_VOUCH = False
 
 # stamp-free setters of the Tensor slots (ggmlpy.core.snapshot.slot_setter)
@@ -216,6 +217,8 @@ class GraphAllocator:
         # tensors not owned here), taken with the graph's owned tensors reset: None = no plan
         self._snap: Snapshot | None = None
         self._vouched: Graph | None = None  # see _vouch
+        self._vouched_slot = False          # ... for another copy slot's graph
+        self._ids: tuple[list[int] | None, list[int] | None] = (None, None)  # of the plan
         # (graph, generation) right after the last alloc_graph placed it (the fast path)
         self._last_placed: tuple[weakref.ref, int] | None = None
         # id(tensor) -> (tensor, buffer, offset) of every tensor this allocator placed
@@ -487,6 +490,7 @@ class GraphAllocator:
             talloc.reset()
         self._event = 0
         self._blocks = [[] for _ in self._tallocs]
+        self._ids = (node_ids, leaf_ids)
         self._plan(graph, node_ids, leaf_ids)
         if self.policy == "compact":
             self._compact()
@@ -618,18 +622,59 @@ class GraphAllocator:
         # when planned) cannot fail; they are not repeated (they cost as much as the compare)
         snap = self._snap
         if snap is not None and vouched:
-            if VERIFY_VOUCH and not snap.matches(graph):
-                raise RuntimeError("GraphAllocator: a vouched graph does not match the plan")
+            if VERIFY_VOUCH:
+                ok = self._same_plan(graph) if self._vouched_slot else snap.matches(graph)
+                if not ok:
+                    raise RuntimeError("GraphAllocator: a vouched graph does not match the plan")
             return False
         return snap is None or not snap.matches(graph)
 
-    def _vouch(self, graph: Graph) -> None:
+    def _vouch(self, graph: Graph, other_slot: bool = False) -> None:
         """The caller (the scheduler, which built ``graph``) vouches that ``graph`` has the state
         the current plan was validated for (``Scheduler._alloc_slow``: same user-graph state and
         split signature as the last allocation): the next :meth:`alloc_graph` of ``graph`` skips
         the snapshot compare (counts and buffers are still checked). One-shot; with
-        :data:`VERIFY_VOUCH` the compare runs anyway and a mismatch raises RuntimeError."""
+        :data:`VERIFY_VOUCH` the compare runs anyway and a mismatch raises RuntimeError.
+
+        ``other_slot``: ``graph`` is the scheduler graph of the same split for another copy slot
+        (its state differs from the planned one only in which copy of each split input is
+        current; every copy is a leaf that lives through the whole graph, so a fresh plan of
+        ``graph`` equals the current one, position by position). With :data:`VERIFY_VOUCH` that
+        is checked by planning ``graph`` aside (:meth:`_same_plan`)."""
         self._vouched = graph
+        self._vouched_slot = other_slot
+
+    def _same_plan(self, graph: Graph) -> bool:
+        """Whether placing ``graph`` with the current plan puts every tensor where a fresh plan
+        of ``graph`` (made aside with the current plan's buffer ids, allocating nothing) would,
+        with the same chunk sizes (the check behind a vouch for another copy slot). Records a
+        tensor never uses (it was placed earlier in the walk, e.g. a copy that is both a leaf
+        and a node) do not count."""
+        aside = GraphAllocator.new_n(self.bufts, policy=self.policy)
+        node_ids, leaf_ids = self._ids
+        aside._reserve_impl(graph, node_ids, leaf_ids, no_alloc=True)
+        return (aside._addresses(graph) == self._addresses(graph)
+                and [[c.max_size for c in t.chunks] for t in aside._tallocs]
+                == [[c.max_size for c in t.chunks] for t in self._tallocs])
+
+    def _addresses(self, graph: Graph) -> dict[int, tuple[int, int, int]]:
+        """``id(tensor) -> (buffer id, chunk, offset)`` that :meth:`_place_all` would give each
+        unplaced, non-view tensor of ``graph`` with the current records (first record met in
+        its walk wins: later ones are skipped there too)."""
+        out: dict[int, tuple[int, int, int]] = {}
+
+        def note(t: Tensor | None, rec: _Rec) -> None:
+            if (t is None or t.view_src is not None or t._buffer is not None
+                    or id(t) in out or rec.buffer_id < 0):
+                return
+            out[id(t)] = (rec.buffer_id, rec.chunk, rec.offset)
+        for leaf, rec in zip(graph._leafs, self._leaf_recs):
+            note(leaf, rec)
+        for node, (dst_rec, src_recs) in zip(graph._nodes, self._node_recs):
+            for src, rec in zip(graph.node_srcs(node), src_recs):
+                note(src, rec)
+            note(node, dst_rec)
+        return out
 
     def alloc_graph(self, graph: Graph) -> bool:
         """Place every tensor of ``graph`` at its planned address (mirrors ``ggml_gallocr_alloc_graph``).

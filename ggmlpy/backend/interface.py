@@ -34,6 +34,7 @@ from ggmlpy.backend.write_gen import (
     _writes_landed,
     buffer_write_queued,
     buffer_written,
+    wait_host_reads,
 )
 from ggmlpy.core import snapshot as _snapshot
 from ggmlpy.core.check import typed_functions as _typed_functions
@@ -244,10 +245,12 @@ class Buffer(WriteTracked):
     def free(self) -> None:
         """Release the memory (mirrors ``ggml_backend_buffer_free``). Idempotent.
 
-        A device buffer with work in flight waits for that work first (the runtime's ``_free``).
+        A device buffer with work in flight waits for that work first (the runtime's ``_free``);
+        host memory that queued copies still read waits for them (``wait_host_reads``).
         Tensors still pointing here raise on access afterwards.
         """
         if not self.freed:
+            wait_host_reads(self)
             self._free()
             self.freed = True
             buffer_written(self)
@@ -267,6 +270,7 @@ class Buffer(WriteTracked):
             raise ValueError(f"{self.name}: clear value must be a byte (0..255), got {value}")
         self._check_live()
         if self.size:
+            wait_host_reads(self)  # (queued copies may still read this host memory)
             self._clear(int(value))
             buffer_written(self)
 

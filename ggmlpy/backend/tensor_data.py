@@ -13,7 +13,10 @@ before).
 Every function that writes bytes records it on the destination buffer after the write
 (:func:`ggmlpy.backend.interface.buffer_written`; the async forms with
 :func:`ggmlpy.backend.interface.buffer_write_queued`, pending until the backend's ``synchronize``), which is
-what invalidates the float32 weight copies of ``backends/kernels/weight_cache.py``.
+what invalidates the float32 weight copies of ``backends/kernels/weight_cache.py``, and first
+waits until no queued copy still reads the bytes it overwrites
+(:func:`ggmlpy.backend.write_gen.wait_host_reads`: a device's in-place upload from pinned host
+memory).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backend.interface import Backend, tensor_buffer
-from ggmlpy.backend.write_gen import buffer_write_queued, buffer_written
+from ggmlpy.backend.write_gen import buffer_write_queued, buffer_written, wait_host_reads
 from ggmlpy.core.check import typed_functions as _typed_functions
 from ggmlpy.core.tensor import Tensor
 
@@ -53,6 +56,11 @@ def _check_range(tensor: Tensor, offset: int, size: int, what: str) -> None:
     if offset < 0 or size < 0 or offset + size > tensor.nbytes:
         raise ValueError(f"{what}: byte range [{offset}, {offset + size}) is outside tensor "
                          f"'{tensor.name}' of {tensor.nbytes} bytes")
+
+
+def _start(t: Tensor) -> int:
+    """Byte offset of ``t``'s data from the start of its buffer (0 when not known)."""
+    return t.offset or 0
 
 
 def _check_tensor(t: Any, what: str) -> None:
@@ -157,6 +165,7 @@ def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | N
     raw = _prepare_set(tensor, data, offset, size, "backend_tensor_set")
     if raw.size:
         buf = tensor_buffer(tensor)
+        wait_host_reads(buf, _start(tensor) + int(offset), raw.size)
         buf._set_tensor(tensor, raw, int(offset))
         buffer_written(buf)
 
@@ -245,6 +254,7 @@ def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int
         raise ValueError(f"{what}: value {value} is not a byte")
     _check_range(tensor, offset, size, what)
     if size:
+        wait_host_reads(buf, _start(tensor) + offset, size)
         buf._memset_tensor(tensor, value, offset, size)
         buffer_written(buf)
 
@@ -274,6 +284,7 @@ def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
     n = src.nbytes
     if n == 0:
         return
+    wait_host_reads(dbuf, _start(dst), n)
     if sbuf.is_host():
         dbuf._set_tensor(dst, sbuf._get_tensor(src, 0, n), 0)
     elif dbuf.is_host() or not dbuf._cpy_tensor(src, dst):
@@ -294,6 +305,7 @@ def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset
     if not raw.size:
         return
     buf = tensor_buffer(tensor)
+    wait_host_reads(buf, _start(tensor) + int(offset), raw.size)
     if backend._set_tensor_async(tensor, raw, int(offset)):
         buffer_write_queued(backend, buf)  # lands by backend.synchronize()
     else:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backend.interface import Buffer, BufferUsage, tensor_buffer
-from ggmlpy.backend.write_gen import buffer_written
+from ggmlpy.backend.write_gen import buffer_written, wait_host_reads_ranges
 from ggmlpy.backends import kernels
 from ggmlpy.core import snapshot as _snapshot
 from ggmlpy.core.errors import NotAllocatedError, UnsupportedOpError
@@ -53,10 +53,12 @@ class Plan:
         steps: zero-argument callables, in graph order (view and NONE nodes are left out).
         nodes: the node each step computes.
         buffers: the distinct buffers the steps read or write.
+        dsts: every node a step writes, in graph order (``nodes`` as built, before a CPU plan
+            fuses steps): the destinations :meth:`wait_host_reads` guards.
     """
 
     __slots__ = ("steps", "nodes", "buffers", "runs", "graph", "capture_failed", "checks",
-                 "written", "threaded", "__weakref__")
+                 "written", "threaded", "dsts", "_write_ranges", "__weakref__")
 
     def __init__(self, steps: list[Step], nodes: list[Tensor], buffers: list[Buffer] | None = None) -> None:
         self.steps = steps
@@ -80,6 +82,20 @@ class Plan:
         #: CPU: some steps run on the backend's worker threads (cpu_threads.Split), so BLAS is
         #: held at one thread while the plan runs; set by the backend at build time
         self.threaded = False
+        self.dsts: list[Tensor] = nodes
+        self._write_ranges: dict[int, tuple[Buffer, list[int], list[int]]] | None = None
+
+    def wait_host_reads(self) -> None:
+        """Block until no queued copy still reads host memory this plan's steps are about to
+        write (:func:`ggmlpy.backend.write_gen.wait_host_reads_ranges`; the host-read rule of
+        :mod:`ggmlpy.backend.write_gen`). Backends that run plans on host memory call it before
+        each run when :func:`~ggmlpy.backend.write_gen.host_reads_pending` is True. The written
+        byte ranges (per buffer, merged) are worked out on the first such call and kept: a plan
+        is only reused while its tensors stay where they were."""
+        ranges = self._write_ranges
+        if ranges is None:
+            ranges = self._write_ranges = _write_ranges(self.dsts)
+        wait_host_reads_ranges(ranges)
 
     def check_live(self, backend_name: str = "") -> None:
         """Raise NotAllocatedError if a buffer the plan uses was freed since it was built."""
@@ -93,6 +109,31 @@ class Plan:
                 step()
         for b in self.written:
             buffer_written(b)
+
+
+def _write_ranges(nodes: list[Tensor]) -> dict[int, tuple[Buffer, list[int], list[int]]]:
+    """Per buffer the sorted, merged byte ranges ``[start, end)`` the ``nodes`` occupy (their
+    ``offset`` and ``nbytes``: the span ggml's ``ggml_nbytes`` gives, strided views included)."""
+    spans: dict[int, tuple[Buffer, list[tuple[int, int]]]] = {}
+    for t in nodes:
+        buf = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None
+                                                     else None)
+        if buf is None or t.offset is None:
+            continue
+        spans.setdefault(id(buf), (buf, []))[1].append((t.offset, t.offset + t.nbytes))
+    out: dict[int, tuple[Buffer, list[int], list[int]]] = {}
+    for key, (buf, iv) in spans.items():
+        iv.sort()
+        starts: list[int] = []
+        ends: list[int] = []
+        for lo, hi in iv:
+            if ends and lo <= ends[-1]:
+                ends[-1] = max(ends[-1], hi)
+            else:
+                starts.append(lo)
+                ends.append(hi)
+        out[key] = (buf, starts, ends)
+    return out
 
 
 def check_buffers_live(buffers: list[Buffer], backend_name: str = "") -> None:

@@ -10,6 +10,12 @@ visibly) on machines without a GPU:
 * **Streams** are daemon worker threads, each draining a FIFO of launched work in order. A stream's
   thread ends when its backend is freed (or garbage-collected).
 * **Events** are markers in that FIFO (a ``threading.Event`` set when the worker reaches it).
+* **Pinned uploads** (``pinned_direct_upload``, off by default): an async upload from a tensor in
+  the pinned host buffer type ``SIM_Host`` reads that host memory when the stream reaches the
+  copy, not at enqueue, exactly as the CUDA runtime's DMA from ``CUDA_Host`` does; so the rule
+  that such memory is not written before the copy completed (the device backend's host-read
+  fences, :func:`ggmlpy.backend.write_gen.host_read_queued`) runs, and fails visibly, in CI.
+  Off, such uploads are snapshotted into staging at enqueue (no hazard at all).
 * **Latency** can be injected: every launch and every copy (async ones in the worker, blocking ones
   on the caller) first sleeps ``latency_us`` microseconds, so a missing synchronisation becomes a
   wrong result in tests instead of a lucky race.
@@ -25,8 +31,9 @@ visibly) on machines without a GPU:
 
 Kernels are the NumPy ones of :mod:`ggmlpy.backends.kernels`, so SIM results are bit-identical to
 the CPU backend's. Devices are ``SIM0..SIM{n-1}``, of type ACCEL (``backend_init_best`` never picks
-them). Environment: ``GGMLPY_SIM_LATENCY_US`` (default 0) and ``GGMLPY_SIM_MEMORY_MB`` (default:
-the host's physical memory), read by :func:`sim_reg` when its arguments are None.
+them). Environment: ``GGMLPY_SIM_LATENCY_US`` (default 0), ``GGMLPY_SIM_MEMORY_MB`` (default:
+the host's physical memory) and ``GGMLPY_SIM_PINNED_DIRECT`` (0 or 1, default 0), read by
+:func:`sim_reg` when its arguments are None.
 """
 
 from __future__ import annotations
@@ -49,10 +56,11 @@ from ggmlpy.core.errors import BackendUnavailableError, ComputeError, OutOfMemor
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 
-__all__ = ["SimRuntime", "sim_reg", "ENV_LATENCY", "ENV_MEMORY"]
+__all__ = ["SimRuntime", "sim_reg", "ENV_LATENCY", "ENV_MEMORY", "ENV_PINNED_DIRECT"]
 
 ENV_LATENCY = "GGMLPY_SIM_LATENCY_US"
 ENV_MEMORY = "GGMLPY_SIM_MEMORY_MB"
+ENV_PINNED_DIRECT = "GGMLPY_SIM_PINNED_DIRECT"
 
 
 def _aligned(size: int) -> np.ndarray:
@@ -172,6 +180,8 @@ class SimRuntime(Runtime):
         n_devices: number of devices.
         latency_us: sleep before each launch and each copy, microseconds (>= 0).
         memory_bytes: capacity of each device in bytes, or None for the host's physical memory.
+        pinned_direct_upload: upload from ``SIM_Host`` tensors straight from their memory in
+            stream order, as the CUDA runtime does (:attr:`Runtime.pinned_direct_upload`).
 
     Raises:
         ValueError: negative ``latency_us``, ``n_devices < 1`` or ``memory_bytes < 0``.
@@ -182,7 +192,8 @@ class SimRuntime(Runtime):
     alignment = 128
     guid = uuid.UUID("7a1c0e52-3d4b-4f7e-8c21-5b9d0a6e4f13")
 
-    def __init__(self, n_devices: int, latency_us: float = 0.0, memory_bytes: int | None = None) -> None:
+    def __init__(self, n_devices: int, latency_us: float = 0.0, memory_bytes: int | None = None,
+                 pinned_direct_upload: bool = False) -> None:
         if n_devices < 1:
             raise ValueError(f"SimRuntime: n_devices must be >= 1, got {n_devices}")
         if latency_us < 0:
@@ -194,6 +205,7 @@ class SimRuntime(Runtime):
         self.n_devices = int(n_devices)
         self.latency_s = float(latency_us) * 1e-6
         self.capacity = int(memory_bytes)
+        self.pinned_direct_upload = bool(pinned_direct_upload)
         self._used = [0] * self.n_devices
         self._lock = threading.Lock()
 
@@ -347,7 +359,7 @@ def _host_memory_bytes() -> int:
 
 
 def sim_reg(n: int, latency_us: float | None = None, memory_mb: float | None = None,
-            refuse_ops: Iterable[Op] | None = None) -> Reg:
+            refuse_ops: Iterable[Op] | None = None, pinned_direct_upload: bool | None = None) -> Reg:
     """A new registration "SIM" with ``n`` host-emulated devices ``SIM0..SIM{n-1}`` (one new
     :class:`SimRuntime`; devices of different calls never share memory, streams or events).
 
@@ -358,6 +370,9 @@ def sim_reg(n: int, latency_us: float | None = None, memory_mb: float | None = N
         memory_mb: capacity of each device in MiB; None reads ``GGMLPY_SIM_MEMORY_MB`` (default:
             the host's physical memory).
         refuse_ops: ops the devices report unsupported (forces CPU fallback in tests).
+        pinned_direct_upload: async uploads from ``SIM_Host`` tensors read that memory when the
+            stream reaches them, as on CUDA (see :class:`SimRuntime`); None reads
+            ``GGMLPY_SIM_PINNED_DIRECT`` (default off).
 
     Raises:
         ValueError: ``n < 1``, negative options, or a malformed environment variable.
@@ -366,6 +381,9 @@ def sim_reg(n: int, latency_us: float | None = None, memory_mb: float | None = N
         latency_us = env.sim_latency_us() or 0.0
     if memory_mb is None:
         memory_mb = env.sim_memory_mb()
+    if pinned_direct_upload is None:
+        pinned_direct_upload = env.sim_pinned_direct()
     mem_bytes = None if memory_mb is None else int(float(memory_mb) * (1 << 20))
-    runtime = SimRuntime(n, latency_us=latency_us, memory_bytes=mem_bytes)
+    runtime = SimRuntime(n, latency_us=latency_us, memory_bytes=mem_bytes,
+                         pinned_direct_upload=pinned_direct_upload)
     return make_reg(runtime, refuse_ops=refuse_ops)

@@ -7,6 +7,8 @@ variable                   accepted value
 ``GGMLPY_SIM_DEVICES``     integer 0..64: SIM devices registered at first use
 ``GGMLPY_SIM_LATENCY_US``  finite number >= 0: microseconds per SIM launch and copy
 ``GGMLPY_SIM_MEMORY_MB``   finite number > 0: MiB of memory per SIM device
+``GGMLPY_SIM_PINNED_DIRECT``  0 or 1: SIM uploads straight from pinned ``SIM_Host`` tensors in
+                           stream order, as the CUDA runtime does (default 0: staged snapshot)
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
 ``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
 ``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
@@ -38,7 +40,7 @@ import re
 from ggmlpy.core.errors import GgmlpyError
 
 __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
-           "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "BLAS", "blas", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
+           "SIM_PINNED_DIRECT", "sim_pinned_direct", "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "BLAS", "blas", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
            "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
@@ -49,6 +51,7 @@ BACKENDS = "GGMLPY_BACKENDS"
 SIM_DEVICES = "GGMLPY_SIM_DEVICES"
 SIM_LATENCY_US = "GGMLPY_SIM_LATENCY_US"
 SIM_MEMORY_MB = "GGMLPY_SIM_MEMORY_MB"
+SIM_PINNED_DIRECT = "GGMLPY_SIM_PINNED_DIRECT"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
 PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
 JIT = "GGMLPY_JIT"
@@ -62,8 +65,8 @@ RAY_CPUS = "GGMLPY_RAY_CPUS"
 RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
-KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SCHED_DEBUG, PRECISE_KERNELS,
-         JIT, BLAS, WEIGHT_CACHE_MB, FIXTURES,
+KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
+         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, FIXTURES,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -162,6 +165,18 @@ def sim_memory_mb() -> float | None:
         EnvError: not a finite number > 0.
     """
     return _number(SIM_MEMORY_MB, positive=True)
+
+
+def sim_pinned_direct() -> bool:
+    """``GGMLPY_SIM_PINNED_DIRECT`` as a bool (False when unset): True makes SIM devices upload
+    from tensors in their pinned host buffer type (``SIM_Host``) straight from that memory when
+    the stream reaches the copy, as the CUDA runtime does with ``CUDA_Host`` (see
+    :class:`ggmlpy.backends.sim.SimRuntime`); False snapshots the bytes into staging at enqueue.
+
+    Raises:
+        EnvError: a value other than 0 or 1.
+    """
+    return _flag(SIM_PINNED_DIRECT, False)
 
 
 def sched_debug() -> int:
@@ -343,6 +358,7 @@ def validate() -> None:
     sim_devices()
     sim_latency_us()
     sim_memory_mb()
+    sim_pinned_direct()
     sched_debug()
     precise_kernels()
     jit_enabled()

@@ -1,10 +1,11 @@
 """The seed's backend-assignment passes 1-4 of ``ggml_backend_sched_split_graph`` (and the
-in-place-writer rule between passes 3 and 4), as a mixin of :class:`~ggmlpy.sched.scheduler.Scheduler`.
+in-place-writer rule between passes 3 and 4): an :class:`Assigner` the scheduler holds.
 
-They read and write the scheduler's ``_backend_of`` (tensor -> backend index) and ``_cause``
-(tensor -> the rule that placed it, see ``Scheduler.report``). ``supports_op`` answers are asked
-once per (node, backend) per split and ``supports_buft`` answers once per (backend, buffer type)
-for the scheduler's life (``_op_memo``, ``_buft_memo``).
+What flows in and out is data, an :class:`Assignment`: ``backend_of`` (tensor -> backend index)
+and ``cause`` (tensor -> the rule that placed it, see ``Scheduler.report``), plus the
+``offload_op`` answers pass 1 used. The assigner owns only its answer memos: ``supports_op``
+asked once per (node, backend) per split (and, for devices that allow it, once per node key for
+the scheduler's life) and ``supports_buft`` once per (backend, buffer type).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import VIEW_OPS, Op
 from ggmlpy.core.tensor import Flag, Tensor
 
-__all__ = ["AssignPasses", "node_key", "op_memo_token", "OP_KEY_MEMO_SIZE"]
+__all__ = ["Assigner", "Assignment", "node_key", "op_memo_token", "OP_KEY_MEMO_SIZE"]
 
 _INPUT = int(Flag.INPUT)
 _NO_COMPUTE = frozenset(VIEW_OPS) | {Op.NONE}
@@ -66,22 +67,79 @@ def op_memo_token(backend: Backend) -> Any:
     return None if f is None else f()
 
 
-class AssignPasses:
-    """Passes 1-4 of the seed's split (a mixin: the scheduler provides ``backends``, ``bufts``,
-    ``op_offload``, ``_backend_of``, ``_cause``, ``_op_memo``, ``_buft_memo`` and
-    ``_offload_asked``, where pass 1 records every ``offload_op`` answer it used)."""
+class Assignment:
+    """Where the tensors of one split run (the state passes 1-4 produce, pass 5 and the report
+    read, user pins seed).
 
-    backends: list[Backend]
-    bufts: list[BufferType]
-    op_offload: bool
-    _backend_of: dict[Tensor, int]
-    _cause: dict[Tensor, str]
-    _op_memo: dict[int, bool]  # id(node) << 4 | backend index
-    _op_key_memo: dict[tuple, bool]
-    _op_tokens: list[Any]
-    _bid_of_buft: dict[BufferType, int]
-    _buft_memo: dict[tuple[int, BufferType], bool]
-    _offload_asked: list[tuple[Tensor, int, bool]]  # offload_op answers of the current split
+    Attributes:
+        backend_of: tensor -> backend index (into the scheduler's backends).
+        cause: tensor -> the rule that placed it (``usr``, ``1.dst``, ... ``5.cpy``).
+        offload_asked: ``[(tensor, backend index, answer)]`` of every ``offload_op`` call pass 1
+            made (a split template replays only with the same answers).
+    """
+
+    __slots__ = ("backend_of", "cause", "offload_asked")
+
+    def __init__(self, backend_of: dict[Tensor, int] | None = None,
+                 cause: dict[Tensor, str] | None = None) -> None:
+        self.backend_of: dict[Tensor, int] = {} if backend_of is None else backend_of
+        self.cause: dict[Tensor, str] = {} if cause is None else cause
+        self.offload_asked: list[tuple[Tensor, int, bool]] = []
+
+    def copy(self) -> Assignment:
+        """A copy whose dicts can change without touching this one's."""
+        a = Assignment(dict(self.backend_of), dict(self.cause))
+        a.offload_asked = list(self.offload_asked)
+        return a
+
+
+def _bid(bo: dict[Tensor, int], t: Tensor | None) -> int:
+    return -1 if t is None else bo.get(t, -1)
+
+
+class Assigner:
+    """Passes 1-4 of the seed's split over an :class:`Assignment` (see the module docstring).
+
+    Args:
+        backends: the scheduler's backends, in priority order (the last a CPU).
+        bufts: their compute buffer types.
+        op_offload: let pass 1 ask higher-priority backends' ``offload_op``.
+    """
+
+    def __init__(self, backends: list[Backend], bufts: list[BufferType], op_offload: bool) -> None:
+        self.backends = backends
+        self.bufts = bufts
+        self.op_offload = op_offload
+        self._op_memo: dict[int, bool] = {}  # id(node) << 4 | backend index, this split's
+        self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
+        self._op_tokens: list[Any] = [None] * len(backends)
+        self._bid_of_buft: dict[BufferType, int] = {}  # first backend using a buffer type
+        self._buft_memo: dict[tuple[int, BufferType], bool] = {}
+
+    def begin(self) -> None:
+        """Start a split: forget this split's ``supports_op`` answers (a node's sources may have
+        changed) and read every backend's memo token again (:func:`op_memo_token`)."""
+        self._op_memo = {}
+        self._op_tokens = [op_memo_token(b) for b in self.backends]
+
+    def assign(self, graph: Graph, a: Assignment) -> None:
+        """Passes 1-4 (and the in-place-writer rule, and the view-source access check) over
+        ``graph``, completing ``a`` (assignments already there, user pins, are kept). Call
+        :meth:`begin` first.
+
+        Raises:
+            UnsupportedOpError: as the passes (a node no backend supports, a pre-allocated
+                tensor no capable backend can use, an in-place writer that cannot reach its
+                memory).
+        """
+        nodes = graph.nodes
+        compute_nodes = [n for n in nodes if n.op not in VIEW_OPS]
+        self._pass1_assign_preallocated(a, graph)
+        self._pass2_expand_assignments(a, compute_nodes)
+        self._pass3_upgrade_to_higher_prio(a, compute_nodes)
+        self._pass3b_inplace_writers_follow_memory(a, compute_nodes)
+        self._pass4_assign_remaining_srcs(a, nodes)
+        self._check_view_src_access(a, nodes)
 
     def _op_ok(self, b: int, node: Tensor) -> bool:
         """``backends[b].supports_op(node)``, asked once per (node, backend) per split (the
@@ -120,9 +178,6 @@ class AssignPasses:
             r = self._buft_memo[key] = bool(self.backends[b].supports_buft(buft))
         return r
 
-    def _bid(self, t: Tensor | None) -> int:
-        return -1 if t is None else self._backend_of.get(t, -1)
-
     def _backend_from_buffer(self, t: Tensor, op: Tensor) -> int:
         buf = t._buffer
         if buf is None:
@@ -142,7 +197,7 @@ class AssignPasses:
                 return i
         return -1
 
-    def _backend_id_from_cur(self, t: Tensor) -> tuple[int, str]:
+    def _backend_id_from_cur(self, a: Assignment, t: Tensor) -> tuple[int, str]:
         b = self._backend_from_buffer(t, t)
         if b >= 0:
             return b, "1.dst"
@@ -168,31 +223,29 @@ class AssignPasses:
                         if self._op_ok(i, t):
                             off = bool(b.offload_op(t))
                             # (recorded: a split template replays only with the same answers)
-                            self._offload_asked.append((t, i, off))
+                            a.offload_asked.append((t, i, off))
                             if off:
                                 return i, "1.off"
                 return sb, "1.wgt"
         return -1, ""
 
-    def _set_if_supported(self, node: Tensor, b: int, cause: str) -> None:
-        if self._op_ok(b, node):
-            self._backend_of[node] = b
-            self._cause[node] = cause
-
-    def _buffer_supported(self, t: Tensor, b: int) -> bool:
+    def buffer_supported(self, bo: dict[Tensor, int], t: Tensor, b: int) -> bool:
+        """Whether backend ``b`` can use the memory ``t`` has or will have (its buffer's, else
+        the compute buffer type of the backend ``bo`` assigns it or its ``view_src``); False
+        while neither is known."""
         buf = t.buffer if t.buffer is not None else (t.view_src.buffer if t.view_src is not None else None)
         if buf is not None:
             buft = buf.buft
         else:
-            bid = self._bid(t)
+            bid = _bid(bo, t)
             if bid < 0 and t.view_src is not None:
-                bid = self._bid(t.view_src)
+                bid = _bid(bo, t.view_src)
             if bid < 0:
                 return False
             buft = self.bufts[bid]
         return self._buft_ok(b, buft)
 
-    def _pass1_assign_preallocated(self, graph: Graph) -> None:
+    def _pass1_assign_preallocated(self, a: Assignment, graph: Graph) -> None:
         """Pass 1 of ``ggml_backend_sched_split_graph``: assign backends to ops with pre-allocated
         inputs. Leafs and nodes that have memory (or whose ``view_src`` has) go to the backend of
         that buffer (``1.dst``, ``1.vsrc``); user inputs to the CPU (``1.inp``); an op reading
@@ -202,7 +255,7 @@ class AssignPasses:
         Raises:
             UnsupportedOpError: a pre-allocated tensor is in a buffer no capable backend can use.
         """
-        bo, cause = self._backend_of, self._cause
+        bo, cause = a.backend_of, a.cause
         # a placed op NONE tensor goes by its buffer type alone when every backend runs op NONE
         # (_backend_from_buffer's first case, written out: most leafs are weights)
         by_buft = self._bid_of_buft.get if None not in self._op_tokens else None
@@ -216,7 +269,7 @@ class AssignPasses:
                         bo[leaf] = b
                         cause[leaf] = "1.dst"
                         continue
-                b, c = self._backend_id_from_cur(leaf)
+                b, c = self._backend_id_from_cur(a, leaf)
                 if b >= 0:
                     bo[leaf], cause[leaf] = b, c
         weights = BufferUsage.WEIGHTS
@@ -241,17 +294,17 @@ class AssignPasses:
                         bo[node] = b
                         cause[node] = "1.wgt"
                     continue
-            b, c = self._backend_id_from_cur(node)
+            b, c = self._backend_id_from_cur(a, node)
             if b >= 0:
                 bo[node], cause[node] = b, c
 
 
-    def _pass2_expand_assignments(self, compute_nodes: list[Tensor]) -> None:
+    def _pass2_expand_assignments(self, a: Assignment, compute_nodes: list[Tensor]) -> None:
         """Pass 2 of ``ggml_backend_sched_split_graph``: expand current backend assignments to
         unassigned neighbours, in four sweeps: non-CPU backends down then up, then every backend
         down then up (cause ``2.gpu_down``, ``2.gpu_up``, ``2.down``, ``2.up``). A node only takes
         a backend that supports it."""
-        bo, cause = self._backend_of, self._cause
+        bo, cause = a.backend_of, a.cause
         bo_get = bo.get
         memo_get = self._op_memo.get
         op_ok = self._op_ok
@@ -266,7 +319,7 @@ class AssignPasses:
                     cur = -1 if (skip_cpu and b == cpu) else b
                     continue
                 if cur >= 0:
-                    ok = memo_get(id(node) << 4 | cur)  # (_set_if_supported written out)
+                    ok = memo_get(id(node) << 4 | cur)  # (_op_ok's memo read inline)
                     if ok is None:
                         ok = op_ok(cur, node)
                     if ok:
@@ -278,11 +331,11 @@ class AssignPasses:
                 break  # every node has a backend: the later sweeps would change nothing
 
 
-    def _pass3_upgrade_to_higher_prio(self, compute_nodes: list[Tensor]) -> None:
+    def _pass3_upgrade_to_higher_prio(self, a: Assignment, compute_nodes: list[Tensor]) -> None:
         """Pass 3 of ``ggml_backend_sched_split_graph``: upgrade nodes to higher-priority backends
         with compatible buffer types (cause ``3.upg``), and give each still-unassigned node the
         backend that supports it and can use the most of its already-placed sources (``3.best``)."""
-        bo, cause = self._backend_of, self._cause
+        bo, cause = a.backend_of, a.cause
         bufts = self.bufts
         # per backend b: the higher-priority backends i < b with the same buffer type (the only
         # upgrade candidates; usually none)
@@ -298,28 +351,29 @@ class AssignPasses:
                 for i in range(len(self.backends)):
                     if self._op_ok(i, node):
                         n_sup = sum(1 for s in srcs
-                                    if (self._bid(s) >= 0 or self._bid(s.view_src) >= 0)
-                                    and self._buffer_supported(s, i))
+                                    if (_bid(bo, s) >= 0 or _bid(bo, s.view_src) >= 0)
+                                    and self.buffer_supported(bo, s, i))
                         if n_sup > best:
                             best = n_sup
                             bo[node], cause[node] = i, "3.best"
             else:
                 for i in lower[b]:
                     if (self._op_ok(i, node)
-                            and all(self._buffer_supported(s, i) for s in srcs)):
+                            and all(self.buffer_supported(bo, s, i) for s in srcs)):
                         bo[node], cause[node] = i, "3.upg"
                         break
 
 
-    def _view_src_buft(self, vs: Tensor) -> BufferType | None:
+    def _view_src_buft(self, bo: dict[Tensor, int], vs: Tensor) -> BufferType | None:
         """The buffer type ``vs``'s memory will be in: its buffer's, else the compute buffer type
         of the backend it is assigned to; None while neither is known."""
         if vs.buffer is not None:
             return vs.buffer.buft
-        vb = self._backend_of.get(vs, -1)
+        vb = bo.get(vs, -1)
         return None if vb < 0 else self.bufts[vb]
 
-    def _pass3b_inplace_writers_follow_memory(self, compute_nodes: list[Tensor]) -> None:
+    def _pass3b_inplace_writers_follow_memory(self, a: Assignment,
+                                              compute_nodes: list[Tensor]) -> None:
         """After pass 3 (not in the seed; ggml's open bug): a node that is not a view op but has a
         ``view_src`` (an in-place writer such as ``add_inplace``, ``set_1d_inplace``,
         ``acc_inplace``, ``sqr_inplace``) writes into its ``view_src``'s memory, so it must run
@@ -332,12 +386,12 @@ class AssignPasses:
                 pinned the writer to a backend that cannot access it (at split time, never at
                 compute time).
         """
-        bo, cause = self._backend_of, self._cause
+        bo, cause = a.backend_of, a.cause
         for node in compute_nodes:
             vs = node.view_src
             if vs is None:
                 continue
-            buft = self._view_src_buft(vs)
+            buft = self._view_src_buft(bo, vs)
             b = bo.get(node, -1)
             if buft is None or (b >= 0 and self._buft_ok(b, buft)):
                 continue
@@ -359,7 +413,7 @@ class AssignPasses:
                     f"can access that buffer supports the op (backends: "
                     f"{', '.join(be.name for be in self.backends)})")
 
-    def _pass4_assign_remaining_srcs(self, nodes: list[Tensor]) -> None:
+    def _pass4_assign_remaining_srcs(self, a: Assignment, nodes: list[Tensor]) -> None:
         """Pass 4 of ``ggml_backend_sched_split_graph``: assign backends to remaining sources from
         their destination and view sources (``4.vsrc``, ``4.cur``); a node still unassigned takes
         the first backend that supports it (``4.fallback``).
@@ -367,7 +421,7 @@ class AssignPasses:
         Raises:
             UnsupportedOpError: no backend supports a node's op.
         """
-        bo, cause = self._backend_of, self._cause
+        bo, cause = a.backend_of, a.cause
         for node in nodes:
             if node.view_src is not None and bo.get(node, -1) < 0:
                 vb = bo.get(node.view_src, -1)
@@ -398,7 +452,7 @@ class AssignPasses:
                     bo[s], cause[s] = nb_, "4.cur"
 
 
-    def _check_view_src_access(self, nodes: list[Tensor]) -> None:
+    def _check_view_src_access(self, a: Assignment, nodes: list[Tensor]) -> None:
         """After pass 4: a node that writes into its ``view_src``'s memory (not a view op) must
         be on a backend that can access that memory: the ``view_src``'s buffer, or the compute
         buffer of the backend the ``view_src`` is assigned to.
@@ -407,12 +461,12 @@ class AssignPasses:
             UnsupportedOpError: a non-view node writes into a view of a tensor in a buffer its
                 backend cannot use (found at split time, never at compute time).
         """
-        bo = self._backend_of
+        bo = a.backend_of
         for node in nodes:
             vs = node.view_src
             if vs is None or node.op in VIEW_OPS or node.op == Op.NONE:
                 continue
-            buft = self._view_src_buft(vs)
+            buft = self._view_src_buft(bo, vs)
             b = bo[node]
             if buft is not None and not self._buft_ok(b, buft):
                 where = vs.buffer.name if vs.buffer is not None else buft.name

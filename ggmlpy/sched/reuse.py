@@ -53,7 +53,6 @@ from ggmlpy.core.tensor import Tensor
 
 __all__ = ["SplitRecord", "ReuseCache", "DEFAULT_CAPACITY", "split_signature"]
 
-_osa = object.__setattr__
 # stamp-free setters of the Tensor slots (ggmlpy.core.snapshot.slot_setter)
 _SET_BUFFER, _SET_OFFSET, _SET_VER = (slot_setter(Tensor, k) for k in ("_buffer", "_offset", "_ver"))
 
@@ -61,17 +60,25 @@ _SET_BUFFER, _SET_OFFSET, _SET_VER = (slot_setter(Tensor, k) for k in ("_buffer"
 class SplitRecord:
     """Everything one split + allocation of a graph produced, for one copy slot.
 
-    Attributes: the scheduler's per-split state (``splits``, ``graph``, ``node_ids``,
-    ``leaf_ids``, ``backend_of``, ``cause``, ``copies``, ``graph_inputs``, ``views``, ``ctx``)
-    and ``placement``: ``[(tensor, buffer, offset_bytes)]`` of every tensor the allocation placed.
+    Attributes:
+        state: the split (:class:`~ggmlpy.sched.splits.SplitState`, its assignment a copy
+            nobody changes).
+        graph: the scheduler graph built from it; ``node_ids``, ``leaf_ids``: the backend id of
+            each of its nodes and leafs.
+        views: the split-graph views (:attr:`ggmlpy.sched.splits.SchedGraphBuilder.views`).
+        placement: ``[(tensor, buffer, offset_bytes)]`` of every tensor the allocation placed.
     """
 
-    __slots__ = ("splits", "graph", "node_ids", "leaf_ids", "backend_of", "cause", "copies",
-                 "graph_inputs", "views", "ctx", "placement")
+    __slots__ = ("state", "graph", "node_ids", "leaf_ids", "views", "placement")
 
-    def __init__(self, **kw: Any) -> None:
-        for k in self.__slots__:
-            _osa(self, k, kw[k])
+    def __init__(self, state: Any, graph: Any, node_ids: list[int], leaf_ids: list[int],
+                 views: dict, placement: list[tuple[Any, Any, Any]]) -> None:
+        self.state = state
+        self.graph = graph
+        self.node_ids = node_ids
+        self.leaf_ids = leaf_ids
+        self.views = views
+        self.placement = placement
 
 
 def park(placement: list[tuple[Any, Any, Any]]) -> None:

@@ -51,7 +51,6 @@ import gc
 import logging
 import sys
 import weakref
-from collections import OrderedDict
 from operator import itemgetter
 from typing import Any
 
@@ -59,7 +58,6 @@ from ggmlpy.alloc.gallocr import GraphAllocator
 from ggmlpy.backend.interface import (
     Backend,
     BufferType,
-    BufferUsage,
     DeviceType,
     EvalCallback,
     Event,
@@ -74,13 +72,13 @@ from ggmlpy.core import env
 from ggmlpy.core.check import describe
 from ggmlpy.core.check import typed_methods as _typed_methods
 from ggmlpy.core.graph import Graph, graph_view
-from ggmlpy.core.opcodes import VIEW_OPS
-from ggmlpy.core.tensor import Context, Flag, Tensor
-from ggmlpy.sched.assign import AssignPasses, op_memo_token
+from ggmlpy.core.tensor import Flag, Tensor
+from ggmlpy.sched.assign import Assigner, Assignment, op_memo_token
 from ggmlpy.sched.reuse import ReuseCache, SplitRecord, split_signature
-from ggmlpy.sched.template import Split, SplitTemplate, TemplateCache, TemplateSplits, pins_key
+from ggmlpy.sched.splits import SchedGraphBuilder, Split, SplitState, split_and_copy
+from ggmlpy.sched.template import SplitTemplate, TemplateCache, apply_template, pins_key
 
-__all__ = ["Scheduler", "Split", "MAX_BACKENDS", "MAX_COPIES"]
+__all__ = ["Scheduler", "MAX_BACKENDS", "MAX_COPIES"]
 
 log = logging.getLogger("ggmlpy.sched.scheduler")
 
@@ -95,8 +93,16 @@ def _debug_level() -> int:
 
 
 _first = itemgetter(0)
-class Scheduler(AssignPasses, TemplateSplits):
+class Scheduler:
     """Split a graph across backends and run it (mirrors ``ggml_backend_sched_new``).
+
+    The scheduler holds its parts as objects, each owning its state: the :class:`~ggmlpy.sched.
+    assign.Assigner` (passes 1-4 and their answer memos), the :class:`~ggmlpy.sched.splits.
+    SchedGraphBuilder` (the scheduler graph and the split-graph views), the split templates
+    (:class:`~ggmlpy.sched.template.TemplateCache`), the unchanged-graph records
+    (:class:`~ggmlpy.sched.reuse.ReuseCache`) and the allocator. What flows between them is data:
+    an :class:`~ggmlpy.sched.assign.Assignment` and a :class:`~ggmlpy.sched.splits.SplitState`
+    (the current split: ``Scheduler.splits`` is its split list).
 
     Args:
         backends: 1 to 16 backends in priority order (index 0 highest); the last must be a CPU
@@ -115,6 +121,12 @@ class Scheduler(AssignPasses, TemplateSplits):
     Raises:
         ValueError: no backends, more than 16, the last is not a CPU device, a buffer type not
             supported by its backend, ``bufts`` of the wrong length, or an unknown ``alloc_policy``.
+
+    Counters (read-only for users): ``n_plans``, the compute-buffer plans made so far (each
+    ``GraphAllocator`` planning pass: one per :meth:`reserve` and :meth:`reserve_size`, and one
+    whenever :meth:`alloc_graph` finds the current plan unusable and plans again). A reserved
+    graph is planned once: later evaluations of it, in every copy slot when pipelining, reuse
+    that plan. ``reuse.hits``/``reuse.misses`` and ``templates.hits``: see below.
 
     Environment: ``GGMLPY_SCHED_DEBUG=1`` prints the splits (to stderr) once per split actually
     made, as ggml prints once per ``ggml_backend_sched_split_graph`` call: by :meth:`reserve`,
@@ -161,21 +173,19 @@ class Scheduler(AssignPasses, TemplateSplits):
             raise ValueError(f"Scheduler: alloc_policy must be one of {POLICIES}, "
                              f"got {alloc_policy!r}")
         self.galloc = GraphAllocator.new_n(self.bufts, policy=alloc_policy)
+        self.n_plans = 0
         self.debug = _debug_level()
         self.callback_eval: EvalCallback | None = None
-        # per-split state
-        self._backend_of: dict[Tensor, int] = {}
-        self._cause: dict[Tensor, str] = {}
-        self._copies: dict[tuple[Tensor, int], list[Tensor]] = {}
-        self._graph_inputs: list[Tensor] = []
-        self.splits: list[Split] = []
+        self._names = [b.name for b in self.backends]
+        self.assigner = Assigner(self.backends, self.bufts, self.op_offload)
+        self._builder = SchedGraphBuilder(self.n_copies, n - 1)
+        self.reuse = ReuseCache()            # the unchanged-graph fast path (sched/reuse.py)
+        self.templates = TemplateCache()     # fresh graphs of a known structure (sched/template.py)
+        # the current split (assignments since the last reset, pins included)
+        self._state = SplitState(Assignment(), 0)
+        self.splits: list[Split] = []  # the last split's list (kept by reset, as in ggml)
         self.graph = Graph(0)          # the scheduler's graph: split inputs, copies, nodes
         self._user_graph: Graph | None = None
-        self._views: dict[tuple[int, int, int, int], Graph] = {}
-        self._views_of: weakref.ref[Graph] | None = None
-        # the split views of every recently split user graph (bounded LRU, graphs held weakly),
-        # so each batch shape keeps its views and the backends' plan caches hit across shapes
-        self._views_by_graph: OrderedDict[int, tuple[weakref.ref[Graph], dict]] = OrderedDict()
         self._chunk_views: dict[tuple[int, int, int], tuple[weakref.ref[Graph], Graph]] = {}
         self._node_ids: list[int] = []
         self._leaf_ids: list[int] = []
@@ -184,17 +194,8 @@ class Scheduler(AssignPasses, TemplateSplits):
         self._placed: list[Tensor] = []
         self._placement: list[tuple[Tensor, Any, Any]] | None = None  # what the last alloc placed
         self._pins: dict[Tensor, int] = {}   # set_tensor_backend since the last reset
-        self.reuse = ReuseCache()            # the unchanged-graph fast path (sched_reuse.py)
-        self.templates = TemplateCache()     # fresh graphs of a known structure (sched_template.py)
-        self._offload_asked: list[tuple[Tensor, int, bool]] = []
         # (user-graph state, split signature, allocator snapshot) of the last fresh allocation
         self._vouch: tuple[tuple, tuple, Any] | None = None
-        self._ctx = Context()
-        self._op_memo: dict[int, bool] = {}  # id(node) << 4 | backend index (sched_assign)
-        self._op_key_memo: dict[tuple, bool] = {}  # supports_op by node key, across splits
-        self._op_tokens: list[Any] = [None] * n
-        self._bid_of_buft: dict[BufferType, int] = {}  # first backend using a buffer type
-        self._buft_memo: dict[tuple[int, BufferType], bool] = {}
         self.is_reset = True
         self.is_alloc = False
 
@@ -248,13 +249,14 @@ class Scheduler(AssignPasses, TemplateSplits):
         """
         if not isinstance(node, Tensor):
             raise TypeError(f"set_tensor_backend: expected a Tensor, got {type(node).__name__}")
-        self._backend_of[node] = self._pins[node] = self._backend_index(backend)
-        self._cause[node] = "usr"
+        a = self._state.assignment
+        a.backend_of[node] = self._pins[node] = self._backend_index(backend)
+        a.cause[node] = "usr"
         self.is_reset = False
 
     def get_tensor_backend(self, node: Tensor) -> Backend | None:
         """The backend ``node`` is assigned to, or None (mirrors ``ggml_backend_sched_get_tensor_backend``)."""
-        b = self._backend_of.get(node, -1)
+        b = self._state.assignment.backend_of.get(node, -1)
         return None if b < 0 else self.backends[b]
 
     def set_eval_callback(self, callback: EvalCallback | None) -> None:
@@ -284,97 +286,23 @@ class Scheduler(AssignPasses, TemplateSplits):
         """:meth:`split_graph`'s work; ``caller`` labels the debug print (the public entry
         point that split)."""
         self.is_reset = False
-        self._ctx = Context()
-        self._op_memo = {}
-        self._offload_asked = []
-        self._op_tokens = [op_memo_token(b) for b in self.backends]
-        self._copies = {}
-        self._graph_inputs = []
         self._user_graph = graph
-        nodes = graph.nodes
-        compute_nodes = [n for n in nodes if n.op not in VIEW_OPS]
-        self._pass1_assign_preallocated(graph)
-        self._pass2_expand_assignments(compute_nodes)
-        self._pass3_upgrade_to_higher_prio(compute_nodes)
-        self._pass3b_inplace_writers_follow_memory(compute_nodes)
-        self._pass4_assign_remaining_srcs(nodes)
-        self._check_view_src_access(nodes)
-        src_map, extra_flags = self._pass5_split_and_copy(nodes)
-        self._build_sched_graph(graph, src_map, extra_flags)
+        # (assignments already made, the user's pins, are kept and completed)
+        st = SplitState(self._state.assignment, self.cur_copy)
+        st.assignment.offload_asked = []
+        self.assigner.begin()
+        self.assigner.assign(graph, st.assignment)
+        split_and_copy(graph.nodes, st, self.n_copies, self._names, self.assigner.buffer_supported)
+        self._install(graph, st)
         if self.debug:
             self.print_report(verbose=self.debug > 1, caller=caller)
 
-    def _pass5_split_and_copy(self, nodes: list[Tensor]
-                              ) -> tuple[dict[int, list[Tensor | None]], dict[int, Flag]]:
-        """Pass 5 of ``ggml_backend_sched_split_graph``: split the graph at backend changes (and
-        where a split on the same backend needs weights it cannot use) and find the tensors that
-        need to be copied: per (source, backend) ``n_copies`` copies, user inputs duplicated per
-        copy when pipelining. Sets :attr:`splits`.
-
-        Returns:
-            ``(src_map, extra_flags)``: per node id its substituted sources, and per tensor id the
-            flags the scheduler graph adds (the user's graph is never rewritten).
-        """
-        bo = self._backend_of
-        copies = self._copies
-        src_map: dict[int, list[Tensor | None]] = {}
-        extra_flags: dict[int, Flag] = {}
-        splits: list[Split] = []
-        split: Split | None = None
-        n_copies = self.n_copies
-        weights = BufferUsage.WEIGHTS
-        view_ops = VIEW_OPS
-        split_b = -1  # split.backend_id
-        for i, node in enumerate(nodes):
-            if node.op in view_ops:
-                continue
-            b = bo[node]
-            if split is None:
-                split = Split(b, 0)
-                splits.append(split)
-                split_b = b
-            need_new = False
-            if b == split_b and split.inputs:
-                for s in node.src:
-                    if s is None:
-                        continue
-                    sbuf = s._buffer
-                    if (sbuf is not None and sbuf.usage == weights
-                            and bo.get(s, -1) != b and not self._buffer_supported(s, b)):
-                        need_new = True
-                        break
-            if b != split_b or need_new:
-                split.i_end = i
-                split = Split(b, i)
-                splits.append(split)
-                split_b = b
-            new_srcs: list[Tensor | None] | None = None
-            for j, s in enumerate(node.src):
-                if s is None:
-                    continue
-                sb = bo[s]
-                if n_copies > 1 and s.flags & Flag.INPUT and (s, sb) not in copies:
-                    self._input_copies(s, sb, extra_flags)
-                if sb != b and not self._buffer_supported(s, b):
-                    key = (s, b)
-                    if key not in copies:
-                        self._split_copies(s, b)
-                        split.inputs.append(s)
-                    # else: the copy made for an earlier split on this backend is reused
-                    if new_srcs is None:
-                        new_srcs = list(node.src)
-                    new_srcs[j] = copies[key][self.cur_copy]
-            if new_srcs is not None:
-                src_map[id(node)] = new_srcs
-        if split is None and nodes:
-            # a graph of views only (ggml: one split over every node, so the allocator still
-            # initialises the views; they compute nothing): on the backend of the first view
-            split = Split(bo[nodes[0]], 0)
-            splits.append(split)
-        if split is not None:
-            split.i_end = len(nodes)
-        self.splits = splits
-        return src_map, extra_flags
+    def _install(self, graph: Graph, st: SplitState) -> None:
+        """Make ``st`` (a split of ``graph``) the current split and build its scheduler graph."""
+        self._state = st
+        self.splits = st.splits
+        self._prev_node_ids, self._prev_leaf_ids = self._node_ids, self._leaf_ids
+        self.graph, self._node_ids, self._leaf_ids = self._builder.build(graph, st)
 
     # ------------------------------------------------------------------------------------------
     # allocation
@@ -396,6 +324,15 @@ class Scheduler(AssignPasses, TemplateSplits):
                     break
         self._placed = []
         self._placement = None
+        recs = self.galloc._node_recs  # (replaced by every planning pass)
+        ok = self._alloc_planned(sg, changed)
+        if self.galloc._node_recs is not recs:
+            self.n_plans += 1
+        return ok
+
+    def _alloc_planned(self, sg: Graph, changed: bool) -> bool:
+        """Place the scheduler graph ``sg`` with the allocator's plan, planning anew first when
+        the backend ids changed (``changed``) or the allocator finds its plan unusable."""
         if changed or not self.galloc.alloc_graph(sg):
             for b in self.backends:
                 b.synchronize()
@@ -420,6 +357,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.synchronize()
         try:
             self._split(graph, "reserve")
+            self.n_plans += 1
             ok = self.galloc.reserve_n(self.graph, self._node_ids, self._leaf_ids)
         finally:
             self.reset()
@@ -435,6 +373,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.synchronize()
         try:
             self._split(graph, "reserve_size")
+            self.n_plans += 1
             return self.galloc.reserve_n_size(self.graph, self._node_ids, self._leaf_ids)
         finally:
             self.reset()
@@ -461,7 +400,7 @@ class Scheduler(AssignPasses, TemplateSplits):
         self.next_copy = (self.next_copy + 1) % self.n_copies
         reuse = self.reuse
         # the fast path needs a clean state: nothing assigned but the user's pins
-        eligible = len(self._backend_of) == len(self._pins)
+        eligible = len(self._state.assignment.backend_of) == len(self._pins)
         if eligible:
             rec = reuse.lookup(graph, self.cur_copy, self._pins)
             if rec is not None:
@@ -508,7 +447,11 @@ class Scheduler(AssignPasses, TemplateSplits):
             reuse.clear()
             templates.clear()
         if tmpl is not None:
-            self._apply_template(graph, tmpl, order)
+            self.is_reset = False
+            self._user_graph = graph
+            self.assigner.begin()  # (this split's supports_op answers: none asked)
+            self._install(graph, apply_template(tmpl, order, self.cur_copy, self.n_copies,
+                                                self._names))
             templates.hits += 1
             snap.state = tmpl.state  # (equal: one tuple kept, compared by identity below)
             if self.debug:
@@ -524,15 +467,18 @@ class Scheduler(AssignPasses, TemplateSplits):
             if tmpl is not None:
                 sig = tmpl.sig  # (the same positions: the same signature)
             else:
-                sig = split_signature(self.splits, self._graph_inputs, pos, self._node_ids,
-                                      self._leaf_ids, self.cur_copy)
+                sig = split_signature(self._state.splits, self._state.graph_inputs, pos,
+                                      self._node_ids, self._leaf_ids, self.cur_copy)
             if sig is not None:
                 last = self._vouch
                 st = snap.state
                 if (last is not None and last[2] is self.galloc._snap
-                        and (last[1] is sig or last[1] == sig)
                         and (last[0] is st or last[0] == st)):
-                    self.galloc._vouch(self.graph)
+                    if last[1] is sig or last[1] == sig:
+                        self.galloc._vouch(self.graph)
+                    elif last[1][1:] == sig[1:] and self._slots_interchangeable():
+                        # the same split for another copy slot: one plan serves every slot
+                        self.galloc._vouch(self.graph, other_slot=True)
                 vouch = (st, sig)
         self._vouch = None
         if not self._alloc_splits():
@@ -543,17 +489,29 @@ class Scheduler(AssignPasses, TemplateSplits):
             self._vouch = (vouch[0], vouch[1], self.galloc._snap)
         if snap is not None:
             reuse.misses += 1
-            rec = SplitRecord(splits=self.splits, graph=self.graph, node_ids=self._node_ids,
-                              leaf_ids=self._leaf_ids, backend_of=dict(self._backend_of),
-                              cause=dict(self._cause), copies=self._copies,
-                              graph_inputs=self._graph_inputs, views=self._views, ctx=self._ctx,
-                              placement=self._placement)
+            rec = SplitRecord(self._state.replica(), self.graph, self._node_ids, self._leaf_ids,
+                              self._builder.views, self._placement)
             buffers = [b for i in range(len(self.backends)) for b in self.galloc.get_chunk_buffers(i)]
             reuse.store(snap, self.cur_copy, rec, buffers, self.galloc._node_recs is not recs_before)
             if tmpl is None and tokens is not None and pkey is not None:
                 templates.add(SplitTemplate(snap.state, self.cur_copy, pkey, tokens, sig, rec,
-                                            pos, order, self._offload_asked))
+                                            pos, order, self._state.assignment.offload_asked))
         self.is_alloc = True
+        return True
+
+    def _slots_interchangeable(self) -> bool:
+        """Whether the scheduler graphs of the current split for different copy slots get the
+        same allocator plan, position by position (so a plan made for one slot serves them
+        all, as in ggml, where ``ggml_gallocr_needs_realloc`` compares sizes only): pipelining
+        (every copy of a split or graph input is an INPUT|OUTPUT leaf, placed first and never
+        freed, so which one is current changes no lifetime) and no graph input has memory of
+        its own or is a view (the user's tensor is the current slot of its copies: it must be
+        placed like the duplicates it stands in for)."""
+        if self.n_copies < 2:
+            return False
+        for t in self._state.graph_inputs:
+            if t._buffer is not None or t._offset is not None or t.view_src is not None:
+                return False
         return True
 
     def _restore(self, graph: Graph, rec: SplitRecord) -> None:
@@ -561,23 +519,18 @@ class Scheduler(AssignPasses, TemplateSplits):
         copy slot) the current state, putting its placement back (see :mod:`ggmlpy.sched.reuse`)."""
         self.reuse.replay(graph, rec)
         sm, ef = rec.graph._src_map, rec.graph._extra_flags
-        for sp in rec.splits:
+        for sp in rec.state.splits:
             v = sp.graph
             if v._src_map is not sm:  # (a view shared with a later split of another slot)
                 v.src_map, v.extra_flags = sm, ef
         self.is_reset = False
         self._user_graph = graph
-        self.splits = rec.splits
+        self._state = rec.state.replica()
+        self.splits = rec.state.splits
         self.graph = rec.graph
         self._node_ids = self._prev_node_ids = rec.node_ids
         self._leaf_ids = self._prev_leaf_ids = rec.leaf_ids
-        self._backend_of = dict(rec.backend_of)
-        self._cause = dict(rec.cause)
-        self._copies = rec.copies
-        self._graph_inputs = rec.graph_inputs
-        self._views = rec.views
-        self._views_of = weakref.ref(graph)
-        self._ctx = rec.ctx
+        self._builder.adopt(graph, rec.views)
         self._placement = rec.placement
         self._placed = [t for t, _b, _o in rec.placement]
 
@@ -620,6 +573,7 @@ class Scheduler(AssignPasses, TemplateSplits):
     def _compute_splits(self) -> Status:
         cur = self.cur_copy
         events = self.events
+        bo, copies = self._state.assignment.backend_of, self._state.copies
         prev_b = -1
         for sp in self.splits:
             b = sp.backend_id
@@ -632,8 +586,8 @@ class Scheduler(AssignPasses, TemplateSplits):
                 else:
                     self.backends[prev_b].synchronize()
             for inp in sp.inputs:
-                in_backend = self.backends[self._backend_of[inp]]
-                cpy = self._copies[(inp, b)][cur]
+                in_backend = self.backends[bo[inp]]
+                cpy = copies[(inp, b)][cur]
                 if inp.flags & Flag.INPUT:
                     # user data: copy now, so the caller may overwrite it when we return
                     if ev is not None:
@@ -718,14 +672,11 @@ class Scheduler(AssignPasses, TemplateSplits):
         addresses back without invalidating the backends' plans (see :mod:`ggmlpy.sched.reuse`).
         """
         if not self.is_reset:
-            self._backend_of = {}
-            self._cause = {}
-            self._copies = {}
-            self._graph_inputs = []
+            self._state = SplitState(Assignment(), self.cur_copy)
             self._pins = {}
         placement = self._placement
         if placement is not None and self.reuse.holds(placement):
-            self.reuse.park(placement)  # un-placed without stamps, for the fast path (sched_reuse.py)
+            self.reuse.park(placement)  # un-placed without stamps, for the fast path (sched/reuse.py)
         else:
             for t in self._placed:
                 t.buffer = None
@@ -760,13 +711,14 @@ class Scheduler(AssignPasses, TemplateSplits):
             ``4.fallback``.
         """
         g = self._user_graph
+        bo, cause = self._state.assignment.backend_of, self._state.assignment.cause
         split_of: dict[int, int] = {}
         splits = []
         for k, sp in enumerate(self.splits):
             for i in range(sp.i_start, sp.i_end):
                 split_of[i] = k
-            inputs = [{"name": t.name, "from": self.backends[self._backend_of.get(t, -1)].name
-                       if self._backend_of.get(t, -1) >= 0 else None, "bytes": t.nbytes}
+            inputs = [{"name": t.name, "from": self.backends[bo.get(t, -1)].name
+                       if bo.get(t, -1) >= 0 else None, "bytes": t.nbytes}
                       for t in sp.inputs]
             splits.append({"id": k, "backend": self.backends[sp.backend_id].name,
                            "nodes": [sp.i_start, sp.i_end], "inputs": inputs,
@@ -774,10 +726,10 @@ class Scheduler(AssignPasses, TemplateSplits):
         nodes = []
         if g is not None:
             for i, n in enumerate(g.nodes):
-                b = self._backend_of.get(n, -1)
+                b = bo.get(n, -1)
                 nodes.append({"index": i, "name": n.name, "op": n.op.name,
                               "backend": self.backends[b].name if b >= 0 else None,
-                              "cause": self._cause.get(n, ""), "split": split_of.get(i)})
+                              "cause": cause.get(n, ""), "split": split_of.get(i)})
         return {"n_splits": len(self.splits), "n_copies": self.n_copies, "splits": splits,
                 "nodes": nodes}
 

@@ -1,5 +1,5 @@
 """Split templates: a fresh graph with the structure of one split before skips passes 1-5
-(issue 11 item 3; a mixin of :class:`~ggmlpy.sched.scheduler.Scheduler`).
+(a :class:`TemplateCache` the scheduler holds, and :func:`apply_template`).
 
 A model usually builds a new graph object per evaluation, with the same structure as the last
 one. The scheduler's fast path (:mod:`ggmlpy.sched.reuse`) only replays for the *same* graph
@@ -23,80 +23,32 @@ a function of what that state covers plus a few things outside it, all part of t
   passes 1 and 5).
 
 The template keeps the recorded graph's tensors (and their view sources and buffers) alive, so
-the object ids its state names can not be reused by other objects while it is kept. On a hit the
-scheduler's per-split state (assignments and causes, split ranges and inputs, copies, graph
-inputs, substituted sources) is rebuilt for the new graph's tensors at the same positions, with
-new copy tensors made exactly as pass 5 makes them, and the scheduler graph is built as after a
-full split; the allocation follows as usual (the allocator's plan is checked as usual, or vouched
-for). The result equals a full split's (tests/test_sched_template.py compares every field against
-a scheduler with templates disabled).
-
-:class:`Split` (ggml's ``ggml_backend_sched_split``), the split-input copies and the scheduler
-graph's construction (shared by both paths) live here too; :mod:`ggmlpy.sched.scheduler` re-exports
-:class:`Split`.
+the object ids its state names can not be reused by other objects while it is kept. On a hit
+:func:`apply_template` rebuilds the split's data (a :class:`~ggmlpy.sched.splits.SplitState`:
+assignments and causes, split ranges and inputs, copies, graph inputs, substituted sources) for
+the new graph's tensors at the same positions, with new copy tensors made exactly as pass 5
+makes them; the scheduler graph is then built as after a full split and the allocation follows
+as usual (the allocator's plan is checked as usual, or vouched for). The result equals a full
+split's (tests/sched/test_sched_template.py compares every field against a scheduler with
+templates disabled).
 """
 
 from __future__ import annotations
 
-import weakref
-from dataclasses import dataclass, field
-from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from ggmlpy.core.graph import Graph
-from ggmlpy.core.tensor import Context, Flag, Tensor
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.sched.assign import Assignment
+from ggmlpy.sched.splits import Split, SplitState
 
-__all__ = ["Split", "SplitTemplate", "TemplateCache", "TemplateSplits", "pins_key",
-           "DEFAULT_TEMPLATES"]
+__all__ = ["SplitTemplate", "TemplateCache", "apply_template", "pins_key", "DEFAULT_TEMPLATES"]
 
-# the scheduler's own copies and dependency views, made with known-valid arguments: without the
-# Context/Tensor methods' argument checks (ggmlpy.core.check; new_view's bounds checks)
-_dup_layout = getattr(Context.dup_tensor_layout, "__wrapped__", Context.dup_tensor_layout)
-_set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
-_INOUT = Flag.INPUT | Flag.OUTPUT
 _buffer_of = attrgetter("_buffer")
 _view_src_of = attrgetter("view_src")
 
 #: split templates a scheduler keeps (least recently used dropped first)
 DEFAULT_TEMPLATES = 8
-#: user graphs whose split-graph views the scheduler keeps (least recently split dropped first)
-VIEW_CACHE_GRAPHS = 64
-
-
-def _dep_view(ctx: Context, t: Tensor) -> Tensor:
-    """``ctx.new_view(t, t.type, t.ne, t.nb, 0)`` (a view of the whole of ``t`` with its own
-    layout, always in bounds: the checks are skipped), its source ``t``, named ``"<t> (dep)"``."""
-    vs = t.view_src
-    dep = ctx._add(Tensor(t.type, t.ne, t.nb, view_src=t if vs is None else vs,
-                          view_offs=0 if vs is None else t.view_offs))
-    dep.src = [t]
-    _set_name(dep, f"{t.name} (dep)")
-    return dep
-
-
-def _split_view(nodes: list[Tensor], src_map: dict, extra_flags: dict) -> Graph:
-    """A new split graph over ``nodes`` (``graph_view`` of the split's range, built directly:
-    a graph no cache has seen needs no generation bump for its fields)."""
-    return Graph._view_over(nodes, src_map, extra_flags)
-
-
-@dataclass
-class Split:
-    """One per-backend piece of the graph (mirrors ``ggml_backend_sched_split``).
-
-    Attributes:
-        backend_id: index of the backend that computes it.
-        i_start, i_end: node range ``[i_start, i_end)`` of the user's graph.
-        inputs: tensors from other backends copied in before the split runs.
-        graph: the graph view the backend computes (shares the scheduler's ``src_map``).
-    """
-
-    backend_id: int
-    i_start: int
-    i_end: int = 0
-    inputs: list[Tensor] = field(default_factory=list)
-    graph: Graph | None = None
 
 
 def pins_key(pins: dict[Tensor, int], pos: dict[int, int]) -> tuple | None:
@@ -138,7 +90,7 @@ class SplitTemplate:
         pins: :func:`pins_key` of the user pins.
         tokens: every backend's ``supports_op`` memo token (none None).
         sig: the split signature (:func:`ggmlpy.sched.reuse.split_signature`), or None.
-        rec: the scheduler's record of that split (:class:`~ggmlpy.sched.reuse.SplitRecord`).
+        rec: the reuse cache's record of that split (:class:`~ggmlpy.sched.reuse.SplitRecord`).
         pos, order: ``id(tensor) -> position`` and the tensors by position of that state.
         offload_asked: ``[(tensor, backend index, answer)]`` of pass 1's ``offload_op`` calls.
     """
@@ -194,10 +146,11 @@ class SplitTemplate:
 
     def _convert(self) -> _Plan | None:
         rec, pos, slot = self._rec, self._pos, self.slot
+        st = rec.state
         get = pos.get
-        cause = rec.cause
+        cause = st.assignment.cause
         positions, bvals, cvals = [], [], []
-        for t, b in rec.backend_of.items():
+        for t, b in st.assignment.backend_of.items():
             p = get(id(t))
             c = cause.get(t, "")
             if p is None:
@@ -208,14 +161,14 @@ class SplitTemplate:
             bvals.append(b)
             cvals.append(c)
         copies = []
-        for (s, b), cl in rec.copies.items():
+        for (s, b), cl in st.copies.items():
             p = get(id(s))
             if p is None:
                 return None
             copies.append((p, b, cl[slot] is s))
         subst = []
-        bo = rec.backend_of
-        for nid, srcs in rec.graph._src_map.items():
+        bo = st.assignment.backend_of
+        for nid, srcs in st.src_map.items():
             p = get(nid)
             if p is None:
                 return None
@@ -223,7 +176,7 @@ class SplitTemplate:
                          if s is not None and cause.get(s) == "5.cpy")
             subst.append((p, subs))
         splits = []
-        for sp in rec.splits:
+        for sp in st.splits:
             ins = tuple(get(id(t)) for t in sp.inputs)
             if None in ins:
                 return None
@@ -286,176 +239,34 @@ class TemplateCache:
             del self._items[0]
 
 
-class TemplateSplits:
-    """What a full split (pass 5) and the template path share, and the template path itself (a
-    mixin of the scheduler, whose per-split state it reads and sets): making the split-input
-    copies, building the scheduler graph and its per-split views (kept per user graph, so the
-    backends' plan caches hit), and applying a template."""
-
-    backends: list[Any]
-    n_copies: int
-    cur_copy: int
-    _ctx: Context
-    _backend_of: dict[Tensor, int]
-    _cause: dict[Tensor, str]
-    _copies: dict[tuple[Tensor, int], list[Tensor]]
-    _graph_inputs: list[Tensor]
-
-    def _input_copies(self, s: Tensor, sb: int, extra_flags: dict[int, Flag]) -> None:
-        """Pipelining: ``n_copies`` copies of the user input ``s`` on its backend ``sb`` (the
-        current slot is ``s`` itself, flagged INPUT|OUTPUT in ``extra_flags``); ``s`` becomes a
-        graph input."""
-        copies = []
-        cur = self.cur_copy
-        name = self.backends[sb].name
-        bo, cause = self._backend_of, self._cause
-        for c in range(self.n_copies):
-            if c == cur:
-                t = s  # the user's tensor is the current slot; never reuse its memory
-                extra_flags[id(s)] = _INOUT
-            else:
-                t = _dup_layout(self._ctx, s)
-                _set_name(t, f"{name}#{s.name}#{c}")
-                t.flags |= _INOUT
-                bo[t], cause[t] = sb, "5.cpy"
-            copies.append(t)
-        self._copies[(s, sb)] = copies
-        self._graph_inputs.append(s)
-
-    def _split_copies(self, s: Tensor, b: int) -> None:
-        """``n_copies`` copies of the split input ``s`` on backend ``b``."""
-        copies = []
-        n_copies = self.n_copies
-        name = self.backends[b].name
-        bo, cause = self._backend_of, self._cause
-        for c in range(n_copies):
-            t = _dup_layout(self._ctx, s)
-            _set_name(t, f"{name}#{s.name}#{c}")
-            if n_copies > 1:
-                t.flags |= _INOUT
-            bo[t], cause[t] = b, "5.cpy"
-            copies.append(t)
-        self._copies[(s, b)] = copies
-
-    def _apply_template(self, graph: Graph, tmpl: SplitTemplate, order: list[Tensor]) -> None:
-        """Make the split of ``tmpl`` the current split of ``graph`` (whose tensors by position
-        are ``order``; found by :meth:`TemplateCache.find`, so its key holds and it is usable)."""
-        plan = tmpl.plan()
-        assert plan is not None  # (usable)
-        self.is_reset = False
-        self._ctx = Context()
-        self._op_memo = {}
-        self._copies = {}
-        self._graph_inputs = []
-        self._user_graph = graph
-        positions = plan.positions
-        if len(positions) == 1:
-            ts: tuple = (order[positions[0]],)
+def apply_template(tmpl: SplitTemplate, order: list[Tensor], cur_copy: int, n_copies: int,
+                   names: list[str]) -> SplitState:
+    """The split of ``tmpl`` for the graph whose tensors by position are ``order`` (the template
+    found by :meth:`TemplateCache.find`, so its key holds and it is usable), in copy slot
+    ``cur_copy``: assignments and causes, copies (made as pass 5 makes them, named after the
+    backends' ``names``), splits and substituted sources, as a new
+    :class:`~ggmlpy.sched.splits.SplitState`."""
+    plan = tmpl.plan()
+    if plan is None:
+        raise ValueError("apply_template: the template has no plan (TemplateCache.find never "
+                         "returns such a template)")
+    positions = plan.positions
+    if len(positions) == 1:
+        ts: tuple = (order[positions[0]],)
+    else:
+        ts = itemgetter(*positions)(order) if positions else ()
+    st = SplitState(Assignment(dict(zip(ts, plan.bvals)), dict(zip(ts, plan.cvals))), cur_copy)
+    for p, b, is_input in plan.copies:
+        if is_input:
+            st.input_copies(order[p], b, n_copies, names[b])
         else:
-            ts = itemgetter(*positions)(order) if positions else ()
-        self._backend_of = dict(zip(ts, plan.bvals))
-        self._cause = dict(zip(ts, plan.cvals))
-        extra_flags: dict[int, Flag] = {}
-        for p, b, is_input in plan.copies:
-            if is_input:
-                self._input_copies(order[p], b, extra_flags)
-            else:
-                self._split_copies(order[p], b)
-        self.splits = [Split(b, i0, i1, [order[p] for p in ins])
-                       for b, i0, i1, ins in plan.splits]
-        copies, cur = self._copies, self.cur_copy
-        src_map: dict[int, list[Tensor | None]] = {}
-        for p, subs in plan.subst:
-            node = order[p]
-            srcs = list(node.src)
-            for j, b in subs:
-                srcs[j] = copies[(srcs[j], b)][cur]
-            src_map[id(node)] = srcs
-        self._build_sched_graph(graph, src_map, extra_flags)
-
-    def _build_sched_graph(self, graph: Graph, src_map: dict[int, list[Tensor | None]],
-                           extra_flags: dict[int, Flag]) -> None:
-        """Build the scheduler's graph (ggml's ``sched->graph``): per split its input dependencies
-        and copies, then its nodes; the copies' and the user graph's leafs. Sets :attr:`graph` and
-        the per-node/leaf backend ids the allocator reserves with."""
-        bo = self._backend_of
-        nodes = graph.nodes
-        splits = self.splits
-        n_copies = self.n_copies
-        # the scheduler's graph: per split its input dependencies and copies, then its nodes
-        self._prev_node_ids, self._prev_leaf_ids = self._node_ids, self._leaf_ids
-        sg = Graph(0)
-        sg.src_map = src_map
-        sg.extra_flags = extra_flags
-        node_ids: list[int] = []
-        leaf_ids: list[int] = []
-        sg_nodes: list[Tensor] = []  # plain lists, assigned once below (one stamp, not one per append)
-        sg_leafs: list[Tensor] = []
-        # reuse the split graph objects of the previous split of the same graph and ranges, so
-        # backends' plan caches (keyed by graph object and placement) hit across evaluations
-        if self._views_of is None or self._views_of() is not graph:
-            kept = self._views_by_graph.get(id(graph))
-            self._views = kept[1] if kept is not None and kept[0]() is graph else {}
-            self._views_of = weakref.ref(graph)
-        views: dict[tuple[int, int, int, int], Graph] = {}
-        old_views = self._views
-        cur_copy = self.cur_copy
-        for sp in splits:
-            key = (sp.backend_id, sp.i_start, sp.i_end, cur_copy)  # a view per copy slot
-            view = old_views.get(key)
-            part = nodes[sp.i_start:sp.i_end]
-            if view is None or view._nodes != part:
-                # (a graph rewired since keeps its node count: compare the nodes themselves)
-                view = _split_view(part, src_map, extra_flags)
-            else:
-                view.src_map = src_map  # (stamped: plans cached for the view revalidate)
-                view.extra_flags = extra_flags
-            views[key] = view
-            sp.graph = view
-        self._views = views
-        self._keep_views(graph, views)
-        for sp in splits:
-            for inp in sp.inputs:
-                cpy = self._copies[(inp, sp.backend_id)][self.cur_copy]
-                sg_nodes.append(_dep_view(self._ctx, inp))
-                node_ids.append(bo[inp])
-                sg_nodes.append(cpy)
-                node_ids.append(sp.backend_id)
-            part = nodes[sp.i_start:sp.i_end]
-            sg_nodes.extend(part)
-            node_ids.extend(map(bo.__getitem__, part))
-        if n_copies > 1:
-            for inp in self._graph_inputs:
-                ib = bo[inp]
-                for cpy in self._copies[(inp, ib)]:
-                    sg_leafs.append(cpy)
-                    leaf_ids.append(ib)
-            for sp in splits:
-                for inp in sp.inputs:
-                    for cpy in self._copies[(inp, sp.backend_id)]:
-                        sg_leafs.append(cpy)
-                        leaf_ids.append(sp.backend_id)
-        cpu = len(self.backends) - 1
-        sg_leafs.extend(graph.leafs)
-        leaf_ids.extend(map(bo.get, graph.leafs, repeat(cpu)))
-        sg.nodes = sg_nodes
-        sg.leafs = sg_leafs
-        sg.size = max(len(sg.nodes), len(sg.leafs))
-        visited = set(map(id, sg_nodes))
-        visited.update(map(id, sg_leafs))
-        sg._visited = visited
-        self.graph = sg
-        self._node_ids, self._leaf_ids = node_ids, leaf_ids
-
-    def _keep_views(self, graph: Graph, views: dict) -> None:
-        gid, cache = id(graph), self._views_by_graph
-        kept = cache.get(gid)
-        if kept is not None and kept[0]() is graph:
-            ref = kept[0]
-        else:
-            ref = weakref.ref(graph, lambda r: cache.pop(gid) if cache.get(gid, (None,))[0] is r
-                              else None)
-        cache[gid] = (ref, views)
-        cache.move_to_end(gid)
-        while len(cache) > VIEW_CACHE_GRAPHS:
-            cache.popitem(last=False)
+            st.split_copies(order[p], b, n_copies, names[b])
+    st.splits = [Split(b, i0, i1, [order[p] for p in ins]) for b, i0, i1, ins in plan.splits]
+    copies, src_map = st.copies, st.src_map
+    for p, subs in plan.subst:
+        node = order[p]
+        srcs = list(node.src)
+        for j, b in subs:
+            srcs[j] = copies[(srcs[j], b)][cur_copy]
+        src_map[id(node)] = srcs
+    return st

@@ -9,7 +9,8 @@ from ggmlpy.backend import registry
 from ggmlpy.core import env
 from ggmlpy.core.errors import BackendUnavailableError
 
-ALL = (env.BACKENDS, env.SIM_DEVICES, env.SIM_LATENCY_US, env.SIM_MEMORY_MB, env.SCHED_DEBUG)
+ALL = (env.BACKENDS, env.SIM_DEVICES, env.SIM_LATENCY_US, env.SIM_MEMORY_MB, env.SIM_PINNED_DIRECT,
+       env.SCHED_DEBUG)
 
 
 @pytest.fixture
@@ -35,6 +36,7 @@ BAD = [
     (env.SIM_DEVICES, "-2"), (env.SIM_DEVICES, "1.5"), (env.SIM_DEVICES, "two"),
     (env.SIM_DEVICES, "65"), (env.SIM_DEVICES, "nan"),
     (env.SCHED_DEBUG, "3"), (env.SCHED_DEBUG, "yes"), (env.SCHED_DEBUG, "-1"),
+    (env.SIM_PINNED_DIRECT, "2"), (env.SIM_PINNED_DIRECT, "yes"), (env.SIM_PINNED_DIRECT, "true"),
     (env.BACKENDS, "SIM-0"), (env.BACKENDS, "SIM0,,CPU"), (env.BACKENDS, "0SIM"),
 ]
 
@@ -59,6 +61,8 @@ GOOD = [
     (env.SIM_DEVICES, "0", env.sim_devices, 0),
     (env.SIM_DEVICES, "64", env.sim_devices, 64),
     (env.SCHED_DEBUG, "2", env.sched_debug, 2),
+    (env.SIM_PINNED_DIRECT, "1", env.sim_pinned_direct, True),
+    (env.SIM_PINNED_DIRECT, " 0 ", env.sim_pinned_direct, False),
     (env.BACKENDS, "sim0, cpu,SIM0", env.backends, ["SIM0", "CPU"]),
     (env.BACKENDS, "CUDA0", env.backends, ["CUDA0"]),
 ]

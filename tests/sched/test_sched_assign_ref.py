@@ -23,11 +23,10 @@ from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.opcodes import VIEW_OPS, Op
 from ggmlpy.core.tensor import Flag
-from ggmlpy.sched.assign import op_memo_token
 from ggmlpy.sched.scheduler import Scheduler
 
 
-def _ref_id_from_cur(sc, t):
+def _ref_id_from_cur(sc, a, t):
     for x, c in ((t, "1.dst"), (t.view_src, "1.vsrc")):
         if x is not None and x.buffer is not None:
             for i in range(len(sc.backends)):
@@ -49,11 +48,17 @@ def _ref_id_from_cur(sc, t):
     return -1, ""
 
 
-def _ref_passes(sc, graph):
-    bo, cause = sc._backend_of, sc._cause
+def _bid(bo, t):
+    return -1 if t is None else bo.get(t, -1)
+
+
+def _ref_passes(sc, a, graph):
+    """``sc``: the reference scheduler's assigner (its memos, backends, buffer types); ``a``:
+    the assignment the passes complete."""
+    bo, cause = a.backend_of, a.cause
     for t in list(graph.leafs) + list(graph.nodes):
         if bo.get(t, -1) < 0:
-            b, c = _ref_id_from_cur(sc, t)
+            b, c = _ref_id_from_cur(sc, a, t)
             if b >= 0:
                 bo[t], cause[t] = b, c
     compute = [n for n in graph.nodes if n.op not in VIEW_OPS]
@@ -74,15 +79,15 @@ def _ref_passes(sc, graph):
             best = -1
             for i in range(len(sc.backends)):
                 if sc._op_ok(i, n):
-                    k = sum(1 for s in srcs if (sc._bid(s) >= 0 or sc._bid(s.view_src) >= 0)
-                            and sc._buffer_supported(s, i))
+                    k = sum(1 for s in srcs if (_bid(bo, s) >= 0 or _bid(bo, s.view_src) >= 0)
+                            and sc.buffer_supported(bo, s, i))
                     if k > best:
                         best = k
                         bo[n], cause[n] = i, "3.best"
         else:
             for i in range(b):
                 if (sc.bufts[i] is sc.bufts[b] and sc._op_ok(i, n)
-                        and all(sc._buffer_supported(s, i) for s in srcs)):
+                        and all(sc.buffer_supported(bo, s, i) for s in srcs)):
                     bo[n], cause[n] = i, "3.upg"
                     break
 
@@ -157,15 +162,15 @@ def test_split_assignments_equal_the_reference(devices, seed):
     got.split_graph(g)
     # the reference: the scheduler's own per-split state, then passes 1-3 as stated above, then
     # the same later passes
-    ref.is_reset = False
-    ref._op_memo = {}
-    ref._op_tokens = [op_memo_token(b) for b in ref.backends]
-    _ref_passes(ref, g)
+    asg, a = ref.assigner, ref._state.assignment  # (the pins made above)
+    asg.begin()
+    _ref_passes(asg, a, g)
     compute = [n for n in g.nodes if n.op not in VIEW_OPS]
-    ref._pass3b_inplace_writers_follow_memory(compute)
-    ref._pass4_assign_remaining_srcs(g.nodes)
+    asg._pass3b_inplace_writers_follow_memory(a, compute)
+    asg._pass4_assign_remaining_srcs(a, g.nodes)
     names = {id(t): t.name for t in [*g.leafs, *g.nodes]}
+    got_a = got._state.assignment
     for t in [*g.leafs, *g.nodes]:
-        assert got._backend_of.get(t, -1) == ref._backend_of.get(t, -1), (seed, names[id(t)])
-        assert got._cause.get(t) == ref._cause.get(t), (seed, names[id(t)])
-    assert len(got._backend_of) >= len(g.nodes)
+        assert got_a.backend_of.get(t, -1) == a.backend_of.get(t, -1), (seed, names[id(t)])
+        assert got_a.cause.get(t) == a.cause.get(t), (seed, names[id(t)])
+    assert len(got_a.backend_of) >= len(g.nodes)

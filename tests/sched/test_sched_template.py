@@ -102,7 +102,8 @@ def describe(sched, graph):
     pos, order = {}, []
     _state(graph, None, pos, order)
     copy_of = {}
-    for (s, b), cl in sched._copies.items():
+    st = sched._state
+    for (s, b), cl in st.copies.items():
         for c, t in enumerate(cl):
             copy_of[id(t)] = ("copy", pos[id(s)], b, c, t is s, t.name, int(t.flags), t.ne, t.nb)
     chunk = {}
@@ -125,8 +126,9 @@ def describe(sched, graph):
     return {
         "splits": [(sp.backend_id, sp.i_start, sp.i_end, [name(t) for t in sp.inputs],
                     len(sp.graph.nodes)) for sp in sched.splits],
-        "backend_of": sorted((repr(name(t)), b, sched._cause.get(t)) for t, b in sched._backend_of.items()),
-        "graph_inputs": [name(t) for t in sched._graph_inputs],
+        "backend_of": sorted((repr(name(t)), b, st.assignment.cause.get(t))
+                             for t, b in st.assignment.backend_of.items()),
+        "graph_inputs": [name(t) for t in st.graph_inputs],
         "src_map": sorted((repr(name(sg.nodes[i])), repr([name(s) for s in sg.src_map[id(n)]]))
                           for i, n in enumerate(sg.nodes) if id(n) in (sg.src_map or {})),
         "extra_flags": sorted((repr(name(t)), int(sg.extra_flags[id(t)]))
@@ -241,13 +243,13 @@ def test_offload_answers_are_part_of_the_key(env):
     try:
         sim.device.offload_min_batch = 4
         _both(env, s, ref, v, rng)
-        assert any(c == "1.off" for c in s._cause.values())  # (the control: it offloads)
+        assert any(c == "1.off" for c in s._state.assignment.cause.values())  # (the control: it offloads)
         _both(env, s, ref, v, rng)
         assert s.templates.hits == 1
         sim.device.offload_min_batch = 32
         _both(env, s, ref, v, rng)
         assert s.templates.hits == 1
-        assert not any(c == "1.off" for c in s._cause.values())
+        assert not any(c == "1.off" for c in s._state.assignment.cause.values())
     finally:
         sim.device.offload_min_batch = old
     s.free()
@@ -324,7 +326,7 @@ def test_template_survives_its_graph_and_free_drops_it(env):
 
 def test_dep_view_equals_new_view():
     # the scheduler's dependency views skip new_view's checks: same tensor as new_view's
-    from ggmlpy.sched.template import _dep_view
+    from ggmlpy.sched.splits import _dep_view
     ctx = Context()
     a = ctx.new_tensor_3d(Type.F32, 6, 4, 3).set_name("a")
     v = gp.view_2d(ctx, a, 3, 4, a.nb[1], 12).set_name("v")  # a strided view at 12 bytes

@@ -30,6 +30,7 @@ from ggmlpy.backend.interface import (
     Reg,
     Status,
 )
+from ggmlpy.backend.write_gen import host_reads_pending
 from ggmlpy.backends import kernels
 from ggmlpy.backends.cpu import blas as cpu_blas
 from ggmlpy.backends.cpu import threads as cpu_threads
@@ -283,6 +284,10 @@ class CPUBackend(Backend):
         return plan
 
     def _run(self, plan: Plan) -> None:
+        if host_reads_pending():
+            # queued copies (a device's upload from pinned memory) may still read bytes this
+            # plan writes: wait for those (the host-read rule, ggmlpy.backend.write_gen)
+            plan.wait_host_reads()
         if plan.threaded:  # decided at build: a plan without split steps keeps BLAS as it is
             with cpu_threads.blas_single_thread():
                 plan.run()

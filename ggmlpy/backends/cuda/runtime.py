@@ -11,7 +11,9 @@
   size classes, reused once an event recorded after the copy has completed, capped); async
   downloads land in ring staging and are copied to the caller's array when the host observes
   completion (stream or event synchronize, or a query that returns True). Uploads from a pinned
-  ``CUDA_Host`` tensor skip staging (``pinned_direct_upload``).
+  ``CUDA_Host`` tensor skip staging (``pinned_direct_upload``): the DMA reads the tensor's memory
+  when the stream reaches it, so the device backend registers a host-read fence after each such
+  copy and the package's host-side writers wait for it (:mod:`ggmlpy.backend.write_gen`).
 * Every CUDA failure (launch, copy, memset, event, stream, allocation) becomes
   :class:`~ggmlpy.core.errors.ComputeError` or :class:`~ggmlpy.core.errors.OutOfMemoryError` naming the
   device and the operation, the CuPy exception chained.

@@ -30,9 +30,14 @@ Ordering spec (what is ordered against what; ggml leaves this implicit, see the 
   copy cannot overwrite ``dst`` while queued work on ``b_dst`` still reads it: the stricter rule of
   the digest's pitfall 8), the copy runs on the source stream, then the destination stream waits
   for the copy. From a host buffer to a device buffer: ``b_src`` is synchronized if it is
-  asynchronous, the bytes are snapshotted to pinned staging and uploaded on the destination stream
-  (on CUDA a ``CUDA_Host`` source is uploaded directly, without a snapshot, as in ggml: do not
-  write it until the destination backend is synchronized).
+  asynchronous, the bytes are snapshotted to pinned staging and uploaded on the destination stream.
+  Where the runtime uploads in place (``Runtime.pinned_direct_upload``: CUDA, SIM when asked) a
+  ``<RUNTIME>_Host`` source is read by the stream without a snapshot, as in ggml; an event is
+  recorded after the copy and registered as a host-read fence on the source buffer
+  (:func:`ggmlpy.backend.write_gen.host_read_queued`), so every host-side writer of the package
+  (CPU plans, ``backend_tensor_set``/``memset``/``copy``, ``Buffer.clear``/``free``) waits for
+  the copy before it overwrites those bytes. Other writes to that memory (a NumPy view) must call
+  :func:`ggmlpy.backend.write_gen.wait_host_reads` first.
 * Events: ``event_record`` marks the current end of a stream, ``event_wait`` makes another stream
   (of any device of the same runtime) wait for the last record made before the wait call, the
   host never blocks except in ``event_synchronize``.
@@ -63,6 +68,7 @@ from ggmlpy.backend.interface import (
     Status,
     tensor_buffer,
 )
+from ggmlpy.backend.write_gen import host_read_queued
 from ggmlpy.backends import kernels
 from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type, kernel_memo_token
 from ggmlpy.backends.plan import Plan, PlanCache, ReplayStats, build_plan, launch_plan
@@ -487,6 +493,25 @@ class AsyncHostBuffer(HostBuffer):
 # backend (stream)
 
 
+class _StreamFence:
+    """An event recorded now on ``stream`` (the runtime active on device ``dev``): :meth:`wait`
+    blocks until the stream has passed this point, :meth:`done` asks without blocking."""
+
+    __slots__ = ("rt", "dev", "ev")
+
+    def __init__(self, rt: Runtime, dev: int, stream: Any) -> None:
+        self.rt, self.dev = rt, dev
+        self.ev = rt.event_new(dev)
+        rt.event_record(self.ev, stream)
+
+    def wait(self) -> None:
+        with self.rt.activate(self.dev):
+            self.rt.event_synchronize(self.ev)
+
+    def done(self) -> bool:
+        return bool(self.rt.event_query(self.ev))
+
+
 class AsyncBackend(Backend):
     """One stream of an :class:`AsyncDevice` (mirrors ``ggml_backend_cuda``): asynchronous
     ``graph_compute``, async set/get/copy, events. See the module docstring for the ordering spec.
@@ -660,6 +685,9 @@ class AsyncBackend(Backend):
                     and sbuf.buft.device.runtime is rt):  # type: ignore[union-attr]
                 with rt.activate(self.device.index):  # pinned: DMA straight from the tensor
                     rt.memcpy_htod_async(self.stream, dbuf.mem, dst.offset, view)
+                    fence = _StreamFence(rt, self.device.index, self.stream)
+                # src's bytes are read when the stream gets there: host writers wait till then
+                host_read_queued(sbuf, src.offset, n, fence.wait, fence.done)
                 return True
             staging = rt.staging(self.stream, n)
             if view is not None:  # one copy, straight from host memory
