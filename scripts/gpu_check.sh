@@ -55,7 +55,7 @@ if ! "$PY" -c "import pytest" 2>/dev/null; then
 fi
 if "$PY" -c "import pytest" 2>/dev/null; then
     # only the files holding gpu-marked tests: the rest of the suite needs hypothesis etc.
-    gpu_files=$(grep -l "mark.gpu" tests/test_*.py)
+    gpu_files=$(grep -rl --include="test_*.py" "mark.gpu" tests)
     timeout 330 "$PY" -m pytest -m gpu -q -x -rs -p no:cacheprovider $gpu_files 2>&1 | tee "$OUT/pytest.log" | tail -25
     rc=${PIPESTATUS[0]}
     echo "pytest exit: $rc"
