@@ -31,19 +31,21 @@ __all__ = ["MAX_DIMS", "MAX_SRC", "MAX_NAME", "Flag", "Tensor", "Context", "nbyt
 _host_buffer_alloc: Callable[[int], Buffer] | None = None
 
 
-def _set_host_buffer_alloc(fn: Callable[[int], Buffer]) -> None:
-    """Install the host allocator used by ``no_alloc=False`` contexts (called by the CPU backend)."""
+def set_host_buffer_alloc(fn: Callable[[int], Buffer]) -> None:
+    """Install the host allocator used by ``no_alloc=False`` contexts
+    (:func:`ggmlpy.backends.install` installs the CPU backend's)."""
     global _host_buffer_alloc
     _host_buffer_alloc = fn
 
 #: Zero-copy interop hooks (``numpy``, ``array``, ``cuda_array_interface``, ``dlpack``,
-#: ``dlpack_device``), installed by :mod:`ggmlpy.backends.interop` (``import ggmlpy`` does), so
+#: ``dlpack_device``), installed by :func:`ggmlpy.backends.install` (``import ggmlpy`` does), so
 #: that this module never imports a backend.
 _interop: Any = None
 
 
-def _set_interop(hooks: Any) -> None:
-    """Install the interop hooks behind :meth:`Tensor.numpy` and the array protocols."""
+def set_interop(hooks: Any) -> None:
+    """Install the interop hooks behind :meth:`Tensor.numpy` and the array protocols
+    (:func:`ggmlpy.backends.install` installs :data:`ggmlpy.backends.interop.HOOKS`)."""
     global _interop
     _interop = hooks
 

@@ -98,15 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _register_named_sim(backend: str | None) -> None:
     """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn once (as ``embed --device``
-    does, :func:`ggmlpy.backend.registry.register_named_sim_devices`); a name that is not a device then
+    does, :func:`ggmlpy.cli_names.register_named_devices`); a name that is not a device then
     raises BackendUnavailableError naming ``-b`` and why (GGMLPY_BACKENDS leaving it out, ...)."""
     from ggmlpy.backend import registry
+    from ggmlpy.cli_names import register_named_devices
     from ggmlpy.core.errors import BackendUnavailableError
 
     names = [n.strip() for n in (backend or "").split(",") if n.strip()]
-    n = registry.register_named_sim_devices(names)
-    if n:
-        print(f"test-backend-ops: {registry.sim_registered_note(n)}", file=sys.stderr)
+    register_named_devices(names, "test-backend-ops")
     for name in names:
         why = registry.device_unavailable_reason(name)
         if why:

@@ -30,11 +30,11 @@ from ggmlpy.backend.interface import (
     Reg,
     Status,
 )
+from ggmlpy.backend.registry import BackendFactory
 from ggmlpy.backends import kernels
 from ggmlpy.backends.cpu import blas as cpu_blas
 from ggmlpy.backends.cpu import threads as cpu_threads
 from ggmlpy.backends.plan import Plan, PlanCache, build_plan
-from ggmlpy.core import tensor as _tensor_module
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Tensor
@@ -410,11 +410,12 @@ def backend_cpu_init() -> CPUBackend:
     return CPUBackend(cpu_device())
 
 
-def _alloc_host_zeroed(n: int) -> Buffer:
+def alloc_host_zeroed(n: int) -> Buffer:
     """A zero-filled CPU buffer of ``n`` bytes (the host memory of ``Context(no_alloc=False)``)."""
     buf = cpu_buffer_type().alloc_buffer(n)
     buf.clear(0)
     return buf
 
 
-_tensor_module._set_host_buffer_alloc(_alloc_host_zeroed)
+#: the registry's entry for the CPU (installed by :func:`ggmlpy.backends.install`)
+FACTORY = BackendFactory("CPU", 100, cpu_reg)

@@ -49,8 +49,6 @@ ggml aborts).
 
 from __future__ import annotations
 
-from ggmlpy.backends.cuda import kernels as _cuda_kernels  # a leaf module: imports nothing of this package
-
 # the family modules register their kernels on import (order is irrelevant: one op, one module)
 from ggmlpy.backends.kernels import attention, bounds, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
 from ggmlpy.backends.kernels.registry import (
@@ -65,9 +63,6 @@ from ggmlpy.backends.kernels.registry import (
                                               registered_ops,
                                               supports_op,
 )
-
-# the fused one-launch CUDA kernels, used in front of the generic ones when xp is CuPy
-_cuda_kernels.register(REGISTRY)
 
 __all__ = ["compile_node", "supports_op", "kernel", "registered_ops", "REGISTRY", "KernelRegistry",
            "KernelEntry", "Kernel", "Predicate", "Step"]

@@ -51,7 +51,7 @@ def test_init_by_name_cuda0_raises_when_unavailable():
     with pytest.raises(BackendUnavailableError) as info:
         registry.backend_init_by_name("CUDA0")
     assert cupy_runtime.cuda_reg().unavailable_reason in str(info.value)
-    assert registry.cuda_unavailable_reason() == cupy_runtime.cuda_reg().unavailable_reason
+    assert registry.reg_unavailable_reason("CUDA") == cupy_runtime.cuda_reg().unavailable_reason
 
 
 # ---------------------------------------------------------------------------------------------
