@@ -232,7 +232,8 @@ def _compile_nodes(graph: Graph, xp: Any, backend_name: str, can_read: Callable[
                 if k is not None:
                     memo[k] = ok
         if not ok:
-            srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src if s is not None)  # noqa
+            srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src
+                             if s is not None)
             raise UnsupportedOpError(f"{backend_name}: op {node.op.name} of node '{node.name}' "
                                      f"({node.type.type_name}, sources {srcs}) is not supported")
         node_srcs = node.src if smap is None else smap.get(id(node), node.src)

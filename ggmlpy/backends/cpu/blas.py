@@ -49,8 +49,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -59,8 +59,8 @@ MAX_N_THREADS = 512
 _ELEMENTWISE = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 _SAME_SHAPE = (Op.SCALE, Op.UNARY, Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.CPY, Op.DUP, Op.CONT)
 #: destination elements from which a node of each op is split (~150 us of one thread's work)
-MIN_ELEMENTS = {**{op: 1 << 20 for op in (*_ELEMENTWISE, Op.SCALE, Op.CPY, Op.DUP, Op.CONT)},
-                **{op: 1 << 18 for op in (Op.NORM, Op.RMS_NORM, Op.L2_NORM)},
+MIN_ELEMENTS = {**dict.fromkeys((*_ELEMENTWISE, Op.SCALE, Op.CPY, Op.DUP, Op.CONT), 1 << 20),
+                **dict.fromkeys((Op.NORM, Op.RMS_NORM, Op.L2_NORM), 1 << 18),
                 Op.UNARY: 1 << 17, Op.SOFT_MAX: 1 << 16}
 #: multiply-adds from which a MUL_MAT node is split
 MIN_MACS = 1 << 24
