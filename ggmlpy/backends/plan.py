@@ -274,7 +274,7 @@ def _note_write_and_cache_read(node: Tensor, i: int, writes: dict[int, tuple[Buf
 
 def _track_writes(plan: Plan, writes: dict[int, tuple[Buffer, list[int]]],
                   cache_reads: set[int]) -> None:
-    """Keep the weight cache's write generations right for a NumPy plan (issue 11, item 4).
+    """Keep the weight cache's write generations right for a NumPy plan.
 
     A buffer the plan writes gets one new generation when :meth:`Plan.run` returns, after all
     its bytes are in place: one call per buffer and run, not one per node. Where the same plan
@@ -320,7 +320,7 @@ def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str,
     vs = t.view_src
     if (t._buffer is None and (vs is None or vs._buffer is None)) or t._offset is None:
         # the graph was never placed, or another graph's alloc_graph un-placed it: never run
-        # whatever memory another graph left behind (issue 10, item 4)
+        # whatever memory another graph left behind
         raise NotAllocatedError(
             f"{backend_name}: graph_compute: tensor '{t.name}' ({t.op.name}) of this graph is not "
             "allocated; allocate this graph (GraphAllocator.alloc_graph(graph) or "

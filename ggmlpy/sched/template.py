@@ -1,5 +1,5 @@
 """Split templates: a fresh graph with the structure of one split before skips passes 1-5
-(issue 11 item 3; a mixin of :class:`~ggmlpy.sched.scheduler.Scheduler`).
+(a mixin of :class:`~ggmlpy.sched.scheduler.Scheduler`).
 
 A model usually builds a new graph object per evaluation, with the same structure as the last
 one. The scheduler's fast path (:mod:`ggmlpy.sched.reuse`) only replays for the *same* graph

@@ -65,8 +65,7 @@ def _aligned_bytes(size: int, align: int = MEMORY_ALIGNMENT) -> np.ndarray:
     """``size`` bytes of host memory, base aligned to ``align`` (<= the page size). From
     :data:`POPULATE_MIN_BYTES` on Linux, an anonymous mapping made with ``MAP_POPULATE``: the
     kernel maps every page at once instead of one fault per 4 KiB page on first write, which
-    made the first graph evaluation after a reserve pay ~1-3 ms per MiB on the 2-core VM
-    (50 MiB: 42-144 ms of first writes; populated: 21-40 ms, then writes at full speed); the
+    made the first graph evaluation after a reserve pay for a page fault per page; the
     memory is zeroed and unmapped when the last view of it is gone. Only while ``size`` is at
     most half the free physical memory: populated pages are committed at once, so a request
     beyond it would meet the kernel's OOM killer instead of an error (lazily mapped memory, as

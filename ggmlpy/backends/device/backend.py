@@ -7,7 +7,8 @@ Two runtimes implement :class:`Runtime`: ``cupy_runtime`` (real CUDA) and ``sim_
 host-emulated accelerator for machines without a GPU). Only the runtime differs, so the tests that
 run on SIM in CI run unchanged on CUDA.
 
-Ordering spec (what is ordered against what; ggml leaves this implicit, see the digest pitfall 9):
+Ordering spec (what is ordered against what; ggml leaves this implicit, so it is written
+down here):
 
 * Work queued on one backend (``graph_compute_async``, ``*_async`` copies, ``event_record``,
   ``event_wait``) runs in the order it was queued, on that backend's stream, after the call returns.
@@ -27,8 +28,9 @@ Ordering spec (what is ordered against what; ggml leaves this implicit, see the 
   it only after ``synchronize``.
 * ``backend_tensor_copy_async(b_src, b_dst, src, dst)`` between device buffers of one runtime:
   the destination stream's current end is recorded and the *source* stream waits for it (so the
-  copy cannot overwrite ``dst`` while queued work on ``b_dst`` still reads it: the stricter rule of
-  the digest's pitfall 8), the copy runs on the source stream, then the destination stream waits
+  copy cannot overwrite ``dst`` while queued work on ``b_dst`` still reads it; ggml-cuda's
+  ``ggml_backend_cuda_cpy_tensor_async`` only makes the destination wait for the copy), the copy
+  runs on the source stream, then the destination stream waits
   for the copy. From a host buffer to a device buffer: ``b_src`` is synchronized if it is
   asynchronous, the bytes are snapshotted to pinned staging and uploaded on the destination stream
   (on CUDA a ``CUDA_Host`` source is uploaded directly, without a snapshot, as in ggml: do not
@@ -117,7 +119,7 @@ class DeviceInfo:
 
 
 class Runtime:
-    """What the async device backend needs from a device runtime (ARCHITECTURE decision 4).
+    """What the async device backend needs from a device runtime.
 
     A runtime owns ``device_count()`` devices, indexed from 0. All ``offset``/``size`` arguments are
     **bytes**; host data is a 1-D C-contiguous ``uint8`` NumPy array. ``stream`` and ``event``
