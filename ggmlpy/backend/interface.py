@@ -36,7 +36,7 @@ from ggmlpy.backend.write_gen import (
     buffer_written,
 )
 from ggmlpy.core import snapshot as _snapshot
-from ggmlpy.core.check import typed_functions as _typed_functions
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import VIEW_OPS, Op
@@ -379,6 +379,7 @@ def tensor_buffer(tensor: Tensor) -> Buffer:
     return buf
 
 
+@checked_args
 def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> Status:
     """Place ``tensor`` at byte ``offset`` of ``buffer`` (mirrors ``ggml_backend_tensor_alloc``).
 
@@ -398,6 +399,7 @@ def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> Status:
     return buffer.init_tensor(tensor)
 
 
+@checked_args
 def view_init(tensor: Tensor) -> Status:
     """Give a view its ``view_src``'s memory (mirrors ``ggml_backend_view_init``).
 
@@ -632,6 +634,7 @@ class Event:
         return f"<Event of {self.device.name}>"
 
 
+@checked_args
 def event_new(device: Device) -> Event | None:
     """A new event for ``device``, or None when the device has no event support
     (mirrors ``ggml_backend_event_new``)."""
@@ -640,6 +643,7 @@ def event_new(device: Device) -> Event | None:
     return device._event_new()
 
 
+@checked_args
 def event_record(event: Event, backend: Backend) -> None:
     """Mark the current end of ``backend``'s stream; asynchronous (mirrors ``ggml_backend_event_record``).
 
@@ -655,6 +659,7 @@ def event_record(event: Event, backend: Backend) -> None:
     backend._event_record(event)
 
 
+@checked_args
 def event_wait(backend: Backend, event: Event) -> None:
     """Make ``backend``'s stream wait for ``event``; the host does not block
     (mirrors ``ggml_backend_event_wait``).
@@ -671,11 +676,13 @@ def event_wait(backend: Backend, event: Event) -> None:
     backend._event_wait(event)
 
 
+@checked_args
 def event_synchronize(event: Event) -> None:
     """Block the host until ``event`` has completed (mirrors ``ggml_backend_event_synchronize``)."""
     event.device._event_synchronize(event)
 
 
+@checked_args
 def event_query(event: Event) -> bool:
     """True when ``event`` has completed (or was never recorded); never blocks."""
     return event.device._event_query(event)
@@ -871,8 +878,3 @@ class Reg:
 
 #: Signature of a scheduler eval callback: ``cb(tensor, ask) -> bool``.
 EvalCallback = Callable[[Tensor, bool], bool]
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("tensor_alloc", "view_init", "event_new", "event_record", "event_wait",
-                             "event_synchronize", "event_query"))

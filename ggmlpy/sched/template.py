@@ -51,9 +51,9 @@ __all__ = ["Split", "SplitTemplate", "TemplateCache", "TemplateSplits", "pins_ke
            "DEFAULT_TEMPLATES"]
 
 # the scheduler's own copies and dependency views, made with known-valid arguments: without the
-# Context/Tensor methods' argument checks (ggmlpy.core.check; new_view's bounds checks)
-_dup_layout = getattr(Context.dup_tensor_layout, "__wrapped__", Context.dup_tensor_layout)
-_set_name = getattr(Tensor.set_name, "__wrapped__", Tensor.set_name)
+# Context/Tensor methods' argument type checks (ggmlpy.core.check.checked_args's unchecked path)
+_dup_layout = Context.dup_tensor_layout.unchecked
+_set_name = Tensor.set_name.unchecked
 _INOUT = Flag.INPUT | Flag.OUTPUT
 _buffer_of = attrgetter("_buffer")
 _view_src_of = attrgetter("view_src")
