@@ -102,7 +102,7 @@ def _cuda(t: Tensor, what: str) -> tuple[Any, Any]:
 
 def _producer_stream(buf: Any) -> Any:
     """The runtime stream of the backend that last queued work on the buffer's device, or None."""
-    s = getattr(buf.buft.device, "last_stream", None)
+    s = buf.buft.device.last_stream
     return None if s is None or getattr(s, "closed", False) else s
 
 

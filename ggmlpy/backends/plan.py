@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backend.interface import Buffer, BufferUsage, tensor_buffer
+from ggmlpy.backend.interface import Buffer, BufferUsage, Device, tensor_buffer
 from ggmlpy.backend.write_gen import buffer_written
 from ggmlpy.backends import kernels
 from ggmlpy.core import snapshot as _snapshot
@@ -145,7 +145,7 @@ def launch_plan(runtime: Any, stream: Any, plan: Plan, stats: ReplayStats, repla
         stats.replays += 1
         return
     if (not replay or plan.runs == 0 or plan.capture_failed or not plan.steps
-            or not getattr(runtime, "supports_graphs", False)):
+            or not runtime.supports_graphs):
         runtime.launch(stream, plan.run)
         plan.runs += 1
         stats.eager += 1
@@ -310,8 +310,7 @@ def _memoisable(supports: Callable[[Tensor], bool]) -> bool:
     name = getattr(supports, "__name__", "")
     if dev is None or name not in ("supports_op", "can_compute") or name in vars(dev):
         return False
-    f = getattr(dev, "supports_op_memo_token", None)
-    return f is not None and f() is not None
+    return isinstance(dev, Device) and dev.supports_op_memo_token() is not None
 
 
 def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str,

@@ -124,7 +124,28 @@ class Runtime:
     A runtime owns ``device_count()`` devices, indexed from 0. All ``offset``/``size`` arguments are
     **bytes**; host data is a 1-D C-contiguous ``uint8`` NumPy array. ``stream`` and ``event``
     objects are opaque handles made by the runtime. Every method not marked *async* completes before
-    it returns. Subclasses implement every method that raises ``NotImplementedError`` here.
+    it returns. The SIM (:class:`ggmlpy.backends.sim.SimRuntime`), CUDA
+    (:class:`ggmlpy.backends.cuda.runtime.CupyRuntime`) and RAY
+    (:class:`ggmlpy.backends.ray.runtime.RayRuntime`) runtimes subclass it.
+
+    The whole contract (the backend reads nothing else of a runtime):
+
+    * required: ``device_count``, ``device_info``, ``mem_info``; ``malloc``, ``free``, ``array``;
+      the blocking copies ``memcpy_htod``, ``memcpy_dtoh``, ``memcpy_dtod``, ``memset``;
+      ``alloc_pinned``; ``stream_new``, ``stream_free``, ``stream_synchronize``, ``launch``; the
+      async copies ``memcpy_htod_async``, ``memcpy_dtoh_async``, ``memcpy_dtod_async``; the
+      events ``event_new``, ``event_record``, ``stream_wait_event``, ``event_synchronize``,
+      ``event_query``;
+    * ``activate(dev)`` (optional, default: a no-op context manager);
+    * ``on_stream(stream)`` (optional, default: a no-op context manager);
+    * ``memcpy_dtoh_into(mem, offset, out)`` (optional, default: through ``memcpy_dtoh``);
+    * ``staging(stream, size)`` (optional, default: a new ``alloc_pinned`` block);
+    * ``launch_count()`` (optional, default None: cannot count);
+    * ``supports_graphs`` (optional, default False); ``graph_capture``, ``graph_launch``
+      (optional, default: raise NotImplementedError; called only when ``supports_graphs``);
+    * ``pinned_direct_upload`` (optional, default False: uploads always go through staging);
+    * the attributes ``name``, ``xp``, ``alignment`` and ``guid`` below (defaults: "DEVICE",
+      ``numpy``, 128, the zero UUID).
 
     Attributes:
         name: registration and device-name prefix ("CUDA" -> devices "CUDA0", "CUDA1").
