@@ -35,6 +35,7 @@ def install() -> None:
     from ggmlpy.backend import registry
     from ggmlpy.backends import interop, sim
     from ggmlpy.backends.cpu import backend as cpu
+    from ggmlpy.backends.cpu import variants as cpu_variants
     from ggmlpy.backends.cuda import kernels as cuda_kernels
     from ggmlpy.backends.cuda import runtime as cuda
     from ggmlpy.backends.kernels.registry import REGISTRY
@@ -46,4 +47,5 @@ def install() -> None:
     tensor.set_host_buffer_alloc(cpu.alloc_host_zeroed)
     tensor.set_interop(interop.HOOKS)
     cuda_kernels.register(REGISTRY)
+    cpu_variants.register(REGISTRY)
     _installed = True

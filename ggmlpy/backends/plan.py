@@ -30,6 +30,7 @@ import numpy as np
 from ggmlpy.backend.interface import Buffer, BufferUsage, Device, tensor_buffer
 from ggmlpy.backend.write_gen import buffer_written
 from ggmlpy.backends import kernels
+from ggmlpy.backends.cpu import variants as cpu_variants
 from ggmlpy.core import snapshot as _snapshot
 from ggmlpy.core.errors import NotAllocatedError, UnsupportedOpError
 from ggmlpy.core.graph import Graph
@@ -196,7 +197,7 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     writes: dict[int, tuple[Buffer, list[int]]] = {}  # non-COMPUTE buffers written, by step
     cache_reads: set[int] = set()  # buffers a MUL_MAT may read through the weight cache
     arrays: dict[int, Any] = {}  # id(tensor) -> its array view (tensors outlive the build)
-    with kernels.common.plan_build_scope():
+    with cpu_variants.plan_build_scope():
         _compile_nodes(graph, xp, backend_name, can_read, supports, compile_node, steps, nodes,
                        buffers, writes, cache_reads, arrays)
     plan = Plan(steps, nodes, list(buffers.values()))

@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.backends.cpu.fastpath", "ggmlpy.backends.cpu.jit", "ggmlpy.backends.cpu.blas"),
     ("ggmlpy.backends.kernels", "ggmlpy.backends.cuda.kernels", "ggmlpy.backends.cuda.quant",
      "ggmlpy.backends.cuda.gemm"),
+    ("ggmlpy.backends.cpu.variants",),
     ("ggmlpy.backends.plan", "ggmlpy.backends.ray.graph_spec", "ggmlpy.backends.ray.env"),
     ("ggmlpy.backends.cpu.threads",),
     ("ggmlpy.backends.cpu.backend", "ggmlpy.backends.cpu"),

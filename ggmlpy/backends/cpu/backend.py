@@ -34,6 +34,7 @@ from ggmlpy.backend.registry import BackendFactory
 from ggmlpy.backends import kernels
 from ggmlpy.backends.cpu import blas as cpu_blas
 from ggmlpy.backends.cpu import threads as cpu_threads
+from ggmlpy.backends.cpu import variants as cpu_variants
 from ggmlpy.backends.plan import Plan, PlanCache, build_plan
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.graph import Graph
@@ -270,7 +271,7 @@ class CPUBackend(Backend):
         return kernels.compile_node(xp, node, dst, srcs)
 
     def _build_plan(self, graph: Graph) -> Plan:
-        with kernels.common.plan_build_scope():
+        with cpu_variants.plan_build_scope():
             plan = build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
                               self._compile_node)
             if self._n_threads > 1:
