@@ -33,8 +33,9 @@ BUDGET: dict[str, int] = {
     "ggmlpy/backends/kernels": 1760,  # 1566
     "ggmlpy/backends/ray": 910,  # 805
     "ggmlpy/core": 1640,  # 1460
-    "ggmlpy/gguf": 280,  # 248
-    "ggmlpy/models": 1660,  # 1476
+    "ggmlpy/gguf": 820,  # 732
+    "ggmlpy/models": 1650,  # 1465
+    "ggmlpy/models/llm": 1040,  # 925
     "ggmlpy/ops": 1120,  # 993
     "ggmlpy/quants": 350,  # 312
     "ggmlpy/sched": 1510,  # 1343
