@@ -48,7 +48,6 @@ from ggmlpy.backend.registry import (
     reg_by_name,
     reg_count,
     reg_get,
-    register_sim_devices,
 )
 from ggmlpy.backend.tensor_data import (
     backend_tensor_copy,
@@ -59,8 +58,9 @@ from ggmlpy.backend.tensor_data import (
     backend_tensor_set,
     backend_tensor_set_async,
 )
-from ggmlpy.backends import interop as _interop  # noqa: F401  (installs Tensor.numpy/__dlpack__/...)
+from ggmlpy.backends import install as _install_backends
 from ggmlpy.backends.cpu.backend import backend_cpu_init, cpu_buffer_from_array, cpu_buffer_type
+from ggmlpy.backends.sim import register_sim_devices
 from ggmlpy.core.errors import (
     BackendUnavailableError,
     ComputeError,
@@ -97,6 +97,9 @@ __all__ = [
 ] + list(_ops_all)
 
 __version__ = "0.1.0"
+
+# the built-in backends, the interop hooks and the kernel variants (see ggmlpy.backends.install)
+_install_backends()
 
 # a library logs, the application decides where logs go (nothing is printed by default)
 import logging as _logging

@@ -34,13 +34,12 @@ def _cmd_devices(argv: Sequence[str]) -> int:
                      "buffer_from_host_ptr": caps.buffer_from_host_ptr, "events": caps.events},
             **({"extra": props.extra} if props.extra else {}),
         })
-    cuda_why = registry.cuda_unavailable_reason()
+    # a backend whose reg has no devices says why (CUDA without a driver, a Ray that did not start)
+    why = {f.name: registry.reg_unavailable_reason(f.name) for f in registry.factories()}
+    why = {name: reason for name, reason in why.items() if reason}
     unknown = registry.unknown_backend_names()
-    ray = registry.reg_by_name("RAY")
-    ray_why = ray.unavailable_reason if ray is not None and not ray.devices else None
     if args.json:
-        print(json.dumps({"devices": rows, "cuda_unavailable": cuda_why,
-                          **({"ray_unavailable": ray_why} if ray_why else {}),
+        print(json.dumps({"devices": rows, **{f"{n.lower()}_unavailable": r for n, r in why.items()},
                           "ignored_in_GGMLPY_BACKENDS": unknown}, indent=2, default=str))
         return 0
     print(f"{'name':<8} {'type':<6} {'free MiB':>10} {'total MiB':>10}  caps  description")
@@ -51,10 +50,8 @@ def _cmd_devices(argv: Sequence[str]) -> int:
         print(f"{r['name']:<8} {r['type']:<6} {r['memory_free'] / 2**20:>10.0f} "
               f"{r['memory_total'] / 2**20:>10.0f}  {caps}  {r['description']}")
     print("caps: a=async h=pinned host buffer p=buffer_from_host_ptr e=events")
-    if cuda_why:
-        print(f"CUDA: not available: {cuda_why}")
-    if ray_why:
-        print(f"RAY: not available: {ray_why}")
+    for name, reason in why.items():
+        print(f"{name}: not available: {reason}")
     if unknown:
         print(f"GGMLPY_BACKENDS: no device named {', '.join(unknown)} (ignored)")
     return 0

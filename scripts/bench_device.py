@@ -315,7 +315,7 @@ def launches_report(device_name: str | None, model_dir: str | None) -> dict[str,
 
 
 def _table(res: dict[str, Any]) -> str:
-    rows = [(k, v) for k, v in res.items()]
+    rows = list(res.items())
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 

@@ -253,10 +253,10 @@ def run_workload(sentences: Sequence[str], tools: list[_Tool], repeats: int) -> 
 
 def _ensure_sim(device: str) -> None:
     """Register SIM devices when ``device`` names one that does not exist yet (once, as the
-    command lines do: :func:`ggmlpy.backend.registry.register_named_sim_devices`)."""
-    from ggmlpy.backend import registry
+    command lines do: :func:`ggmlpy.backends.sim.register_named_sim_devices`)."""
+    from ggmlpy.backends.sim import register_named_sim_devices
 
-    registry.register_named_sim_devices([device])
+    register_named_sim_devices([device])
 
 
 def _profile(encode: Callable[[Sequence[str]], np.ndarray], sentences: Sequence[str],

@@ -161,8 +161,8 @@ def bench_minilm(repeat: int, n_sentences: int, schemes: list[str]) -> list[dict
     from ggmlpy.models.loader import find_default_model_dir  # noqa: PLC0415
 
     rng = np.random.default_rng(1)
-    words = "the a cat dog runs quickly over lazy model tensor graph backend quantized weights " \
-            "sentence embedding small large fast slow good bad".split()
+    words = ("the a cat dog runs quickly over lazy model tensor graph backend quantized weights "
+             "sentence embedding small large fast slow good bad").split()
     sents = [" ".join(rng.choice(words, rng.integers(5, 41))) for _ in range(n_sentences)]
     out = []
     env_before = os.environ.get("GGMLPY_WEIGHT_CACHE_MB")

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backend import registry
+from ggmlpy.backends.sim import register_named_sim_devices
 from ggmlpy.models.bert import BertModel
 
 N_STREAM = 64
@@ -75,7 +75,7 @@ def run(model_dir: Path | None, device: str, repeats: int = 3, fixtures: Path | 
     model_dir, fixture, source = load_fixture(model_dir, fixtures)
     ids = fixture["token_ids"]
     ref = np.asarray(fixture["embeddings"], dtype=np.float64)
-    registry.register_named_sim_devices([device])
+    register_named_sim_devices([device])
     out: dict = {"device": device, "model": source, "n_fixture": len(ids), "configs": []}
     stream = (ids * (N_STREAM // len(ids) + 1))[:N_STREAM]
     out["stream"] = stream

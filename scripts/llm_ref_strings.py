@@ -137,22 +137,22 @@ def tokenizer_strings(n_mixes: int = 80, seed: int = 20261201) -> list[str]:
 
 
 BPE_TRAIN_PARAGRAPHS: list[str] = [
-    "The quick brown fox jumps over the lazy dog. It was the best of times, it was the worst of "
-    "times. She said that they're going to the market, and we'll meet them there at noon.",
-    "A tokenizer splits text into pieces. Byte pair encoding starts from single bytes and merges "
-    "the most frequent adjacent pair again and again until the vocabulary is large enough.",
+    ("The quick brown fox jumps over the lazy dog. It was the best of times, it was the worst of "
+    "times. She said that they're going to the market, and we'll meet them there at noon."),
+    ("A tokenizer splits text into pieces. Byte pair encoding starts from single bytes and merges "
+    "the most frequent adjacent pair again and again until the vocabulary is large enough."),
     "def add(a, b):\n    return a + b\n\nfor i in range(10):\n    print(i, add(i, i))\n",
     "import numpy as np\nx = np.zeros((3, 4), dtype=np.float32)\ny = x.sum(axis=0)\n",
-    "int main(void) {\n    int sum = 0;\n    for (int i = 0; i < 100; ++i) { sum += i; }\n"
-    "    return sum;\n}\n",
-    "Numbers like 1, 2, 3, 10, 42, 100, 1000, 2024 and 3.14159 appear in text. Prices are $9.99 "
-    "or 12.50 euros; the date is 2024-01-31 and the time 12:34:56.",
+    ("int main(void) {\n    int sum = 0;\n    for (int i = 0; i < 100; ++i) { sum += i; }\n"
+    "    return sum;\n}\n"),
+    ("Numbers like 1, 2, 3, 10, 42, 100, 1000, 2024 and 3.14159 appear in text. Prices are $9.99 "
+    "or 12.50 euros; the date is 2024-01-31 and the time 12:34:56."),
     "https://www.example.com/path/to/page?query=1 is a link; user@example.com is an e-mail.",
     "caf\u00e9 na\u00efve \u00fcber Stra\u00dfe fa\u00e7ade r\u00e9sum\u00e9 S\u00e3o Paulo Z\u00fcrich",
-    "\u041f\u0440\u0438\u0432\u0435\u0442, \u043a\u0430\u043a \u0434\u0435\u043b\u0430? "
-    "\u041c\u043e\u0441\u043a\u0432\u0430 \u2014 \u0441\u0442\u043e\u043b\u0438\u0446\u0430.",
-    "\u4f60\u597d\uff0c\u4e16\u754c\uff01\u6211\u559c\u6b22\u5b66\u4e60\u3002 "
-    "\u3053\u3093\u306b\u3061\u306f \u0645\u0631\u062d\u0628\u0627 \U0001F600 \U0001F44D",
+    ("\u041f\u0440\u0438\u0432\u0435\u0442, \u043a\u0430\u043a \u0434\u0435\u043b\u0430? "
+    "\u041c\u043e\u0441\u043a\u0432\u0430 \u2014 \u0441\u0442\u043e\u043b\u0438\u0446\u0430."),
+    ("\u4f60\u597d\uff0c\u4e16\u754c\uff01\u6211\u559c\u6b22\u5b66\u4e60\u3002 "
+    "\u3053\u3093\u306b\u3061\u306f \u0645\u0631\u062d\u0628\u0627 \U0001F600 \U0001F44D"),
 ]
 
 BPE_TRAIN_WORDS: list[str] = (

@@ -51,10 +51,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import llm_ref_numpy_llama
 import llm_ref_strings
+import numpy as np
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")  # before tokenizers is imported
 

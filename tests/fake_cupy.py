@@ -655,7 +655,7 @@ class _FakeRawModule:
     def __init__(self, code: str, **kw) -> None:
         self.code = code
 
-    def get_function(self, name: str) -> "_FakeRawKernel":
+    def get_function(self, name: str) -> _FakeRawKernel:
         return _FakeRawKernel(self.code, name)
 
 

@@ -33,7 +33,7 @@ from ggmlpy.alloc.dyn_alloc import _UNBOUNDED, MAX_CHUNKS, _DynAllocator, _pad
 from ggmlpy.backend.buffers import MultiBuffer
 from ggmlpy.backend.interface import Buffer, BufferType, BufferUsage
 from ggmlpy.core import snapshot as _snapshot
-from ggmlpy.core.check import typed_methods as _typed_methods
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import NotAllocatedError, OutOfMemoryError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import INPLACE_CAPABLE_OPS, Op
@@ -168,10 +168,12 @@ class GraphAllocator:
             unknown ``policy``.
     """
 
+    @checked_args
     def __init__(self, buft: BufferType, policy: str = "ggml") -> None:
         self._init([buft], policy)
 
     @classmethod
+    @checked_args
     def new_n(cls, bufts: Sequence[BufferType], policy: str = "ggml") -> GraphAllocator:
         """A graph allocator with one buffer per entry of ``bufts`` (mirrors ``ggml_gallocr_new_n``)."""
         self = cls.__new__(cls)
@@ -550,11 +552,13 @@ class GraphAllocator:
         self._multi[k] = None
 
     # -- public API ----------------------------------------------------------------------------
+    @checked_args
     def reserve(self, graph: Graph) -> bool:
         """Plan ``graph`` with every tensor in buffer 0 and grow the buffers to fit
         (mirrors ``ggml_gallocr_reserve``); see :meth:`reserve_n`."""
         return self.reserve_n(graph, None, None)
 
+    @checked_args
     def reserve_n(self, graph: Graph, node_buffer_ids: Sequence[int] | None,
                   leaf_buffer_ids: Sequence[int] | None) -> bool:
         """Plan ``graph`` and (re)allocate every buffer that must grow (mirrors ``ggml_gallocr_reserve_n``).
@@ -579,6 +583,7 @@ class GraphAllocator:
         """
         return self._reserve_impl(graph, node_buffer_ids, leaf_buffer_ids, no_alloc=False)
 
+    @checked_args
     def reserve_n_size(self, graph: Graph, node_buffer_ids: Sequence[int] | None,
                        leaf_buffer_ids: Sequence[int] | None) -> list[int]:
         """Plan only, and return the bytes each buffer would need (mirrors ``ggml_gallocr_reserve_n_size``).
@@ -676,6 +681,7 @@ class GraphAllocator:
             note(node, dst_rec)
         return out
 
+    @checked_args
     def alloc_graph(self, graph: Graph) -> bool:
         """Place every tensor of ``graph`` at its planned address (mirrors ``ggml_gallocr_alloc_graph``).
 
@@ -794,6 +800,7 @@ class GraphAllocator:
         Tensors another party re-placed or un-placed since are left out."""
         return [r for r in self._placed.values() if r[0]._buffer is r[1] and r[0]._offset == r[2]]
 
+    @checked_args
     def get_buffer_size(self, buffer_id: int) -> int:
         """Bytes of buffer ``buffer_id`` (sum of its chunks; mirrors ``ggml_gallocr_get_buffer_size``).
 
@@ -809,6 +816,7 @@ class GraphAllocator:
             return 0
         return sum(b.size for b in cur)
 
+    @checked_args
     def get_buffer(self, buffer_id: int) -> Buffer | None:
         """The memory of buffer ``buffer_id``: its single chunk buffer, a
         :class:`~ggmlpy.backend.buffers.MultiBuffer` over its chunks when there are several (the same
@@ -830,6 +838,7 @@ class GraphAllocator:
             self._multi[k].usage = BufferUsage.COMPUTE
         return self._multi[k]
 
+    @checked_args
     def get_chunk_buffers(self, buffer_id: int) -> list[Buffer]:
         """The backend buffers (one per planned chunk) of buffer ``buffer_id``; empty when none.
 
@@ -860,9 +869,3 @@ class GraphAllocator:
         sizes = [self.get_buffer_size(i) for i in range(len(self.bufts))]
         names = [b.name for b in self.bufts]
         return f"<GraphAllocator {names} sizes={sizes}>"
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_methods(GraphAllocator, ("__init__", "new_n", "reserve", "reserve_n", "reserve_n_size",
-                                "alloc_graph", "get_buffer_size", "get_buffer",
-                                "get_chunk_buffers"))

@@ -20,7 +20,7 @@ import logging
 from ggmlpy.alloc.dyn_alloc import _pad
 from ggmlpy.backend.buffers import MultiBuffer
 from ggmlpy.backend.interface import Backend, Buffer, BufferType, Status, tensor_alloc, view_init
-from ggmlpy.core.check import typed_functions as _typed_functions
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.tensor import Context, Tensor
 
@@ -145,6 +145,7 @@ def _check_ctx(ctx: Context, buft: BufferType, fn: str) -> None:
                          "already have memory")
 
 
+@checked_args
 def alloc_ctx_tensors_size(ctx: Context, buft: BufferType) -> int:
     """Bytes :func:`alloc_ctx_tensors_from_buft` would allocate for ``ctx`` in ``buft``
     (mirrors ``ggml_backend_alloc_ctx_tensors_from_buft_size``): the padded alloc sizes of every
@@ -158,6 +159,7 @@ def alloc_ctx_tensors_size(ctx: Context, buft: BufferType) -> int:
     return _ctx_ranges(ctx, buft, "alloc_ctx_tensors_size")[1]
 
 
+@checked_args
 def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None:
     """Allocate every unallocated tensor of ``ctx`` in new ``buft`` memory
     (mirrors ``ggml_backend_alloc_ctx_tensors_from_buft``).
@@ -232,14 +234,10 @@ def alloc_ctx_tensors_from_buft(ctx: Context, buft: BufferType) -> Buffer | None
     return MultiBuffer(buffers)
 
 
+@checked_args
 def alloc_ctx_tensors(ctx: Context, backend: Backend) -> Buffer | None:
     """:func:`alloc_ctx_tensors_from_buft` with ``backend``'s default buffer type
     (mirrors ``ggml_backend_alloc_ctx_tensors``)."""
     if not isinstance(backend, Backend):
         raise TypeError(f"alloc_ctx_tensors: expected a Backend, got {type(backend).__name__}")
     return alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("alloc_ctx_tensors_size", "alloc_ctx_tensors_from_buft",
-                             "alloc_ctx_tensors"))

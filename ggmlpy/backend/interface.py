@@ -37,7 +37,7 @@ from ggmlpy.backend.write_gen import (
     wait_host_reads,
 )
 from ggmlpy.core import snapshot as _snapshot
-from ggmlpy.core.check import typed_functions as _typed_functions
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import VIEW_OPS, Op
@@ -126,9 +126,14 @@ class DeviceProps:
 class BufferType:
     """A kind of memory a backend can allocate (mirrors ``ggml_backend_buffer_type``).
 
-    Buffer types are long-lived singletons compared by identity. Subclasses implement the hooks
-    ``_alloc_buffer`` and ``_get_alignment``, and optionally ``_get_max_size``,
-    ``_get_alloc_size`` and ``_is_host``.
+    Buffer types are long-lived singletons compared by identity.
+
+    Hooks (a subclass implements the required ones; the others have ggml's default):
+
+    * ``_alloc_buffer(size) -> Buffer``, ``_get_alignment() -> int``: required;
+    * ``_get_max_size() -> int`` (optional, default ``sys.maxsize``: no limit);
+    * ``_get_alloc_size(tensor) -> int`` (optional, default ``tensor.nbytes``);
+    * ``_is_host() -> bool`` (optional, default False).
 
     Args:
         name: e.g. "CPU", "CUDA0", "CUDA_Host", "SIM0".
@@ -214,9 +219,19 @@ def _zero_buffer_class() -> type[Buffer]:
 class Buffer(WriteTracked):
     """A block of backend memory holding tensors (mirrors ``ggml_backend_buffer``).
 
-    Tensors point into a buffer with ``(tensor.buffer, tensor.offset)``. Subclasses implement the
-    data hooks ``_set_tensor``, ``_get_tensor``, ``_memset_tensor``, ``_clear`` and ``_array``,
-    and optionally ``_free``, ``_init_tensor``, ``_cpy_tensor`` and ``_reset``.
+    Tensors point into a buffer with ``(tensor.buffer, tensor.offset)``.
+
+    Hooks:
+
+    * ``_set_tensor``, ``_get_tensor``, ``_memset_tensor``, ``_clear``, ``_array``: required;
+    * ``_free()`` (optional, default: nothing to release);
+    * ``_init_tensor(tensor) -> Status`` (optional, default ``Status.SUCCESS``);
+    * ``_reset()`` (optional, default: nothing);
+    * ``_cpy_tensor(src, dst) -> bool`` (optional, default False: the caller copies through the
+      host);
+    * ``_get_tensor_into(tensor, out)`` (optional, default: through ``_get_tensor``);
+    * ``_host_view(tensor) -> np.ndarray | None`` (optional, default None: memory the host cannot
+      address).
 
     Attributes:
         buft: the :class:`BufferType` that made it.
@@ -383,6 +398,7 @@ def tensor_buffer(tensor: Tensor) -> Buffer:
     return buf
 
 
+@checked_args
 def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> Status:
     """Place ``tensor`` at byte ``offset`` of ``buffer`` (mirrors ``ggml_backend_tensor_alloc``).
 
@@ -402,6 +418,7 @@ def tensor_alloc(buffer: Buffer, tensor: Tensor, offset: int) -> Status:
     return buffer.init_tensor(tensor)
 
 
+@checked_args
 def view_init(tensor: Tensor) -> Status:
     """Give a view its ``view_src``'s memory (mirrors ``ggml_backend_view_init``).
 
@@ -425,12 +442,19 @@ def view_init(tensor: Tensor) -> Status:
 class Backend:
     """One execution stream of a device (mirrors ``ggml_backend``).
 
-    Subclasses implement ``_graph_compute``; optionally the plan hooks ``_graph_plan_create``,
-    ``_graph_plan_compute``, ``_graph_plan_update`` and ``_graph_plan_free``; and, for asynchronous
-    devices, ``_synchronize``,
-    ``_set_tensor_async``, ``_get_tensor_async``, ``_cpy_tensor_async``, ``_event_record`` and
-    ``_event_wait``. The async data hooks return False when they cannot do the work, so the facade
-    falls back to blocking copies.
+    Hooks:
+
+    * ``_graph_compute(graph) -> Status``: required;
+    * ``_free()`` (optional, default: nothing); ``_synchronize()`` (optional, default: nothing,
+      for a backend whose work is done when its calls return);
+    * ``_graph_plan_create(graph)``, ``_graph_plan_compute(plan)`` (optional, default: raise
+      NotImplementedError, "no graph plans"); ``_graph_plan_update(plan, graph)`` (optional,
+      default: free the plan and create a new one); ``_graph_plan_free(plan)`` (optional,
+      default: nothing);
+    * ``_set_tensor_async``, ``_get_tensor_async``, ``_cpy_tensor_async`` (optional, default
+      False: the facade falls back to blocking copies);
+    * ``_event_record(event)``, ``_event_wait(event)`` (optional, default: raise
+      NotImplementedError; asked only of devices whose caps say ``events``).
 
     Attributes:
         device: the :class:`Device`.
@@ -636,6 +660,7 @@ class Event:
         return f"<Event of {self.device.name}>"
 
 
+@checked_args
 def event_new(device: Device) -> Event | None:
     """A new event for ``device``, or None when the device has no event support
     (mirrors ``ggml_backend_event_new``)."""
@@ -644,6 +669,7 @@ def event_new(device: Device) -> Event | None:
     return device._event_new()
 
 
+@checked_args
 def event_record(event: Event, backend: Backend) -> None:
     """Mark the current end of ``backend``'s stream; asynchronous (mirrors ``ggml_backend_event_record``).
 
@@ -659,6 +685,7 @@ def event_record(event: Event, backend: Backend) -> None:
     backend._event_record(event)
 
 
+@checked_args
 def event_wait(backend: Backend, event: Event) -> None:
     """Make ``backend``'s stream wait for ``event``; the host does not block
     (mirrors ``ggml_backend_event_wait``).
@@ -675,11 +702,13 @@ def event_wait(backend: Backend, event: Event) -> None:
     backend._event_wait(event)
 
 
+@checked_args
 def event_synchronize(event: Event) -> None:
     """Block the host until ``event`` has completed (mirrors ``ggml_backend_event_synchronize``)."""
     event.device._event_synchronize(event)
 
 
+@checked_args
 def event_query(event: Event) -> bool:
     """True when ``event`` has completed (or was never recorded); never blocks."""
     return event.device._event_query(event)
@@ -692,13 +721,33 @@ def event_query(event: Event) -> bool:
 class Device:
     """A device: memory, a default buffer type, the ops it supports (mirrors ``ggml_backend_dev``).
 
-    Subclasses implement ``_get_props``, ``_init_backend``, ``_get_buffer_type``, ``_supports_op``
-    and ``_supports_buft``, and optionally ``_get_host_buffer_type``, ``_buffer_from_host_ptr``,
-    ``_offload_op``, ``_event_new``, ``_event_synchronize`` and ``_event_query``.
+    Hooks:
+
+    * ``_get_props``, ``_init_backend``, ``_get_buffer_type``, ``_supports_op``,
+      ``_supports_buft``: required;
+    * ``_get_caps() -> DeviceCaps`` (optional, default ``_get_props().caps``);
+    * ``_get_host_buffer_type() -> BufferType | None`` (optional, default None: no pinned host
+      buffer);
+    * ``_buffer_from_host_ptr(array, max_tensor_size)`` (optional, default: raise
+      NotImplementedError; asked only when caps say ``buffer_from_host_ptr``);
+    * ``_offload_op(op) -> bool`` (optional, default False);
+    * ``_event_new``, ``_event_synchronize``, ``_event_query`` (optional, default: raise
+      NotImplementedError; asked only when caps say ``events``).
+
+    Members callers may read on any device:
+
+    * :meth:`supports_op_memo_token` (optional, default None: ``supports_op`` answers are not
+      memoised);
+    * :attr:`last_stream` (optional, default None: no stream to name as an export's producer).
 
     Attributes:
         reg: the :class:`Reg` that lists it (set on registration).
+        last_stream: the stream of the backend that last queued work on this device (an
+            asynchronous device sets it; zero-copy exports name it as the producer stream), or
+            None.
     """
+
+    last_stream: Any = None
 
     def __init__(self) -> None:
         self.reg: Reg | None = None
@@ -799,6 +848,13 @@ class Device:
         return self._offload_op(op)
 
     # hooks ------------------------------------------------------------------------------------
+    def supports_op_memo_token(self) -> tuple | None:
+        """A hashable token under which this device's :meth:`supports_op` answers may be memoised
+        per node key (the graph's plan build and the scheduler ask once per distinct key), or
+        None when every node must be asked (optional, default None). A device returns a token
+        only when its answer depends on nothing but the key and fixed per-device settings."""
+        return None
+
     def _get_props(self) -> DeviceProps:
         raise NotImplementedError(f"{type(self).__name__} needs _get_props")
 
@@ -875,8 +931,3 @@ class Reg:
 
 #: Signature of a scheduler eval callback: ``cb(tensor, ask) -> bool``.
 EvalCallback = Callable[[Tensor, bool], bool]
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("tensor_alloc", "view_init", "event_new", "event_record", "event_wait",
-                             "event_synchronize", "event_query"))

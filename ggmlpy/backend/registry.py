@@ -1,46 +1,143 @@
 """The backend registry: which devices exist, in priority order (mirrors ``ggml-backend-reg.cpp``).
 
-Registration order is CUDA devices, then SIM devices, then the CPU, which is always present and
-always last (the scheduler's lowest priority). ``GGMLPY_BACKENDS`` (a comma-separated list of
-device names, e.g. ``"SIM0,CPU"``) restricts and orders the devices; the CPU device is appended
-when the list leaves it out, since the scheduler needs it.
+The registry is a table of backend factories (:class:`BackendFactory`) and imports no backend.
+At first use it validates every ``GGMLPY_*`` variable and calls each factory's ``make_reg`` in
+priority order (lowest first); a factory returns its :class:`~ggmlpy.backend.interface.Reg`, or
+None when the environment does not ask for it (SIM without ``GGMLPY_SIM_DEVICES``). The CPU reg
+is always present and always last (the scheduler's lowest priority).
 
-SIM devices (the host-emulated accelerator of ``ggmlpy.backends.sim``) are registered
-only on request: ``GGMLPY_SIM_DEVICES=N`` at first use, or :func:`register_sim_devices`. So are
-RAY devices (remote Ray actors, ``ggmlpy.backends.ray.runtime``): ``GGMLPY_RAY_DEVICES=N`` and/or
-``GGMLPY_RAY_ADDRESS`` at first use (Ray starts then), or :func:`register_ray_devices`; they come
-after SIM and before the CPU.
+The built-in table is installed in one place, :func:`ggmlpy.backends.install` (run by ``import
+ggmlpy``): CUDA (priority 10), SIM (20), RAY (30), CPU (100). Adding a backend is one package
+under ``ggmlpy/backends/`` that defines its ``Reg`` and a :class:`BackendFactory`, plus one entry
+in that table (``register_factory``); nothing here changes.
+
+``GGMLPY_BACKENDS`` (a comma-separated list of device names, e.g. ``"SIM0,CPU"``) restricts and
+orders the devices; the CPU device is appended when the list leaves it out, since the scheduler
+needs it. :func:`reset` forgets the registered regs so that the next call starts over from the
+table (tests use it through the ``fresh_registry`` fixture).
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ggmlpy.backend.interface import Backend, Device, DeviceType, Reg
 from ggmlpy.core import env
-from ggmlpy.core.check import check_int, check_number, check_optional, check_str, check_type
+from ggmlpy.core.check import check_int, check_optional, check_str, check_type
 from ggmlpy.core.errors import BackendUnavailableError
 
-__all__ = ["unknown_backend_names", "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
+__all__ = ["BackendFactory", "register_factory", "unregister_factory", "factories", "reset", "initialized", "unknown_backend_names",
+           "reg_count", "reg_get", "reg_by_name", "dev_count", "dev_get", "dev_by_name",
            "dev_by_type", "devices", "backend_init_by_name", "backend_init_by_type",
-           "backend_init_best", "register", "register_sim_devices", "register_ray_devices", "unregister",
-           "cuda_unavailable_reason", "registered_devices", "excluded_by_backends_env",
-           "backends_env_leaves_out", "device_unavailable_reason", "register_named_sim_devices",
-           "sim_registered_note"]
+           "backend_init_best", "register", "unregister", "reg_unavailable_reason",
+           "registered_devices", "excluded_by_backends_env", "backends_env_leaves_out",
+           "device_unavailable_reason", "CPU"]
+
+#: the name of the reg that is always present and always last
+CPU = "CPU"
+
+
+def _no_reason(name: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class BackendFactory:
+    """One backend in the registry's table (JAX's backend-factory pattern).
+
+    Attributes:
+        name: the reg's name, also the prefix of its device names (``"CUDA"`` -> ``CUDA0``).
+        priority: registration order, lowest first (CPU: 100, always last).
+        make_reg: ``() -> Reg | None``, called once at the registry's first use (and again after
+            :func:`reset`); None when the environment does not ask for this backend. It may
+            return a reg with no devices whose ``unavailable_reason`` says why.
+        unavailable_reason: ``(name) -> str | None``: why no device called ``name`` (upper-case,
+            of this factory's prefix) exists, as one clause; None when there is nothing to add.
+        on_demand: devices are registered on request (SIM, RAY), so a name like ``SIM3`` may
+            become a device later; ``GGMLPY_BACKENDS`` leaving it out is then worth saying.
+    """
+
+    name: str
+    priority: int
+    make_reg: Callable[[], Reg | None]
+    unavailable_reason: Callable[[str], str | None] = _no_reason
+    on_demand: bool = False
+
 
 _lock = threading.RLock()
+_factories: dict[str, BackendFactory] = {}
 _regs: list[Reg] = []
 _initialized = False
 
 
+def register_factory(factory: BackendFactory) -> None:
+    """Add ``factory`` to the table (replacing one of the same name); takes effect at the next
+    start-up (the first use, or after :func:`reset`).
+
+    Raises:
+        TypeError: ``factory`` is not a :class:`BackendFactory`.
+    """
+    check_type("factory", factory, BackendFactory, "register_factory")
+    with _lock:
+        _factories[factory.name.upper()] = factory
+
+
+def unregister_factory(name: str) -> None:
+    """Remove the factory called ``name`` (case-insensitive) from the table, if there; takes
+    effect at the next start-up. The CPU's cannot be removed.
+
+    Raises:
+        TypeError: ``name`` is not a str. ValueError: ``name`` is "CPU".
+    """
+    check_str("name", name, "unregister_factory")
+    if name.upper() == CPU:
+        raise ValueError("the CPU backend's factory cannot be removed")
+    with _lock:
+        _factories.pop(name.upper(), None)
+
+
+def factories() -> list[BackendFactory]:
+    """The table, in priority order."""
+    with _lock:
+        return sorted(_factories.values(), key=lambda f: f.priority)
+
+
+def reset(regs: Sequence[Reg] | None = None) -> None:
+    """Start the registry over. Without ``regs``: forget every registered reg (the table stays),
+    so the next call validates the environment and builds the regs again from the factories;
+    regs added with :func:`register` are dropped. With ``regs`` (a list saved from
+    :func:`reg_get`, CPU last): the registry holds exactly those, already started. Devices and
+    backends already handed out stay usable either way.
+
+    Raises:
+        TypeError: ``regs`` is not a sequence of :class:`~ggmlpy.backend.interface.Reg`.
+        ValueError: ``regs`` does not end with the CPU reg.
+    """
+    global _initialized
+    if regs is not None:
+        regs = list(regs)
+        for i, r in enumerate(regs):
+            check_type(f"regs[{i}]", r, Reg, "reset")
+        if not regs or regs[-1].name.upper() != CPU:
+            raise ValueError("reset: regs must end with the CPU reg")
+    with _lock:
+        _regs[:] = regs or []
+        _initialized = regs is not None
+
+
+def initialized() -> bool:
+    """Whether the registry has started up (its first use succeeded, no :func:`reset` since)."""
+    return _initialized
+
+
 def _ensure_init() -> None:
-    """Register CUDA, ``GGMLPY_SIM_DEVICES`` SIM devices and the CPU, once.
+    """Build the regs from the table, once.
 
     Every ``GGMLPY_*`` variable is validated first and the regs are built into a local list that
-    replaces ``_regs`` only when all succeeded, so a failure (a bad variable, a SIM runtime that
+    replaces ``_regs`` only when all succeeded, so a failure (a bad variable, a runtime that
     cannot start) leaves the registry uninitialised and the next call starts over cleanly.
     """
     global _initialized
@@ -50,30 +147,12 @@ def _ensure_init() -> None:
         if _initialized:
             return
         env.validate()  # raises EnvError naming the variable; nothing registered yet
-        from ggmlpy.backends.cpu.backend import cpu_reg
-        from ggmlpy.backends.cuda.runtime import cuda_reg
-
-        regs = [cuda_reg()]
-        n = env.sim_devices()
-        if n > 0:
-            from ggmlpy.backends.sim import sim_reg
-
-            regs.append(sim_reg(n))
-        if env.ray_requested():
-            regs.append(_env_ray_reg())
-        regs.append(cpu_reg())
+        regs = [r for r in (f.make_reg() for f in factories()) if r is not None]
+        if not regs or regs[-1].name.upper() != CPU:
+            raise RuntimeError("the backend table has no CPU factory of the highest priority "
+                               "(ggmlpy.backends.install registers it)")
         _regs[:] = regs
         _initialized = True
-
-
-def _env_ray_reg() -> Reg:
-    # RAY devices from the environment; a Ray that cannot start leaves an empty reg saying why
-    from ggmlpy.backends.ray.runtime import ray_reg
-
-    try:
-        return ray_reg()
-    except BackendUnavailableError as e:
-        return Reg("RAY", [], unavailable_reason=str(e))
 
 
 def _device_type(value: object, where: str) -> DeviceType:
@@ -113,72 +192,11 @@ def unregister(name: str) -> None:
         TypeError: ``name`` is not a str. ValueError: ``name`` is "CPU".
     """
     check_str("name", name, "unregister")
-    if name.upper() == "CPU":
+    if name.upper() == CPU:
         raise ValueError("the CPU backend cannot be unregistered")
     _ensure_init()
     with _lock:
         _regs[:] = [r for r in _regs if r.name.upper() != name.upper()]
-
-
-def register_sim_devices(n: int = 1, **options: Any) -> Reg:
-    """Register ``n`` host-emulated SIM devices ``SIM0..SIM{n-1}`` (replacing earlier SIM devices).
-
-    ``options`` go to :func:`ggmlpy.backends.sim.sim_reg` (e.g. ``latency_us``,
-    ``memory_mb``, ``refuse_ops``). Returns the new reg.
-
-    Raises:
-        TypeError: ``n`` is not an int, an option has the wrong type, or an unknown option is
-            given. ValueError: ``n`` outside 1..64, ``latency_us`` not finite or < 0,
-            ``memory_mb`` not finite or <= 0, or a malformed ``GGMLPY_*`` variable.
-    """
-    where = "register_sim_devices"
-    check_int("n", n, 1, env.MAX_SIM_DEVICES, where)
-    unknown = sorted(set(options) - {"latency_us", "memory_mb", "refuse_ops"})
-    if unknown:
-        raise TypeError(f"{where}: unknown option(s) {', '.join(unknown)}; "
-                        "accepted: latency_us, memory_mb, refuse_ops")
-    if options.get("latency_us") is not None:
-        check_number("latency_us", options["latency_us"], 0.0, where=where)
-    if options.get("memory_mb") is not None:
-        check_number("memory_mb", options["memory_mb"], 0.0, where=where, lo_open=True)
-    if options.get("refuse_ops") is not None:
-        from ggmlpy.core.opcodes import Op
-
-        ops = options["refuse_ops"]
-        if isinstance(ops, (str, bytes)) or not hasattr(ops, "__iter__"):
-            raise TypeError(f"{where}: refuse_ops must be an iterable of Op, got {type(ops).__name__}")
-        ops = list(ops)
-        for i, op in enumerate(ops):
-            check_type(f"refuse_ops[{i}]", op, Op, where)
-        options["refuse_ops"] = ops
-    _ensure_init()
-    from ggmlpy.backends.sim import sim_reg
-
-    reg = sim_reg(n, **options)
-    register(reg)
-    return reg
-
-
-def register_ray_devices(n: int | None = None, **options: Any) -> Reg:
-    """Register ``n`` remote devices ``RAY0..RAY{n-1}``, one new Ray actor each (replacing earlier
-    RAY devices); Ray starts (or joins ``GGMLPY_RAY_ADDRESS``) if it has not yet.
-
-    ``options`` go to :func:`ggmlpy.backends.ray.runtime.ray_reg` (``address``, ``timeout_s``,
-    ``refuse_ops``). Returns the new reg.
-
-    Raises:
-        TypeError: ``n`` is not an int. ValueError: ``n`` outside 1..1024, a malformed option
-            or ``GGMLPY_*`` variable. BackendUnavailableError: Ray is not installed or did not
-            start.
-    """
-    if n is not None:
-        check_int("n", n, 1, 1024, "register_ray_devices")
-    _ensure_init()
-    from ggmlpy.backends.ray.runtime import ray_reg
-
-    reg = ray_reg(n, **options)
-    register(reg)
-    return reg
 
 
 def reg_count() -> int:
@@ -237,7 +255,7 @@ def devices() -> list[Device]:
         d = by_name.get(name)
         if d is not None and d not in out:
             out.append(d)
-    cpu = by_name["CPU"]
+    cpu = by_name[CPU]
     if cpu in out:
         out.remove(cpu)
     out.append(cpu)
@@ -251,7 +269,16 @@ def excluded_by_backends_env(name: str) -> bool:
     return known and all(d.name.upper() != name.upper() for d in devices())
 
 
-_ON_DEMAND_RE = re.compile(r"^(SIM|RAY)(\d+)$", re.IGNORECASE)
+_NUMBERED_RE = re.compile(r"^([A-Z_]+?)(\d+)$")
+
+
+def _factory_of(name: str) -> BackendFactory | None:
+    """The factory whose device names look like ``name`` (``"SIM3"`` -> SIM's), or None."""
+    m = _NUMBERED_RE.match(name.strip().upper())
+    if m is None:
+        return None
+    with _lock:
+        return _factories.get(m.group(1))
 
 
 def backends_env_leaves_out(name: str) -> str | None:
@@ -259,9 +286,10 @@ def backends_env_leaves_out(name: str) -> str | None:
     (``"GGMLPY_BACKENDS=CPU leaves it out; add it to GGMLPY_BACKENDS or unset the variable"``),
     or None when the variable is unset, lists ``name``, or ``name`` is the CPU (always kept).
 
-    Only names that are or could be devices count: registered ones, and ``SIMn``/``RAYn`` (the
-    kinds registered on demand; left out, they would not be usable once registered). Any other
-    name is simply not a device (see :func:`device_unavailable_reason`).
+    Only names that are or could be devices count: registered ones, and the numbered names of
+    backends registered on demand (``BackendFactory.on_demand``: ``SIMn``, ``RAYn``; left out,
+    they would not be usable once registered). Any other name is simply not a device (see
+    :func:`device_unavailable_reason`).
 
     Raises:
         TypeError: ``name`` is not a str. EnvError: a malformed ``GGMLPY_*`` variable.
@@ -269,9 +297,10 @@ def backends_env_leaves_out(name: str) -> str | None:
     check_str("name", name, "backends_env_leaves_out")
     allowed = env.backends()
     up = name.strip().upper()
-    if allowed is None or up == "CPU" or up in allowed:
+    if allowed is None or up == CPU or up in allowed:
         return None
-    if _ON_DEMAND_RE.match(up) is None and all(d.name.upper() != up for d in registered_devices()):
+    f = _factory_of(up)
+    if (f is None or not f.on_demand) and all(d.name.upper() != up for d in registered_devices()):
         return None
     return (f"GGMLPY_BACKENDS={','.join(allowed)} leaves it out; add it to GGMLPY_BACKENDS or "
             "unset the variable")
@@ -281,9 +310,10 @@ def device_unavailable_reason(name: str) -> str | None:
     """None when a device called ``name`` (case-insensitive) is usable here, else one line
     saying why not and what is available: ``"no device named 'SIM0' (GGMLPY_BACKENDS=CPU leaves
     it out; ...); available: CPU"``. The reason names ``GGMLPY_BACKENDS`` when it leaves the
-    device out, why CUDA is unavailable for ``CUDAn``, how SIM/RAY devices are made for those
-    names. The message :func:`backend_init_by_name` raises; the command lines print it after
-    their flag.
+    device out, else it is the clause of the backend's factory
+    (:attr:`BackendFactory.unavailable_reason`: why CUDA is unavailable for ``CUDAn``, how SIM
+    and RAY devices are made). The message :func:`backend_init_by_name` raises; the command
+    lines print it after their flag.
 
     Raises:
         TypeError: ``name`` is not a str. EnvError: a malformed ``GGMLPY_*`` variable.
@@ -292,78 +322,13 @@ def device_unavailable_reason(name: str) -> str | None:
     if name.strip() and dev_by_name(name.strip()) is not None:
         return None
     up = name.strip().upper()
-    why = ""
-    left_out = backends_env_leaves_out(name) if up else None
-    m = _ON_DEMAND_RE.match(up)
-    if left_out:
-        why = f" ({left_out})"
-    elif up.startswith("CUDA"):
-        why = f" ({cuda_unavailable_reason() or 'no such CUDA device'})"
-    elif m and m.group(1) == "SIM":
-        n = env.sim_devices()
-        why = (f" (SIM devices are numbered SIM0..SIM{env.MAX_SIM_DEVICES - 1})"
-               if int(m.group(2)) >= env.MAX_SIM_DEVICES else
-               f" (GGMLPY_SIM_DEVICES={n} registers {_sim_range(n)} only)" if n > 0 else
-               " (SIM devices need GGMLPY_SIM_DEVICES=N or register_sim_devices())")
-    elif m:
-        r = reg_by_name("RAY")
-        why = (f" ({r.unavailable_reason})" if r is not None and r.unavailable_reason else
-               " (RAY devices need GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS, or "
-               "register_ray_devices())")
+    clause = backends_env_leaves_out(name) if up else None
+    if clause is None and up:
+        f = _factory_of(up)
+        clause = f.unavailable_reason(up) if f is not None else None
+    why = f" ({clause})" if clause else ""
     known = ", ".join(x.name for x in devices())
     return f"no device named {name!r}{why}; available: {known}"
-
-
-def register_named_sim_devices(names: Sequence[str]) -> int:
-    """Register the SIM devices a command line names, once: when ``GGMLPY_SIM_DEVICES`` is unset
-    (or 0) and some ``SIMk`` among ``names`` (case-insensitive, blanks stripped) is not a device
-    yet, register ``SIM0..SIMk`` for the highest such ``k`` in one
-    :func:`register_sim_devices` call. Names that ``GGMLPY_BACKENDS`` leaves out, and indices
-    >= 64, are not registered (:func:`device_unavailable_reason` then says why).
-
-    Used by ``embed --device``, ``test-backend-ops -b`` and the benchmark scripts, so each
-    registers (and reports it) at most once per call, whatever the number of SIM names.
-
-    Returns:
-        The number of SIM devices registered by this call; 0 when none was.
-
-    Raises:
-        TypeError: ``names`` is not a sequence of str. EnvError: a malformed ``GGMLPY_*``
-            variable.
-    """
-    from ggmlpy.core.check import check_str_sequence
-
-    names = check_str_sequence("names", names, "register_named_sim_devices")
-    if env.sim_devices() != 0:
-        return 0
-    top = -1
-    for name in names:
-        m = _ON_DEMAND_RE.match(name.strip())
-        if (m is None or m.group(1).upper() != "SIM" or int(m.group(2)) >= env.MAX_SIM_DEVICES
-                or backends_env_leaves_out(name) or dev_by_name(name.strip()) is not None):
-            continue
-        top = max(top, int(m.group(2)))
-    if top < 0:
-        return 0
-    register_sim_devices(top + 1)
-    return top + 1
-
-
-def _sim_range(n: int) -> str:
-    return "SIM0" if n == 1 else f"SIM0..SIM{n - 1}"
-
-
-def sim_registered_note(n: int) -> str:
-    """The one line a command line prints after :func:`register_named_sim_devices` registered
-    ``n`` (>= 1) devices: ``"registered 2 host-emulated SIM devices SIM0..SIM1 (set
-    GGMLPY_SIM_DEVICES=N to do this yourself)"``.
-
-    Raises:
-        TypeError: ``n`` is not an int. ValueError: ``n`` < 1.
-    """
-    check_int("n", n, 1, None, "sim_registered_note")
-    return (f"registered {n} host-emulated SIM device{'s' if n > 1 else ''} {_sim_range(n)} "
-            "(set GGMLPY_SIM_DEVICES=N to do this yourself)")
 
 
 def unknown_backend_names() -> list[str]:
@@ -418,9 +383,14 @@ def dev_by_type(type: DeviceType) -> Device | None:
     return None
 
 
-def cuda_unavailable_reason() -> str | None:
-    """Why no CUDA device is registered (one line), or None when CUDA devices exist."""
-    r = reg_by_name("CUDA")
+def reg_unavailable_reason(name: str) -> str | None:
+    """Why the reg called ``name`` (case-insensitive) has no devices (one line), or None when
+    it has devices or is not registered (``registry.reg_unavailable_reason("CUDA")``).
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    r = reg_by_name(name)
     if r is None or r.devices:
         return None
     return r.unavailable_reason
@@ -466,6 +436,4 @@ def backend_init_best() -> Backend:
         d = dev_by_type(t)
         if d is not None:
             return d.init_backend()
-    from ggmlpy.backends.cpu.backend import backend_cpu_init
-
-    return backend_cpu_init()
+    return devices()[-1].init_backend()  # the CPU, always last

@@ -27,7 +27,7 @@ import numpy as np
 
 from ggmlpy.backend.interface import Backend, tensor_buffer
 from ggmlpy.backend.write_gen import buffer_write_queued, buffer_written, wait_host_reads
-from ggmlpy.core.check import typed_functions as _typed_functions
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.tensor import Tensor
 
 __all__ = [
@@ -144,6 +144,7 @@ def _prepare_set(tensor: Tensor, data: Any, offset: int, size: int | None, what:
     return raw[:n]
 
 
+@checked_args
 def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | None = None) -> None:
     """Write host data into a tensor's memory, blocking (mirrors ``ggml_backend_tensor_set``).
 
@@ -170,6 +171,7 @@ def backend_tensor_set(tensor: Tensor, data: Any, offset: int = 0, size: int | N
         buffer_written(buf)
 
 
+@checked_args
 def backend_tensor_get(tensor: Tensor, offset: int = 0, size: int | None = None, *,
                        out: np.ndarray | None = None) -> np.ndarray | bytes:
     """Read a tensor back to the host, blocking (mirrors ``ggml_backend_tensor_get``).
@@ -236,6 +238,7 @@ def _check_out(tensor: Tensor, out: Any, offset: int, size: int | None) -> None:
         raise ValueError(f"{what}: out for tensor '{tensor.name}' is read-only")
 
 
+@checked_args
 def backend_tensor_memset(tensor: Tensor, value: int, offset: int = 0, size: int | None = None) -> None:
     """Set ``size`` bytes (default: to the end) of a tensor to ``value``, blocking
     (mirrors ``ggml_backend_tensor_memset``).
@@ -266,6 +269,7 @@ def _check_same_layout(src: Tensor, dst: Tensor, what: str) -> None:
                          f"ne={list(dst.ne)} nb={list(dst.nb)}) differ in layout")
 
 
+@checked_args
 def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
     """Copy ``src``'s bytes into ``dst``, blocking (mirrors ``ggml_backend_tensor_copy``).
 
@@ -292,6 +296,7 @@ def backend_tensor_copy(src: Tensor, dst: Tensor) -> None:
     buffer_written(dbuf)
 
 
+@checked_args
 def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset: int = 0,
                              size: int | None = None) -> None:
     """Queue a host-to-tensor write on ``backend``'s stream (mirrors ``ggml_backend_tensor_set_async``).
@@ -314,6 +319,7 @@ def backend_tensor_set_async(backend: Backend, tensor: Tensor, data: Any, offset
         buffer_written(buf)
 
 
+@checked_args
 def backend_tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, offset: int = 0) -> None:
     """Queue a tensor-to-host read into ``out`` on ``backend``'s stream (mirrors
     ``ggml_backend_tensor_get_async``). ``out`` holds the data only after ``backend.synchronize()``.
@@ -343,6 +349,7 @@ def backend_tensor_get_async(backend: Backend, tensor: Tensor, out: np.ndarray, 
         raw[:] = tensor_buffer(tensor)._get_tensor(tensor, int(offset), out.nbytes)
 
 
+@checked_args
 def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: Tensor, dst: Tensor) -> None:
     """Copy ``src`` into ``dst`` ordered after the work queued on ``backend_src`` and before later
     work on ``backend_dst`` (mirrors ``ggml_backend_tensor_copy_async``).
@@ -370,9 +377,3 @@ def backend_tensor_copy_async(backend_src: Backend, backend_dst: Backend, src: T
     backend_src.synchronize()
     backend_dst.synchronize()
     backend_tensor_copy(src, dst)
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("backend_tensor_set", "backend_tensor_get", "backend_tensor_memset",
-                             "backend_tensor_copy", "backend_tensor_set_async",
-                             "backend_tensor_get_async", "backend_tensor_copy_async"))

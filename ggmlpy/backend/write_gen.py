@@ -81,7 +81,7 @@ def buffer_write_queued(backend: Backend, buffer: Buffer) -> None:
     generation is bumped again). While the count is non-zero the weight cache neither uses nor
     stores a converted copy of the buffer's tensors. Thread-safe."""
     with _queued_lock:
-        buffer._async_writes = getattr(buffer, "_async_writes", 0) + 1
+        buffer._async_writes += 1
         q = backend.__dict__.setdefault("_queued_writes", [])
         q.append(buffer)
     buffer_written(buffer)

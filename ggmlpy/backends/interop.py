@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backend.interface import tensor_buffer
-from ggmlpy.core.tensor import Tensor, _set_interop
+from ggmlpy.core.tensor import Tensor
 
 __all__ = ["numpy_view", "to_array", "cuda_array_interface", "dlpack", "dlpack_device",
            "device_export_owner"]
@@ -102,7 +102,7 @@ def _cuda(t: Tensor, what: str) -> tuple[Any, Any]:
 
 def _producer_stream(buf: Any) -> Any:
     """The runtime stream of the backend that last queued work on the buffer's device, or None."""
-    s = getattr(buf.buft.device, "last_stream", None)
+    s = buf.buft.device.last_stream
     return None if s is None or getattr(s, "closed", False) else s
 
 
@@ -184,12 +184,13 @@ def dlpack(t: Tensor, *, stream: Any = None, **kwargs: Any) -> Any:
             return arr.__dlpack__(stream=stream, **kwargs)
 
 
-class _Hooks:
+class HOOKS:
+    """The functions behind ``Tensor.numpy``, ``__array__``, ``__cuda_array_interface__``,
+    ``__dlpack__`` and ``__dlpack_device__`` (installed by :func:`ggmlpy.backends.install`)."""
+
     numpy = staticmethod(numpy_view)
     array = staticmethod(to_array)
     cuda_array_interface = staticmethod(cuda_array_interface)
     dlpack = staticmethod(dlpack)
     dlpack_device = staticmethod(dlpack_device)
 
-
-_set_interop(_Hooks)

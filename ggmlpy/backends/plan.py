@@ -27,9 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backend.interface import Buffer, BufferUsage, tensor_buffer
+from ggmlpy.backend.interface import Buffer, BufferUsage, Device, tensor_buffer
 from ggmlpy.backend.write_gen import buffer_written, wait_host_reads_ranges
 from ggmlpy.backends import kernels
+from ggmlpy.backends.cpu import variants as cpu_variants
 from ggmlpy.core import snapshot as _snapshot
 from ggmlpy.core.errors import NotAllocatedError, UnsupportedOpError
 from ggmlpy.core.graph import Graph
@@ -186,7 +187,7 @@ def launch_plan(runtime: Any, stream: Any, plan: Plan, stats: ReplayStats, repla
         stats.replays += 1
         return
     if (not replay or plan.runs == 0 or plan.capture_failed or not plan.steps
-            or not getattr(runtime, "supports_graphs", False)):
+            or not runtime.supports_graphs):
         runtime.launch(stream, plan.run)
         plan.runs += 1
         stats.eager += 1
@@ -237,7 +238,7 @@ def build_plan(graph: Graph, xp: Any, backend_name: str,
     writes: dict[int, tuple[Buffer, list[int]]] = {}  # non-COMPUTE buffers written, by step
     cache_reads: set[int] = set()  # buffers a MUL_MAT may read through the weight cache
     arrays: dict[int, Any] = {}  # id(tensor) -> its array view (tensors outlive the build)
-    with kernels.common.plan_build_scope():
+    with cpu_variants.plan_build_scope():
         _compile_nodes(graph, xp, backend_name, can_read, supports, compile_node, steps, nodes,
                        buffers, writes, cache_reads, arrays)
     plan = Plan(steps, nodes, list(buffers.values()))
@@ -273,7 +274,8 @@ def _compile_nodes(graph: Graph, xp: Any, backend_name: str, can_read: Callable[
                 if k is not None:
                     memo[k] = ok
         if not ok:
-            srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src if s is not None)  # noqa
+            srcs = ", ".join(f"{s.name}:{s.type.type_name}" for s in node.src
+                             if s is not None)
             raise UnsupportedOpError(f"{backend_name}: op {node.op.name} of node '{node.name}' "
                                      f"({node.type.type_name}, sources {srcs}) is not supported")
         node_srcs = node.src if smap is None else smap.get(id(node), node.src)
@@ -314,7 +316,7 @@ def _note_write_and_cache_read(node: Tensor, i: int, writes: dict[int, tuple[Buf
 
 def _track_writes(plan: Plan, writes: dict[int, tuple[Buffer, list[int]]],
                   cache_reads: set[int]) -> None:
-    """Keep the weight cache's write generations right for a NumPy plan (issue 11, item 4).
+    """Keep the weight cache's write generations right for a NumPy plan.
 
     A buffer the plan writes gets one new generation when :meth:`Plan.run` returns, after all
     its bytes are in place: one call per buffer and run, not one per node. Where the same plan
@@ -350,8 +352,7 @@ def _memoisable(supports: Callable[[Tensor], bool]) -> bool:
     name = getattr(supports, "__name__", "")
     if dev is None or name not in ("supports_op", "can_compute") or name in vars(dev):
         return False
-    f = getattr(dev, "supports_op_memo_token", None)
-    return f is not None and f() is not None
+    return isinstance(dev, Device) and dev.supports_op_memo_token() is not None
 
 
 def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str,
@@ -360,7 +361,7 @@ def _array(t: Tensor, can_read: Callable[[Tensor], bool], backend_name: str,
     vs = t.view_src
     if (t._buffer is None and (vs is None or vs._buffer is None)) or t._offset is None:
         # the graph was never placed, or another graph's alloc_graph un-placed it: never run
-        # whatever memory another graph left behind (issue 10, item 4)
+        # whatever memory another graph left behind
         raise NotAllocatedError(
             f"{backend_name}: graph_compute: tensor '{t.name}' ({t.op.name}) of this graph is not "
             "allocated; allocate this graph (GraphAllocator.alloc_graph(graph) or "

@@ -40,18 +40,21 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ggmlpy.backend.interface import DeviceType, Reg
+from ggmlpy.backend.registry import BackendFactory
 from ggmlpy.backends.cpu.backend import MEMORY_ALIGNMENT, host_array
 from ggmlpy.backends.device.backend import DeviceInfo, DeviceMemory, Runtime, make_reg
 from ggmlpy.core import env
+from ggmlpy.core.check import check_int, check_number, check_str_sequence, check_type
 from ggmlpy.core.errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
@@ -387,3 +390,104 @@ def sim_reg(n: int, latency_us: float | None = None, memory_mb: float | None = N
     runtime = SimRuntime(n, latency_us=latency_us, memory_bytes=mem_bytes,
                          pinned_direct_upload=pinned_direct_upload)
     return make_reg(runtime, refuse_ops=refuse_ops)
+
+
+def register_sim_devices(n: int = 1, **options: Any) -> Reg:
+    """Register ``n`` host-emulated SIM devices ``SIM0..SIM{n-1}`` (replacing earlier SIM devices).
+
+    ``options`` go to :func:`sim_reg` (``latency_us``, ``memory_mb``, ``refuse_ops``). Returns
+    the new reg.
+
+    Raises:
+        TypeError: ``n`` is not an int, an option has the wrong type, or an unknown option is
+            given. ValueError: ``n`` outside 1..64, ``latency_us`` not finite or < 0,
+            ``memory_mb`` not finite or <= 0, or a malformed ``GGMLPY_*`` variable.
+    """
+    from ggmlpy.backend import registry
+
+    where = "register_sim_devices"
+    check_int("n", n, 1, env.MAX_SIM_DEVICES, where)
+    unknown = sorted(set(options) - {"latency_us", "memory_mb", "refuse_ops"})
+    if unknown:
+        raise TypeError(f"{where}: unknown option(s) {', '.join(unknown)}; "
+                        "accepted: latency_us, memory_mb, refuse_ops")
+    if options.get("latency_us") is not None:
+        check_number("latency_us", options["latency_us"], 0.0, where=where)
+    if options.get("memory_mb") is not None:
+        check_number("memory_mb", options["memory_mb"], 0.0, where=where, lo_open=True)
+    if options.get("refuse_ops") is not None:
+        ops = options["refuse_ops"]
+        if isinstance(ops, (str, bytes)) or not hasattr(ops, "__iter__"):
+            raise TypeError(f"{where}: refuse_ops must be an iterable of Op, got {type(ops).__name__}")
+        ops = list(ops)
+        for i, op in enumerate(ops):
+            check_type(f"refuse_ops[{i}]", op, Op, where)
+        options["refuse_ops"] = ops
+    registry.reg_count()  # the registry starts up (and validates the environment) first
+    reg = sim_reg(n, **options)
+    registry.register(reg)
+    return reg
+
+
+_SIM_NAME_RE = re.compile(r"^SIM(\d+)$", re.IGNORECASE)
+
+
+def register_named_sim_devices(names: Sequence[str]) -> int:
+    """Register the SIM devices a command line names, once: when ``GGMLPY_SIM_DEVICES`` is unset
+    (or 0) and some ``SIMk`` among ``names`` (case-insensitive, blanks stripped) is not a device
+    yet, register ``SIM0..SIMk`` for the highest such ``k`` in one
+    :func:`register_sim_devices` call. Names that ``GGMLPY_BACKENDS`` leaves out, and indices
+    >= 64, are not registered
+    (:func:`~ggmlpy.backend.registry.device_unavailable_reason` then says why).
+
+    Used by ``embed --device``, ``test-backend-ops -b`` and the benchmark scripts, so each
+    registers (and reports it) at most once per call, whatever the number of SIM names.
+
+    Returns:
+        The number of SIM devices registered by this call; 0 when none was.
+
+    Raises:
+        TypeError: ``names`` is not a sequence of str. EnvError: a malformed ``GGMLPY_*``
+            variable.
+    """
+    from ggmlpy.backend import registry
+
+    names = check_str_sequence("names", names, "register_named_sim_devices")
+    if env.sim_devices() != 0:
+        return 0
+    top = -1
+    for name in names:
+        m = _SIM_NAME_RE.match(name.strip())
+        if (m is None or int(m.group(1)) >= env.MAX_SIM_DEVICES
+                or registry.backends_env_leaves_out(name)
+                or registry.dev_by_name(name.strip()) is not None):
+            continue
+        top = max(top, int(m.group(1)))
+    if top < 0:
+        return 0
+    register_sim_devices(top + 1)
+    return top + 1
+
+
+def sim_range(n: int) -> str:
+    """``"SIM0"`` for one device, else ``"SIM0..SIM{n-1}"``."""
+    return "SIM0" if n == 1 else f"SIM0..SIM{n - 1}"
+
+
+def _env_reg() -> Reg | None:
+    n = env.sim_devices()
+    return sim_reg(n) if n > 0 else None
+
+
+def _unavailable(name: str) -> str:
+    m = _SIM_NAME_RE.match(name)
+    n = env.sim_devices()
+    if m and int(m.group(1)) >= env.MAX_SIM_DEVICES:
+        return f"SIM devices are numbered SIM0..SIM{env.MAX_SIM_DEVICES - 1}"
+    if n > 0:
+        return f"GGMLPY_SIM_DEVICES={n} registers {sim_range(n)} only"
+    return "SIM devices need GGMLPY_SIM_DEVICES=N or register_sim_devices()"
+
+
+#: the registry's entry for SIM (installed by :func:`ggmlpy.backends.install`)
+FACTORY = BackendFactory("SIM", 20, _env_reg, unavailable_reason=_unavailable, on_demand=True)

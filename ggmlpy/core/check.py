@@ -13,11 +13,13 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
-__all__ = ["ArgumentValueError", "OneLineArgumentParser", "check_type", "check_int", "check_number", "check_str", "check_bool",
-           "check_optional", "check_str_sequence", "describe", "typed_args", "typed_functions",
-           "typed_methods"]
+__all__ = ["checked_args", "ArgumentValueError", "OneLineArgumentParser", "check_type", "check_int",
+           "check_number", "check_str", "check_bool", "check_optional", "check_str_sequence",
+           "describe"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class ArgumentValueError(ValueError):
@@ -248,30 +250,29 @@ def _ann_name(ann: Any) -> str:
     return getattr(ann, "__name__", None) or str(ann)
 
 
-def typed_args(fn: Callable[..., Any], where: str | None = None) -> Callable[..., Any]:
-    """Wrap ``fn`` so every argument is checked against ``fn``'s annotations at the call
-    (TypeError ``"<where>: <name> must be <type>, got <value>"``), before ``fn`` runs.
+def _where(fn: Callable[..., Any]) -> str:
+    """The name a message gives: ``name`` for a function, ``Class.name`` for a method, ``Class``
+    for ``__init__``."""
+    q = fn.__qualname__
+    if "<locals>" in q:  # a closure named by a factory keeps only its own name
+        q = fn.__name__
+    return q.removesuffix(".__init__")
 
-    Built once per function (the annotations are resolved here): the wrapper costs one
-    ``isinstance`` per argument. Checked annotations: classes (``Tensor``, ``Context``, ...),
-    ``X | None``, unions of those, ``int`` and Enums (the enum or an int, not a bool), ``float``
-    (any real number, not bool; NaN and infinities pass: value rules stay with ``fn``), ``bool``
-    (bool or 0/1), ``str``. Containers and anything else are not checked (the function does).
-    A parameter whose default is None also accepts None.
-    A function whose annotations cannot be resolved is returned unchanged.
-    """
-    import functools
+
+def _arg_checks(fn: Callable[..., Any]) -> list[tuple[str, int, Callable[[str, Any, str], None]]]:
+    """``(parameter, position or -1 when keyword-only, check)`` for every checked parameter of
+    ``fn``; empty when the annotations cannot be resolved."""
     import inspect
     import typing
 
     base = getattr(fn, "__wrapped_base__", None)  # generated twins resolve in their base's module
+    base = inspect.unwrap(base) if base is not None else None
     try:
         hints = typing.get_type_hints(fn, globalns=getattr(base, "__globals__", None))
         sig = inspect.signature(fn)
-    except Exception:  # noqa: BLE001 (unresolvable annotations: leave fn alone)
-        return fn
-    where = where or fn.__name__
-    checks: list[tuple[str, int, Callable[[str, Any, str], None]]] = []
+    except Exception:  # noqa: BLE001 (unresolvable annotations: nothing is checked)
+        return []
+    checks = []
     for i, (name, p) in enumerate(sig.parameters.items()):
         if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             continue
@@ -281,13 +282,39 @@ def typed_args(fn: Callable[..., Any], where: str | None = None) -> Callable[...
         if c is not None and p.default is None:
             c = _none_or(c)
         if c is not None:
-            pos = i if p.kind != p.KEYWORD_ONLY else -1
-            checks.append((name, pos, c))
-    if not checks:
-        return fn
+            checks.append((name, i if p.kind != p.KEYWORD_ONLY else -1, c))
+    return checks
+
+
+def checked_args(fn: F) -> F:
+    """Decorator: check every argument of ``fn`` against its annotations at each call, before
+    ``fn`` runs; a wrong type raises ``TypeError("<where>: <name> must be <type>, got <value>")``
+    where ``<where>`` is the function's name, ``Class.method``, or ``Class`` for ``__init__``.
+
+    Checked annotations: classes (``Tensor``, ``Context``, ...), ``X | None``, unions of those,
+    ``int`` and Enums (the enum or an int, not a bool), ``float`` (any real number, not bool; NaN
+    and infinities pass: value rules stay with ``fn``), ``bool`` (bool or 0/1), ``str``.
+    Containers and anything else are not checked (the function does). A parameter whose default
+    is None also accepts None; ``self``/``cls`` (not annotated) are not checked.
+
+    The annotations are resolved at the first call (so they may name classes defined later in
+    the module); after that the wrapper costs one ``isinstance`` per checked argument.
+
+    Unchecked path: ``fn.unchecked`` is the undecorated function, for callers whose arguments
+    are valid by construction and that call it in a hot loop (the scheduler's split templates
+    duplicate tensors with ``Context.dup_tensor_layout.unchecked``). It skips only these type
+    checks, not the value checks inside ``fn``.
+    """
+    import functools
+
+    checks: list[tuple[str, int, Callable[[str, Any, str], None]]] | None = None
+    where = ""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nonlocal checks, where
+        if checks is None:
+            checks, where = _arg_checks(fn), _where(fn)
         n = len(args)
         for name, pos, c in checks:
             if 0 <= pos < n:
@@ -295,29 +322,8 @@ def typed_args(fn: Callable[..., Any], where: str | None = None) -> Callable[...
             elif name in kwargs:
                 c(name, kwargs[name], where)
         return fn(*args, **kwargs)
-    wrapper.__wrapped_checks__ = tuple(name for name, _, _ in checks)  # type: ignore[attr-defined]
-    return wrapper
-
-
-def typed_functions(namespace: dict[str, Any], names: Any) -> None:
-    """Replace each function ``namespace[name]`` (a module's ``globals()``) by
-    :func:`typed_args` of it. Call at the end of the defining module."""
-    for name in names:
-        fn = namespace[name]
-        if getattr(fn, "__wrapped_checks__", None) is None:
-            namespace[name] = typed_args(fn, name)
-
-
-def typed_methods(cls: type, names: Any) -> None:
-    """Replace each method ``cls.<name>`` by :func:`typed_args` of it (``self`` is not checked;
-    the message says ``<Class>.<name>``; ``__init__`` is reported as the class name)."""
-    for name in names:
-        fn = cls.__dict__[name]
-        where = cls.__name__ if name == "__init__" else f"{cls.__name__}.{name}"
-        if isinstance(fn, classmethod):
-            setattr(cls, name, classmethod(typed_args(fn.__func__, where)))
-        elif getattr(fn, "__wrapped_checks__", None) is None:
-            setattr(cls, name, typed_args(fn, where))
+    wrapper.unchecked = fn  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ggmlpy.core import snapshot as _snapshot
-from ggmlpy.core.check import typed_functions as _typed_functions
-from ggmlpy.core.check import typed_methods as _typed_methods
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import GraphFullError
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.snapshot import TrackedList
@@ -38,6 +37,7 @@ class Graph:
         ValueError: if ``size`` is negative.
     """
 
+    @checked_args
     def __init__(self, size: int = DEFAULT_GRAPH_SIZE) -> None:
         if size < 0:
             raise ValueError(f"Graph: size must be >= 0, got {size}")
@@ -143,6 +143,7 @@ class Graph:
     def __iter__(self) -> Iterator[Tensor]:
         return iter(self.nodes)
 
+    @checked_args
     def node(self, i: int) -> Tensor:
         """Node ``i``; negative ``i`` counts from the end (mirrors ``ggml_graph_node``).
 
@@ -154,6 +155,7 @@ class Graph:
             raise IndexError(f"graph node index {i} out of range for {n} nodes")
         return self.nodes[i]
 
+    @checked_args
     def get_tensor(self, name: str) -> Tensor | None:
         """The leaf, then node, named ``name`` or None (mirrors ``ggml_graph_get_tensor``)."""
         for t in self.leafs:
@@ -164,10 +166,12 @@ class Graph:
                 return t
         return None
 
+    @checked_args
     def contains(self, t: Tensor) -> bool:
         """Whether ``t`` was visited by this graph (a node or a leaf)."""
         return id(t) in self._visited
 
+    @checked_args
     def build_forward_expand(self, tensor: Tensor) -> None:
         """Add ``tensor`` and every tensor it depends on (mirrors ``ggml_build_forward_expand``).
 
@@ -233,6 +237,7 @@ class Graph:
                 t.name = f"node_{len(self._nodes)}"
             list.append(self._nodes, t)  # untracked: build_forward_expand stamps once
 
+    @checked_args
     def add_node(self, t: Tensor) -> None:
         """Append ``t`` to ``nodes`` without visiting its sources (mirrors ``ggml_graph_add_node``).
 
@@ -244,6 +249,7 @@ class Graph:
         self._visited.add(id(t))
         self.nodes.append(t)
 
+    @checked_args
     def view(self, i0: int, i1: int) -> Graph:
         """A graph of ``nodes[i0:i1]`` with no leafs (mirrors ``ggml_graph_view``); see :func:`graph_view`."""
         return graph_view(self, i0, i1)
@@ -252,6 +258,7 @@ class Graph:
         return f"<Graph {len(self.nodes)} nodes, {len(self.leafs)} leafs, size {self.size}>"
 
 
+@checked_args
 def new_graph(ctx: Context | None = None, size: int = DEFAULT_GRAPH_SIZE) -> Graph:
     """A new empty graph of capacity ``size`` (mirrors ``ggml_new_graph``/``ggml_new_graph_custom``).
 
@@ -260,6 +267,7 @@ def new_graph(ctx: Context | None = None, size: int = DEFAULT_GRAPH_SIZE) -> Gra
     return Graph(size)
 
 
+@checked_args
 def graph_view(graph: Graph, i0: int, i1: int) -> Graph:
     """A graph over ``graph.nodes[i0:i1]`` with no leafs and size 0 (mirrors ``ggml_graph_view``).
 
@@ -277,9 +285,3 @@ def graph_view(graph: Graph, i0: int, i1: int) -> Graph:
     g.extra_flags = graph.extra_flags
     g._visited = {id(t) for t in g.nodes}
     return g
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("new_graph", "graph_view"))
-_typed_methods(Graph, ("__init__", "node", "get_tensor", "contains", "build_forward_expand",
-                       "add_node", "view"))

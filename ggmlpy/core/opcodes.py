@@ -1,7 +1,7 @@
 """Operation codes: ggml's ``enum ggml_op``, ``enum ggml_unary_op`` and ``enum ggml_glu_op``.
 
 Only the ops ggmlpy implements are listed, with **ggml's numeric values** as of ggml-org/ggml
-``d99724f2`` (2026-08-21, the snapshot ``shared/reference/`` digests: ``GGML_OP_COUNT == 101``,
+``d99724f2`` (2026-08-21: ``GGML_OP_COUNT == 101``,
 ``GGML_UNARY_OP_COUNT == 22``, ``GGML_GLU_OP_COUNT == 6``), so that a node's op can be serialized
 the way GGUF/RPC do. Ops ggmlpy does not implement keep their slot as a gap (e.g. no value 3,
 ggml's ADD_ID). Names are ggml's without the ``GGML_OP_`` / ``GGML_UNARY_OP_`` / ``GGML_GLU_OP_``

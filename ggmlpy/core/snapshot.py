@@ -1,4 +1,4 @@
-"""One validity rule for every cache that depends on a graph (ARCHITECTURE.md decision 8).
+"""One validity rule for every cache that depends on a graph.
 
 Compiled plans, the graph allocator's plan, the scheduler's splits and any device-side graph
 replay all read the same things from a graph: per node its op, type, ``op_params``, ``ne``,
@@ -36,9 +36,9 @@ Rules for cache owners (allocator, scheduler split cache, replay)
 4. Code that edits a ``src_map``/``extra_flags`` dict in place after assigning it to a graph
    must call :func:`touch` on the graph (assignment stamps by itself).
 
-Costs (``scripts/bench_snapshot.py``, 2-core machine, 1k/10k nodes): unchanged check with an
-unmoved generation O(1) (< 0.001 us/node); after an unrelated mutation elsewhere 0.026 us/node;
-the state compare fallback 1.7-4 us/node; taking a snapshot 1.8-4.4 us/node.
+Costs (``scripts/bench_snapshot.py`` measures them): the unchanged check with an unmoved
+generation is O(1); after an unrelated mutation elsewhere it walks the generations (cheap per
+node); the state compare fallback and taking a snapshot cost a few attribute reads per node.
 """
 
 from __future__ import annotations

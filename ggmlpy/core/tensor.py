@@ -14,7 +14,7 @@ from enum import IntFlag
 from typing import TYPE_CHECKING, Any
 
 from ggmlpy.core import snapshot as _snapshot
-from ggmlpy.core.check import typed_methods as _typed_methods
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.snapshot import TrackedList
@@ -31,19 +31,21 @@ __all__ = ["MAX_DIMS", "MAX_SRC", "MAX_NAME", "Flag", "Tensor", "Context", "nbyt
 _host_buffer_alloc: Callable[[int], Buffer] | None = None
 
 
-def _set_host_buffer_alloc(fn: Callable[[int], Buffer]) -> None:
-    """Install the host allocator used by ``no_alloc=False`` contexts (called by the CPU backend)."""
+def set_host_buffer_alloc(fn: Callable[[int], Buffer]) -> None:
+    """Install the host allocator used by ``no_alloc=False`` contexts
+    (:func:`ggmlpy.backends.install` installs the CPU backend's)."""
     global _host_buffer_alloc
     _host_buffer_alloc = fn
 
 #: Zero-copy interop hooks (``numpy``, ``array``, ``cuda_array_interface``, ``dlpack``,
-#: ``dlpack_device``), installed by :mod:`ggmlpy.backends.interop` (``import ggmlpy`` does), so
+#: ``dlpack_device``), installed by :func:`ggmlpy.backends.install` (``import ggmlpy`` does), so
 #: that this module never imports a backend.
 _interop: Any = None
 
 
-def _set_interop(hooks: Any) -> None:
-    """Install the interop hooks behind :meth:`Tensor.numpy` and the array protocols."""
+def set_interop(hooks: Any) -> None:
+    """Install the interop hooks behind :meth:`Tensor.numpy` and the array protocols
+    (:func:`ggmlpy.backends.install` installs :data:`ggmlpy.backends.interop.HOOKS`)."""
     global _interop
     _interop = hooks
 
@@ -303,14 +305,17 @@ class Tensor:
         """No gaps in memory, permutation allowed (mirrors ``ggml_is_contiguously_allocated``)."""
         return self.nbytes == self.nelements * self.type.type_size // self.type.blck_size
 
+    @checked_args
     def are_same_shape(self, other: Tensor) -> bool:
         """Equal ``ne`` (mirrors ``ggml_are_same_shape``)."""
         return self.ne == other.ne
 
+    @checked_args
     def are_same_layout(self, other: Tensor) -> bool:
         """Equal type, ``ne`` and ``nb`` (mirrors ``ggml_are_same_layout``)."""
         return self.type == other.type and self.ne == other.ne and self.nb == other.nb
 
+    @checked_args
     def can_repeat_to(self, other: Tensor) -> bool:
         """True when this tensor tiles ``other``: every ``other.ne[i] % self.ne[i] == 0``
         (mirrors ``ggml_can_repeat(self, other)``; an empty tensor only repeats to an empty one)."""
@@ -319,6 +324,7 @@ class Tensor:
         return all(o % s == 0 for s, o in zip(self.ne, other.ne))
 
     # -- flags and names ------------------------------------------------------------------------
+    @checked_args
     def set_name(self, name: str) -> Tensor:
         """Set the name, truncated to 63 characters (mirrors ``ggml_set_name``); returns ``self``."""
         self.name = str(name)[: MAX_NAME - 1]
@@ -430,6 +436,7 @@ class Context:
     def __len__(self) -> int:
         return len(self.tensors)
 
+    @checked_args
     def get_tensor(self, name: str) -> Tensor | None:
         """The first tensor named ``name``, or None (mirrors ``ggml_get_tensor``)."""
         for t in self.tensors:
@@ -455,6 +462,7 @@ class Context:
         self.tensors.append(t)  # last: a failed allocation leaves the context unchanged
         return t
 
+    @checked_args
     def new_tensor(self, type: Type, ne: Sequence[int]) -> Tensor:
         """A new packed tensor (mirrors ``ggml_new_tensor``).
 
@@ -469,26 +477,32 @@ class Context:
         """
         return self._new(type, _check_ne(ne, "new_tensor"))
 
+    @checked_args
     def new_tensor_1d(self, type: Type, ne0: int) -> Tensor:
         """A new packed 1-D tensor ``[ne0]`` (NumPy shape ``(ne0,)``; mirrors ``ggml_new_tensor_1d``)."""
         return self.new_tensor(type, (ne0,))
 
+    @checked_args
     def new_tensor_2d(self, type: Type, ne0: int, ne1: int) -> Tensor:
         """A new packed 2-D tensor ``[ne0, ne1]`` (NumPy shape ``(ne1, ne0)``; mirrors ``ggml_new_tensor_2d``)."""
         return self.new_tensor(type, (ne0, ne1))
 
+    @checked_args
     def new_tensor_3d(self, type: Type, ne0: int, ne1: int, ne2: int) -> Tensor:
         """A new packed 3-D tensor ``[ne0, ne1, ne2]`` (NumPy ``(ne2, ne1, ne0)``; mirrors ``ggml_new_tensor_3d``)."""
         return self.new_tensor(type, (ne0, ne1, ne2))
 
+    @checked_args
     def new_tensor_4d(self, type: Type, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
         """A new packed 4-D tensor (NumPy ``(ne3, ne2, ne1, ne0)``; mirrors ``ggml_new_tensor_4d``)."""
         return self.new_tensor(type, (ne0, ne1, ne2, ne3))
 
+    @checked_args
     def dup_tensor(self, src: Tensor) -> Tensor:
         """A new packed tensor with ``src``'s type and shape, no data (mirrors ``ggml_dup_tensor``)."""
         return self._new(src.type, src.ne)
 
+    @checked_args
     def dup_tensor_layout(self, src: Tensor) -> Tensor:
         """A new tensor with ``src``'s type, ``ne`` and ``nb`` (strides kept, possibly not packed),
         no data (mirrors ``ggml_dup_tensor_layout``). Used for copies that must match byte for byte."""
@@ -507,6 +521,7 @@ class Context:
         _check_extent(type, ne, nb, "new_tensor")
         return self._add(Tensor(type, ne, nb))
 
+    @checked_args
     def new_view(self, src: Tensor, type: Type, ne: Sequence[int], nb: Sequence[int] | None,
                  offset: int) -> Tensor:
         """A tensor aliasing ``src``'s memory at byte ``offset`` (ggml's ``ggml_new_tensor_impl``
@@ -540,9 +555,3 @@ class Context:
         _check_extent(type, ne4, nb4, f"view of '{src.name or root.name}'")
         t = Tensor(type, ne4, nb4, view_src=root, view_offs=offs)  # type: ignore[arg-type]
         return self._add(t)
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_methods(Context, ("get_tensor", "new_tensor", "new_tensor_1d", "new_tensor_2d", "new_tensor_3d",
-                         "new_tensor_4d", "dup_tensor", "dup_tensor_layout", "new_view"))
-_typed_methods(Tensor, ("set_name", "are_same_shape", "are_same_layout", "can_repeat_to"))

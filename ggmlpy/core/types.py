@@ -36,7 +36,7 @@ from enum import IntEnum
 import ml_dtypes
 import numpy as np
 
-from ggmlpy.core.check import typed_functions as _typed_functions
+from ggmlpy.core.check import checked_args
 
 __all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype", "type_from_name", "BF16_DTYPE"]
 
@@ -154,6 +154,7 @@ _FROM_NAME = {tr.name.lower(): ty for ty, tr in _TRAITS.items()}
 _FROM_DTYPE = {tr.dtype: ty for ty, tr in _TRAITS.items() if tr.dtype is not None}
 
 
+@checked_args
 def row_size(type: Type, n: int) -> int:
     """Bytes taken by a row of ``n`` elements of ``type`` (mirrors ``ggml_row_size``).
 
@@ -210,7 +211,3 @@ def type_from_name(name: str) -> Type:
     except KeyError:
         raise ValueError(f"unknown ggml type name {name!r}; known: "
                          f"{', '.join(sorted(_FROM_NAME))}") from None
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("row_size",))

@@ -132,21 +132,21 @@ def _pick_device(spec: str) -> str:
         _UsageError: one line naming ``--device`` and the offending name.
     """
     from ggmlpy.backend import registry
+    from ggmlpy.backends.ray.runtime import register_ray_devices
+    from ggmlpy.cli_names import register_named_devices
     from ggmlpy.core import env
 
     names = [n.strip() for n in spec.split(",")]
     if not all(names):
         raise _UsageError(f"--device {spec!r}: an empty device name (several names are joined "
                           "by commas: SIM0,SIM1)")
-    n_sim = registry.register_named_sim_devices(names)
-    if n_sim:
-        print(f"ggmlpy embed: {registry.sim_registered_note(n_sim)}", file=sys.stderr)
+    register_named_devices(names, "ggmlpy embed")
     ray_idx = [int(m.group(1)) for m in map(_RAY_RE.match, names)
                if m and registry.dev_by_name(m.group(0)) is None
                and not registry.backends_env_leaves_out(m.group(0))]
     if ray_idx and not env.ray_requested() and env.ray_devices() != 0:
         n = max(ray_idx) + 1
-        registry.register_ray_devices(n)
+        register_ray_devices(n)
         print(f"ggmlpy embed: started {n} RAY device(s) on a local Ray instance "
               "(set GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS to choose)", file=sys.stderr)
     for name in names:

@@ -39,7 +39,10 @@ pad, arange), :mod:`.nn` (norms, matrix products, masks, softmax, rope, attentio
 generated from its base op by :func:`._variants.inplace_variant`; op families that differ only in
 their op code (add/sub/mul/div, sqr..cos, the norms, the named UNARY and GLU functions) are built
 from one table row each, and rules several ops share are written once
-(:func:`._variants.shared_doc`).
+(:func:`._variants.shared_doc`). Every public op checks its arguments' types from its annotations
+before any shape rule runs (``@checked_args`` at its definition, or applied by the generators of
+:mod:`._variants`): ``TypeError`` naming the function and the argument (``"view_2d: ne1 must be
+int, got str 'x'"``).
 
 Note that ``sum``, ``abs`` and ``set`` shadow Python builtins inside this package's namespace (they
 keep ggml's names); use ``ggmlpy.ops.sum`` qualified.
@@ -96,39 +99,3 @@ __all__ = [
     "geglu_erf_split", "geglu_quick", "geglu_quick_swapped", "geglu_quick_split",
 ]
 
-
-def _check_signatures() -> None:
-    """Every public op checks its arguments' types from its annotations (issue 10, item 12):
-    ``TypeError`` naming the function and the argument (``"view_2d: ne1 must be int, got str
-    'x'"``) before any shape rule runs. The wrapper replaces the function in this package and in
-    its defining module (one object under every path); it is built once, at import."""
-    import inspect
-    import sys
-
-    from ggmlpy.core.check import typed_args
-    from ggmlpy.ops import _base, activations, elementwise, layout, nn
-    mods = (_base, activations, elementwise, layout, nn)
-    g = globals()
-    for name in __all__:
-        fn = g.get(name)
-        if not inspect.isfunction(fn) or getattr(fn, "__wrapped_checks__", None) is not None:
-            continue
-        wrapped = typed_args(fn, name)
-        if wrapped is fn:
-            continue
-        g[name] = wrapped
-        for m in mods:
-            if getattr(m, name, None) is fn:
-                setattr(m, name, wrapped)
-        parent = sys.modules.get("ggmlpy")
-        if parent is not None and getattr(parent, name, None) is fn:
-            setattr(parent, name, wrapped)
-    for name in __all__:  # a twin's __wrapped_base__ names its (now wrapped) public base
-        fn = g.get(name)
-        base = getattr(fn, "__wrapped_base__", None)
-        if base is not None and g.get(base.__name__) is not base:
-            fn.__wrapped_base__ = g[base.__name__]
-
-
-_check_signatures()
-del _check_signatures

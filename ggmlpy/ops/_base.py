@@ -15,6 +15,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Context, Tensor
@@ -147,6 +148,7 @@ def _nelements(ne: Sequence[int]) -> int:
     return n
 
 
+@checked_args
 def set_name(tensor: Tensor, name: str) -> Tensor:
     """Set ``tensor.name`` (truncated to 63 characters) and return the tensor (mirrors
     ``ggml_set_name``).
@@ -156,6 +158,7 @@ def set_name(tensor: Tensor, name: str) -> Tensor:
     return _check_tensor(tensor, "set_name", "tensor").set_name(name)
 
 
+@checked_args
 def set_input(tensor: Tensor) -> Tensor:
     """Flag ``tensor`` as a graph input (``Flag.INPUT``) and return it (mirrors ``ggml_set_input``).
 
@@ -164,6 +167,7 @@ def set_input(tensor: Tensor) -> Tensor:
     return _check_tensor(tensor, "set_input", "tensor").set_input()
 
 
+@checked_args
 def set_output(tensor: Tensor) -> Tensor:
     """Flag ``tensor`` (and its ``view_src``) as a graph output and return it (mirrors
     ``ggml_set_output``).
@@ -173,6 +177,7 @@ def set_output(tensor: Tensor) -> Tensor:
     return _check_tensor(tensor, "set_output", "tensor").set_output()
 
 
+@checked_args
 def set_param(tensor: Tensor) -> Tensor:
     """Flag ``tensor`` as a trainable parameter and return it (mirrors ``ggml_set_param``).
 
@@ -182,6 +187,7 @@ def set_param(tensor: Tensor) -> Tensor:
     return _check_tensor(tensor, "set_param", "tensor").set_param()
 
 
+@checked_args
 def build_forward_expand(graph: Graph, tensor: Tensor) -> None:
     """Add ``tensor`` and everything it depends on to ``graph`` (mirrors
     ``ggml_build_forward_expand``).

@@ -16,6 +16,7 @@ import inspect
 from collections.abc import Callable
 from typing import TypeVar
 
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.tensor import Tensor
 
 __all__ = ["inplace_variant", "named_variant"]
@@ -66,21 +67,22 @@ def inplace_variant(base: Callable[..., Tensor], impl: Callable[..., Tensor], *,
         f"result is a view of ``a`` (a's type, ``ne`` and ``nb``; NumPy shape ``ne[::-1]``) with "
         f"``src[0] = a``, so the op overwrites a's memory when the graph is computed."
         + (f" {note}" if note else "") + "\n")
-    return variant
+    return checked_args(variant)
 
 
 def named_variant(fn: F, name: str, doc: str) -> F:
     """Give ``fn`` (a closure made by a family factory) its public ``name`` and docstring ``doc``.
 
-    Sets ``__name__``, ``__qualname__`` and ``__doc__`` and returns ``fn`` itself, so that
-    ``help()``, error messages and :func:`inplace_variant` see ggml's name (e.g. ``"add"``).
+    Sets ``__name__``, ``__qualname__`` and ``__doc__``, so that ``help()``, error messages and
+    :func:`inplace_variant` see ggml's name (e.g. ``"add"``), and returns ``fn`` with its argument
+    types checked (:func:`~ggmlpy.core.check.checked_args`), as every public op.
     Raises ValueError for an empty name.
     """
     if not name:
         raise ValueError("named_variant: name must be a non-empty string")
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = doc
-    return fn
+    return checked_args(fn)
 
 
 def shared_doc(paragraph: str) -> Callable[[F], F]:

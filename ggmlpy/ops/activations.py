@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.ops._base import _args, _desc, _dup_or_view, _int, _op, _require, _require_type
@@ -34,6 +35,7 @@ def _unary_impl(ctx: Context, a: Tensor, op: UnaryOp | int, inplace: bool, fn: s
     return _op(_dup_or_view(ctx, a, inplace), Op.UNARY, [int(u)], [a])
 
 
+@checked_args
 def unary(ctx: Context, a: Tensor, op: UnaryOp) -> Tensor:
     """Element-wise unary function ``op``, op UNARY (mirrors ``ggml_unary``).
 
@@ -111,6 +113,7 @@ def _glu_impl(ctx: Context, a: Tensor, b: Tensor | None, op: GluOp | int, swappe
     return _op(ctx.new_tensor(a.type, ne), Op.GLU, [int(g), 1 if swapped else 0], src)
 
 
+@checked_args
 def glu(ctx: Context, a: Tensor, op: GluOp, swapped: bool = False) -> Tensor:
     """Gated linear unit on the two halves of each row, op GLU (mirrors ``ggml_glu``).
 
@@ -123,6 +126,7 @@ def glu(ctx: Context, a: Tensor, op: GluOp, swapped: bool = False) -> Tensor:
     return _glu_impl(ctx, a, None, op, swapped, "glu")
 
 
+@checked_args
 def glu_split(ctx: Context, a: Tensor, b: Tensor, op: GluOp) -> Tensor:
     """Gated linear unit with separate gate tensor: ``act(a) * b``, op GLU (mirrors
     ``ggml_glu_split``).

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.ops._base import _args, _dup_or_view, _f32, _is_padded_1d, _is_scalar, _op, _require, _view_tensor
@@ -25,6 +26,7 @@ def _dup_impl(ctx: Context, a: Tensor, inplace: bool, fn: str) -> Tensor:
     return _op(_dup_or_view(ctx, a, inplace), Op.DUP, [], [a])
 
 
+@checked_args
 def dup(ctx: Context, a: Tensor) -> Tensor:
     """Copy of ``a`` (mirrors ``ggml_dup``).
 
@@ -74,6 +76,7 @@ def _add1_impl(ctx: Context, a: Tensor, b: Tensor, inplace: bool, fn: str) -> Te
     return _op(_dup_or_view(ctx, a, inplace), Op.ADD1, [], [a, b])
 
 
+@checked_args
 def add1(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """``a + b[0]`` with scalar b, op ADD1 (mirrors ``ggml_add1``, deprecated in ggml).
 
@@ -121,6 +124,7 @@ def _scale_impl(ctx: Context, a: Tensor, s: float, b: float, inplace: bool, fn: 
     return _op(_dup_or_view(ctx, a, inplace), Op.SCALE, params, [a])
 
 
+@checked_args
 def scale(ctx: Context, a: Tensor, s: float) -> Tensor:
     """``s * x``, op SCALE (mirrors ``ggml_scale``).
 
@@ -134,6 +138,7 @@ def scale(ctx: Context, a: Tensor, s: float) -> Tensor:
 scale_inplace = inplace_variant(scale, _scale_impl, b=0.0)
 
 
+@checked_args
 def scale_bias(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
     """``s * x + b``, op SCALE (mirrors ``ggml_scale_bias``).
 
@@ -147,6 +152,7 @@ def scale_bias(ctx: Context, a: Tensor, s: float, b: float) -> Tensor:
 scale_bias_inplace = inplace_variant(scale_bias, _scale_impl)
 
 
+@checked_args
 def clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
     """Clamp to ``[min, max]``: ``max(min(x, max), min)``, op CLAMP (mirrors ``ggml_clamp``).
 
@@ -160,6 +166,7 @@ def clamp(ctx: Context, a: Tensor, min: float, max: float) -> Tensor:
     return _op(_view_tensor(ctx, a), Op.CLAMP, params, [a])
 
 
+@checked_args
 def leaky_relu(ctx: Context, a: Tensor, negative_slope: float, inplace: bool = False) -> Tensor:
     """``max(x, 0) + negative_slope * min(x, 0)``, op LEAKY_RELU (mirrors ``ggml_leaky_relu``).
 

@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import MAX_DIMS, Context, Tensor
 from ggmlpy.core.types import Type
@@ -87,6 +88,7 @@ bounds and ``0 <= offset < 2**30`` rules, TypeError for the type rule.
 
 
 @shared_doc(_SET_ACC_RULES)
+@checked_args
 def acc(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
     """Copy of a with b **added** into a strided region, op ACC; a and b F32 (mirrors ``ggml_acc``).
     """
@@ -97,6 +99,7 @@ acc_inplace = inplace_variant(acc, _set_acc_impl, op=Op.ACC, note=_SET_NOTE)
 
 
 @shared_doc(_SET_ACC_RULES)
+@checked_args
 def set(ctx: Context, a: Tensor, b: Tensor, nb1: int, nb2: int, nb3: int, offset: int) -> Tensor:
     """Copy of a with b **assigned** into a strided region, op SET; a and b of the same type
     (mirrors ``ggml_set``).
@@ -114,6 +117,7 @@ def _set_1d_impl(ctx: Context, a: Tensor, b: Tensor, offset: int, inplace: bool,
 
 
 @shared_doc(_SET_ACC_RULES)
+@checked_args
 def set_1d(ctx: Context, a: Tensor, b: Tensor, offset: int) -> Tensor:
     """:func:`set` with a's own strides: ``set(a, b, a.nb1, a.nb2, a.nb3, offset)`` (mirrors
     ``ggml_set_1d``).
@@ -131,6 +135,7 @@ def _set_2d_impl(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int, inpl
 
 
 @shared_doc(_SET_ACC_RULES)
+@checked_args
 def set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
     """:func:`set` with row stride ``nb1`` and a's nb2/nb3: ``set(a, b, nb1, a.nb2, a.nb3, offset)``
     (mirrors ``ggml_set_2d``).
@@ -141,6 +146,7 @@ def set_2d(ctx: Context, a: Tensor, b: Tensor, nb1: int, offset: int) -> Tensor:
 set_2d_inplace = inplace_variant(set_2d, _set_2d_impl, note=_SET_NOTE)
 
 
+@checked_args
 def sum(ctx: Context, a: Tensor) -> Tensor:
     """Sum of all elements, op SUM (mirrors ``ggml_sum``).
 
@@ -151,6 +157,7 @@ def sum(ctx: Context, a: Tensor) -> Tensor:
     return _op(ctx.new_tensor(a.type, (1,)), Op.SUM, [], [a])
 
 
+@checked_args
 def sum_rows(ctx: Context, a: Tensor) -> Tensor:
     """Sum of each row (along ne0), op SUM_ROWS (mirrors ``ggml_sum_rows``).
 
@@ -162,6 +169,7 @@ def sum_rows(ctx: Context, a: Tensor) -> Tensor:
     return _op(ctx.new_tensor(a.type, (1, *a.ne[1:])), Op.SUM_ROWS, [], [a])
 
 
+@checked_args
 def mean(ctx: Context, a: Tensor) -> Tensor:
     """Mean of each row (along ne0), op MEAN (mirrors ``ggml_mean``).
 
@@ -173,6 +181,7 @@ def mean(ctx: Context, a: Tensor) -> Tensor:
     return _op(ctx.new_tensor(Type.F32, (1, *a.ne[1:])), Op.MEAN, [], [a])
 
 
+@checked_args
 def argmax(ctx: Context, a: Tensor) -> Tensor:
     """Index of the maximum of each row, op ARGMAX (mirrors ``ggml_argmax``).
 
@@ -187,6 +196,7 @@ def argmax(ctx: Context, a: Tensor) -> Tensor:
     return _op(ctx.new_tensor(Type.I32, (a.ne[1],)), Op.ARGMAX, [], [a])
 
 
+@checked_args
 def argsort(ctx: Context, a: Tensor, order: SortOrder | int) -> Tensor:
     """Per-row argsort, op ARGSORT (mirrors ``ggml_argsort``).
 
@@ -205,6 +215,7 @@ def argsort(ctx: Context, a: Tensor, order: SortOrder | int) -> Tensor:
     return _op(ctx.new_tensor(Type.I32, a.ne), Op.ARGSORT, [int(o)], [a])
 
 
+@checked_args
 def repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """Tile a to b's shape, op REPEAT (mirrors ``ggml_repeat``).
 
@@ -218,6 +229,7 @@ def repeat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _op(ctx.new_tensor(a.type, b.ne), Op.REPEAT, [], [a])
 
 
+@checked_args
 def repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """Tile a to shape ``[ne0, ne1, ne2, ne3]``, op REPEAT (mirrors ``ggml_repeat_4d``).
 
@@ -233,6 +245,7 @@ def repeat_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -
     return _op(ctx.new_tensor(a.type, ne), Op.REPEAT, [], [a])
 
 
+@checked_args
 def concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
     """Concatenate a and b along ggml dimension ``dim``, op CONCAT (mirrors ``ggml_concat``).
 
@@ -258,6 +271,7 @@ def concat(ctx: Context, a: Tensor, b: Tensor, dim: int) -> Tensor:
     return _op(ctx.new_tensor(a.type, ne), Op.CONCAT, [d], [a, b])
 
 
+@checked_args
 def cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """Copy a into b, converting types, op CPY (mirrors ``ggml_cpy``).
 
@@ -274,6 +288,7 @@ def cpy(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _op(result, Op.CPY, [], [a, b])
 
 
+@checked_args
 def cast(ctx: Context, a: Tensor, type: Type) -> Tensor:
     """a converted to ``type``, op CPY (mirrors ``ggml_cast``).
 
@@ -315,6 +330,7 @@ def _cont_impl(ctx: Context, a: Tensor, ne: tuple[int, ...], fn: str) -> Tensor:
     return _op(result, Op.CONT, [], [a])
 
 
+@checked_args
 def cont(ctx: Context, a: Tensor) -> Tensor:
     """Packed copy of a (e.g. of a permuted view), op CONT (mirrors ``ggml_cont``).
 
@@ -325,6 +341,7 @@ def cont(ctx: Context, a: Tensor) -> Tensor:
     return _cont_impl(ctx, a, a.ne, "cont")
 
 
+@checked_args
 def cont_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
     """Packed copy of a reshaped to ``[ne0]`` (NumPy ``(ne0,)``), op CONT (mirrors
     ``ggml_cont_1d``).
@@ -335,6 +352,7 @@ def cont_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
     return _cont_impl(ctx, a, (ne0, 1, 1, 1), "cont_1d")
 
 
+@checked_args
 def cont_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
     """Packed copy of a reshaped to ``[ne0, ne1]`` (NumPy ``(ne1, ne0)``), op CONT (mirrors
     ``ggml_cont_2d``).
@@ -345,6 +363,7 @@ def cont_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
     return _cont_impl(ctx, a, (ne0, ne1, 1, 1), "cont_2d")
 
 
+@checked_args
 def cont_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     """Packed copy of a reshaped to ``[ne0, ne1, ne2]`` (NumPy ``(ne2, ne1, ne0)``), op CONT
     (mirrors ``ggml_cont_3d``).
@@ -354,6 +373,7 @@ def cont_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     return _cont_impl(ctx, a, (ne0, ne1, ne2, 1), "cont_3d")
 
 
+@checked_args
 def cont_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """Packed copy of a reshaped to ``[ne0..ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), op CONT
     (mirrors ``ggml_cont_4d``).
@@ -372,6 +392,7 @@ def _reshape_impl(ctx: Context, a: Tensor, ne: tuple[int, ...], fn: str) -> Tens
     return _op(result, Op.RESHAPE, [], [a])
 
 
+@checked_args
 def reshape(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """View of a with b's shape, op RESHAPE (mirrors ``ggml_reshape``).
 
@@ -385,6 +406,7 @@ def reshape(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _reshape_impl(ctx, a, b.ne, fn)
 
 
+@checked_args
 def reshape_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
     """View of contiguous a as ``[ne0]`` (NumPy ``(ne0,)``), op RESHAPE (mirrors
     ``ggml_reshape_1d``).
@@ -396,6 +418,7 @@ def reshape_1d(ctx: Context, a: Tensor, ne0: int) -> Tensor:
     return _reshape_impl(ctx, a, (ne0,), "reshape_1d")
 
 
+@checked_args
 def reshape_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
     """View of contiguous a as ``[ne0, ne1]`` (NumPy ``(ne1, ne0)``), op RESHAPE (mirrors
     ``ggml_reshape_2d``).
@@ -407,6 +430,7 @@ def reshape_2d(ctx: Context, a: Tensor, ne0: int, ne1: int) -> Tensor:
     return _reshape_impl(ctx, a, (ne0, ne1), "reshape_2d")
 
 
+@checked_args
 def reshape_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     """View of contiguous a as ``[ne0, ne1, ne2]`` (NumPy ``(ne2, ne1, ne0)``), op RESHAPE (mirrors
     ``ggml_reshape_3d``).
@@ -418,6 +442,7 @@ def reshape_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int) -> Tensor:
     return _reshape_impl(ctx, a, (ne0, ne1, ne2), "reshape_3d")
 
 
+@checked_args
 def reshape_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int) -> Tensor:
     """View of contiguous a as ``[ne0..ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``), op RESHAPE (mirrors
     ``ggml_reshape_4d``).
@@ -455,6 +480,7 @@ extent is not checked).
 
 
 @shared_doc(_VIEW_RULES)
+@checked_args
 def view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
     """View ``[ne0]`` (NumPy ``(ne0,)``) of a's memory at byte ``offset`` (mirrors
     ``ggml_view_1d``).
@@ -464,6 +490,7 @@ def view_1d(ctx: Context, a: Tensor, ne0: int, offset: int) -> Tensor:
 
 
 @shared_doc(_VIEW_RULES)
+@checked_args
 def view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) -> Tensor:
     """View ``[ne0, ne1]`` (NumPy ``(ne1, ne0)``) with row stride ``nb1``; nb2 = nb3 = nb1*ne1
     (mirrors ``ggml_view_2d``).
@@ -476,6 +503,7 @@ def view_2d(ctx: Context, a: Tensor, ne0: int, ne1: int, nb1: int, offset: int) 
 
 
 @shared_doc(_VIEW_RULES)
+@checked_args
 def view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int,
             offset: int) -> Tensor:
     """View ``[ne0, ne1, ne2]`` (NumPy ``(ne2, ne1, ne0)``) with strides nb1, nb2; nb3 = nb2*ne2
@@ -489,6 +517,7 @@ def view_3d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, nb1: int, nb2
 
 
 @shared_doc(_VIEW_RULES)
+@checked_args
 def view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb2: int,
             nb3: int, offset: int) -> Tensor:
     """View ``[ne0..ne3]`` (NumPy ``(ne3, ne2, ne1, ne0)``) with strides nb1, nb2, nb3 (mirrors
@@ -500,6 +529,7 @@ def view_4d(ctx: Context, a: Tensor, ne0: int, ne1: int, ne2: int, ne3: int, nb1
     return _view_impl(ctx, a, (ne0, ne1, ne2, ne3), nb, offset, fn)
 
 
+@checked_args
 def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: int) -> Tensor:
     """Permuted view of a: **source dim i moves to position axis_i**, op PERMUTE (mirrors
     ``ggml_permute``).
@@ -528,6 +558,7 @@ def permute(ctx: Context, a: Tensor, axis0: int, axis1: int, axis2: int, axis3: 
     return _op(result, Op.PERMUTE, axes, [a])
 
 
+@checked_args
 def transpose(ctx: Context, a: Tensor) -> Tensor:
     """View of a with dims 0 and 1 swapped, op TRANSPOSE (mirrors ``ggml_transpose``).
 
@@ -543,6 +574,7 @@ def transpose(ctx: Context, a: Tensor) -> Tensor:
     return _op(result, Op.TRANSPOSE, [], [a])
 
 
+@checked_args
 def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """Gather rows of a by I32 indices b, op GET_ROWS (mirrors ``ggml_get_rows``).
 
@@ -562,6 +594,7 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     return _op(ctx.new_tensor(t, (a.ne[0], b.ne[0], b.ne[1], b.ne[2])), Op.GET_ROWS, [], [a, b])
 
 
+@checked_args
 def pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2: int, rp2: int,
             lp3: int, rp3: int) -> Tensor:
     """Zero-pad a on both sides of each dim, op PAD (mirrors ``ggml_pad_ext``).
@@ -581,6 +614,7 @@ def pad_ext(ctx: Context, a: Tensor, lp0: int, rp0: int, lp1: int, rp1: int, lp2
     return _op(ctx.new_tensor(a.type, ne), Op.PAD, [*p, 0], [a])
 
 
+@checked_args
 def pad(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     """Zero-pad a at the end of each dim: ``pad_ext(a, 0, p0, 0, p1, 0, p2, 0, p3)``, op PAD
     (mirrors ``ggml_pad``).
@@ -596,6 +630,7 @@ def pad(ctx: Context, a: Tensor, p0: int, p1: int, p2: int, p3: int) -> Tensor:
     return pad_ext(ctx, a, 0, p[0], 0, p[1], 0, p[2], 0, p[3])
 
 
+@checked_args
 def arange(ctx: Context, start: float, stop: float, step: float) -> Tensor:
     """``[start, start+step, ...)`` below stop, op ARANGE (mirrors ``ggml_arange``).
 
@@ -613,6 +648,7 @@ def arange(ctx: Context, start: float, stop: float, step: float) -> Tensor:
     return _op(ctx.new_tensor(Type.F32, (n,)), Op.ARANGE, [s0, s1, st], [])
 
 
+@checked_args
 def timestep_embedding(ctx: Context, timesteps: Tensor, dim: int, max_period: int) -> Tensor:
     """Sinusoidal timestep embedding, op TIMESTEP_EMBEDDING (mirrors ``ggml_timestep_embedding``).
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
@@ -77,6 +78,7 @@ def _group_norm_impl(ctx: Context, a: Tensor, n_groups: int, eps: float, inplace
     return _op(_dup_or_view(ctx, a, inplace), Op.GROUP_NORM, [g, e], [a])
 
 
+@checked_args
 def group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
     """Group normalisation over channels = **dim 2**, op GROUP_NORM (mirrors ``ggml_group_norm``).
 
@@ -92,6 +94,7 @@ def group_norm(ctx: Context, a: Tensor, n_groups: int, eps: float) -> Tensor:
 group_norm_inplace = inplace_variant(group_norm, _group_norm_impl)
 
 
+@checked_args
 def mul_mat(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """Batched ``b @ a.T`` over rows of K values, op MUL_MAT (mirrors ``ggml_mul_mat``).
 
@@ -130,6 +133,7 @@ def _set_prec(a: Tensor, prec: Prec | int, op: Op, slot: int, fn: str) -> Tensor
     return a
 
 
+@checked_args
 def mul_mat_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     """Set a MUL_MAT node's accumulation-precision hint ``op_params[0]`` (mirrors
     ``ggml_mul_mat_set_prec``).
@@ -142,6 +146,7 @@ def mul_mat_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     return _set_prec(a, prec, Op.MUL_MAT, 0, "mul_mat_set_prec")
 
 
+@checked_args
 def out_prod(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     """Batched outer-product sum over the shared dim 1, op OUT_PROD (mirrors ``ggml_out_prod``).
 
@@ -165,6 +170,7 @@ def _diag_mask_impl(ctx: Context, a: Tensor, n_past: int, op: Op, inplace: bool,
     return _op(_dup_or_view(ctx, a, inplace), op, [n], [a])
 
 
+@checked_args
 def diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     """Causal mask: element (col i0, row i1) of every 2-D slice becomes -inf where ``i0 > n_past +
     i1``, op DIAG_MASK_INF (mirrors ``ggml_diag_mask_inf``).
@@ -178,6 +184,7 @@ def diag_mask_inf(ctx: Context, a: Tensor, n_past: int) -> Tensor:
 diag_mask_inf_inplace = inplace_variant(diag_mask_inf, _diag_mask_impl, op=Op.DIAG_MASK_INF)
 
 
+@checked_args
 def diag_mask_zero(ctx: Context, a: Tensor, n_past: int) -> Tensor:
     """Like :func:`diag_mask_inf` but sets the masked elements to 0, op DIAG_MASK_ZERO (mirrors
     ``ggml_diag_mask_zero``).
@@ -221,6 +228,7 @@ ValueError for the shape/layout rules, TypeError for a mask of another type.
 
 
 @shared_doc(_SOFT_MAX_RULES)
+@checked_args
 def soft_max(ctx: Context, a: Tensor) -> Tensor:
     """Row softmax, op SOFT_MAX, params ``[1.0, 0.0]`` (mirrors ``ggml_soft_max``)."""
     return _soft_max_impl(ctx, a, None, 1.0, 0.0, False, "soft_max")
@@ -230,6 +238,7 @@ soft_max_inplace = inplace_variant(soft_max, _soft_max_impl, mask=None, scale=1.
 
 
 @shared_doc(_SOFT_MAX_RULES)
+@checked_args
 def soft_max_ext(ctx: Context, a: Tensor, mask: Tensor | None, scale: float,
                  max_bias: float) -> Tensor:
     """Row softmax of ``scale*a + slope*mask``, op SOFT_MAX (mirrors ``ggml_soft_max_ext``)."""
@@ -291,6 +300,7 @@ freq_factors not F32.
 
 
 @shared_doc(_ROPE_RULES)
+@checked_args
 def rope(ctx: Context, a: Tensor, pos: Tensor, n_dims: int, mode: int) -> Tensor:
     """Rotary position embedding with ggml's default settings, op ROPE (mirrors ``ggml_rope``).
 
@@ -305,6 +315,7 @@ rope_inplace = inplace_variant(rope, _rope_impl, **_ROPE_DEFAULTS)
 
 
 @shared_doc(_ROPE_RULES)
+@checked_args
 def rope_ext(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int,
              mode: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
              attn_factor: float, beta_fast: float, beta_slow: float) -> Tensor:
@@ -316,6 +327,7 @@ def rope_ext(ctx: Context, a: Tensor, pos: Tensor, freq_factors: Tensor | None, 
 rope_ext_inplace = inplace_variant(rope_ext, _rope_impl)
 
 
+@checked_args
 def flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                    scale: float, max_bias: float, logit_softcap: float) -> Tensor:
     """Fused attention ``softmax(scale * q k^T [softcap] + slope*mask) v``, op FLASH_ATTN_EXT
@@ -355,6 +367,7 @@ def flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return _op(result, Op.FLASH_ATTN_EXT, params, [q, k, v, mask])
 
 
+@checked_args
 def flash_attn_ext_set_prec(a: Tensor, prec: Prec | int) -> Tensor:
     """Set a FLASH_ATTN_EXT node's precision hint ``op_params[3]`` (mirrors
     ``ggml_flash_attn_ext_set_prec``).

@@ -3,8 +3,8 @@
 Both directions come from ``gguf.quants`` (gguf-py 0.19, the optional ``[gguf]`` extra): its
 NumPy quantizers for these five types and its dequantizers for all eight block types are bit-exact
 with ggml's ``quantize_row_*_ref`` / ``dequantize_row_*`` (held by tests against vectors generated
-from ggml's C code, tests/data/ggml_quant_vectors.npz) and vectorized over blocks (measured
-300-1700 MB/s of float32 on one core, see scripts/bench_quant.py), so they are used as they are.
+from ggml's C code, tests/data/ggml_quant_vectors.npz) and vectorized over blocks (``scripts/bench_quant.py`` measures their rate), so they are used as
+they are.
 Byte layouts are in :mod:`ggmlpy.core.types`.
 """
 

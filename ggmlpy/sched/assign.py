@@ -63,8 +63,7 @@ def op_memo_token(backend: Backend) -> Any:
     async devices do; any other device is asked every time)."""
     if type(backend).supports_op is not Backend.supports_op or "supports_op" in vars(backend):
         return None
-    f = getattr(backend.device, "supports_op_memo_token", None)
-    return None if f is None else f()
+    return backend.device.supports_op_memo_token()
 
 
 class Assignment:

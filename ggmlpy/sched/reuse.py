@@ -1,12 +1,12 @@
-"""The scheduler's unchanged-graph fast path (issue 11 item 3; llama.cpp's graph reuse).
+"""The scheduler's unchanged-graph fast path (llama.cpp's graph reuse, ``llm_graph_result::can_reuse`` in
+``src/llama-graph.cpp``).
 
 When the same graph is allocated again with the same shapes, pins and compute buffers, the
 scheduler's split and the allocator's placement would come out identical, so
 :class:`~ggmlpy.sched.scheduler.Scheduler` keeps them here and replays them instead of re-splitting and
 re-planning. Records are kept for the last :data:`DEFAULT_CAPACITY` graphs (an LRU keyed by graph
 object, graphs held weakly), so a model that caches one graph per batch shape and alternates
-between them replays each. Validity follows the one rule of :mod:`ggmlpy.core.snapshot`
-(ARCHITECTURE.md decision 8), per graph:
+between them replays each. Validity follows the one rule of :mod:`ggmlpy.core.snapshot`, per graph:
 
 * a :class:`~ggmlpy.core.snapshot.Snapshot` of the user's graph taken when the split was built (the
   graph as the split read it: the scheduler's own placements undone by ``reset``). It covers

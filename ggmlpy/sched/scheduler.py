@@ -69,8 +69,7 @@ from ggmlpy.backend.interface import (
 )
 from ggmlpy.backend.tensor_data import backend_tensor_copy
 from ggmlpy.core import env
-from ggmlpy.core.check import describe
-from ggmlpy.core.check import typed_methods as _typed_methods
+from ggmlpy.core.check import checked_args, describe
 from ggmlpy.core.graph import Graph, graph_view
 from ggmlpy.core.tensor import Flag, Tensor
 from ggmlpy.sched.assign import Assigner, Assignment, op_memo_token
@@ -136,6 +135,7 @@ class Scheduler:
     its recorded splits prints nothing. ``=2`` prints every node too.
     """
 
+    @checked_args
     def __init__(self, backends: list[Backend], bufts: list[BufferType] | None = None,
                  graph_size: int = 2048, parallel: bool = False, op_offload: bool = True,
                  alloc_policy: str = "ggml") -> None:
@@ -206,6 +206,7 @@ class Scheduler:
         """Number of backends (mirrors ``ggml_backend_sched_get_n_backends``)."""
         return len(self.backends)
 
+    @checked_args
     def get_backend(self, i: int) -> Backend:
         """Backend ``i`` (mirrors ``ggml_backend_sched_get_backend``). Raises IndexError when out of range."""
         if not 0 <= i < len(self.backends):
@@ -227,10 +228,12 @@ class Scheduler:
         what = backend.name if isinstance(backend, Backend) else repr(backend)
         raise ValueError(f"Scheduler: {what} is not one of this scheduler's backends")
 
+    @checked_args
     def get_buffer_type(self, backend: Backend) -> BufferType:
         """The compute buffer type of ``backend`` (mirrors ``ggml_backend_sched_get_buffer_type``)."""
         return self.bufts[self._backend_index(backend)]
 
+    @checked_args
     def get_buffer_size(self, backend: Backend) -> int:
         """Bytes of ``backend``'s compute buffer; 0 when it shares an earlier backend's buffer
         (mirrors ``ggml_backend_sched_get_buffer_size``).
@@ -240,6 +243,7 @@ class Scheduler:
         """
         return self.galloc.get_buffer_size(self._backend_index(backend))
 
+    @checked_args
     def set_tensor_backend(self, node: Tensor, backend: Backend) -> None:
         """Pin ``node`` to ``backend`` until the next :meth:`reset` (mirrors ``ggml_backend_sched_set_tensor_backend``).
 
@@ -254,6 +258,7 @@ class Scheduler:
         a.cause[node] = "usr"
         self.is_reset = False
 
+    @checked_args
     def get_tensor_backend(self, node: Tensor) -> Backend | None:
         """The backend ``node`` is assigned to, or None (mirrors ``ggml_backend_sched_get_tensor_backend``)."""
         b = self._state.assignment.backend_of.get(node, -1)
@@ -347,6 +352,7 @@ class Scheduler:
         self._placed = list(map(_first, self._placement))
         return True
 
+    @checked_args
     def reserve(self, graph: Graph) -> bool:
         """Plan and allocate compute buffers for the worst-case ``graph`` (mirrors ``ggml_backend_sched_reserve``).
 
@@ -366,6 +372,7 @@ class Scheduler:
                       [self.galloc.get_buffer_size(i) for i in range(len(self.backends))])
         return ok
 
+    @checked_args
     def reserve_size(self, graph: Graph) -> list[int]:
         """Bytes each backend's compute buffer would need for ``graph``, allocating nothing
         (mirrors ``ggml_backend_sched_reserve_size``). Resets first, dropping user pins."""
@@ -378,6 +385,7 @@ class Scheduler:
         finally:
             self.reset()
 
+    @checked_args
     def alloc_graph(self, graph: Graph) -> bool:
         """Split ``graph`` and place all its tensors (mirrors ``ggml_backend_sched_alloc_graph``).
 
@@ -537,6 +545,7 @@ class Scheduler:
     # ------------------------------------------------------------------------------------------
     # compute
 
+    @checked_args
     def graph_compute_async(self, graph: Graph) -> Status:
         """Run ``graph``'s splits without waiting for the last one (mirrors ``ggml_backend_sched_graph_compute_async``).
 
@@ -564,6 +573,7 @@ class Scheduler:
                 return Status.ALLOC_FAILED
         return self._compute_splits()
 
+    @checked_args
     def graph_compute(self, graph: Graph) -> Status:
         """:meth:`graph_compute_async` then :meth:`synchronize` (mirrors ``ggml_backend_sched_graph_compute``)."""
         status = self.graph_compute_async(graph)
@@ -752,9 +762,3 @@ class Scheduler:
                 for n in r["nodes"][sp["nodes"][0]:sp["nodes"][1]]:
                     print(f"  node #{n['index']:4d} {n['op']:>16} {n['name']:<32} "
                           f"[{n['backend']} {n['cause']}]", file=out)
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_methods(Scheduler, ("__init__", "get_backend", "get_buffer_type", "get_buffer_size",
-                           "set_tensor_backend", "get_tensor_backend", "reserve", "reserve_size",
-                           "alloc_graph", "graph_compute_async", "graph_compute"))

@@ -1,4 +1,4 @@
-"""test-backend-ops cases over ggml's element types (issue 12 item 4): MUL_MAT with an F16, BF16
+"""test-backend-ops cases over ggml's element types: MUL_MAT with an F16, BF16
 or block-quantized ``src0`` and F32 ``src1``, GET_ROWS from every type, and CPY/DUP between
 F32/F16/BF16 and every block type, with ggml's thresholds:
 

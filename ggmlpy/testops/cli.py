@@ -1,7 +1,8 @@
 """Command line of ``python -m ggmlpy test-backend-ops`` (mirrors ggml's ``test-backend-ops`` CLI).
 
     python -m ggmlpy test-backend-ops [--mode test|perf|support] [-b BACKEND[,..]] [-o OP[,..]]
-        [-p REGEX] [--json] [--markdown] [--quick] [--list] [--graph FILE [--save DIR]]
+        [-p REGEX] [--json] [--markdown] [--quick] [--list] [--kernels]
+        [--graph FILE [--save DIR]]
 
 Exit status: 0 when every backend passed (or nothing failed), 1 on a failing case or a diverging
 graph, 2 on bad usage (unknown backend, bad regex, bad graph file).
@@ -46,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="leave out cases tagged large (the CI subset)")
     p.add_argument("--list", action="store_true", help="list the selected cases and family counts")
+    p.add_argument("--kernels", action="store_true",
+                   help="list which kernel of the registry computes each selected case's nodes, "
+                        "per array module (generic, cuda.fused, cpu.jit.*, fast.*)")
     p.add_argument("--min-time", type=float, default=0.2,
                    help="perf mode: seconds of timed runs per case (default 0.2)")
     p.add_argument("--graph", default=None,
@@ -84,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _graph_main(args)
         if args.list:
             return _list_main(args, mode)
+        if args.kernels:
+            return _kernels_main(args, mode)
         return _run_main(args, mode)
     except BackendUnavailableError as e:
         print(f"test-backend-ops: {e}", file=sys.stderr)
@@ -98,15 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _register_named_sim(backend: str | None) -> None:
     """``-b SIMn`` without GGMLPY_SIM_DEVICES registers SIM0..SIMn once (as ``embed --device``
-    does, :func:`ggmlpy.backend.registry.register_named_sim_devices`); a name that is not a device then
+    does, :func:`ggmlpy.cli_names.register_named_devices`); a name that is not a device then
     raises BackendUnavailableError naming ``-b`` and why (GGMLPY_BACKENDS leaving it out, ...)."""
     from ggmlpy.backend import registry
+    from ggmlpy.cli_names import register_named_devices
     from ggmlpy.core.errors import BackendUnavailableError
 
     names = [n.strip() for n in (backend or "").split(",") if n.strip()]
-    n = registry.register_named_sim_devices(names)
-    if n:
-        print(f"test-backend-ops: {registry.sim_registered_note(n)}", file=sys.stderr)
+    register_named_devices(names, "test-backend-ops")
     for name in names:
         why = registry.device_unavailable_reason(name)
         if why:
@@ -151,6 +156,46 @@ def _list_main(args: argparse.Namespace, mode: str) -> int:
     for fam, n in sorted(counts.items()):
         print(f"{fam:<20} {n:5d}")
     print(f"{len(sel)} cases")
+    return 0
+
+
+def _kernels_main(args: argparse.Namespace, mode: str) -> int:
+    """``--kernels``: per selected case, the registry entry (:meth:`KernelRegistry.select`)
+    that computes each of its graph's nodes, with NumPy (CPU, SIM) and with each other array
+    module a device here uses (CuPy on CUDA); ``-`` where the node is not supported."""
+    import numpy as np
+
+    from ggmlpy.backend import registry
+    from ggmlpy.backends.device.backend import AsyncDevice
+    from ggmlpy.backends.kernels.registry import REGISTRY
+    from ggmlpy.core.graph import Graph
+    from ggmlpy.testops.families import all_cases, perf_cases
+    from ggmlpy.testops.runner import select_cases
+
+    xps: dict[str, object] = {"numpy": np}
+    for d in registry.devices():
+        if isinstance(d, AsyncDevice) and d.runtime.xp is not np:
+            xps.setdefault(d.runtime.xp.__name__, d.runtime.xp)
+    cases = perf_cases() if mode == "perf" else all_cases()
+    if args.quick:
+        cases = [c for c in cases if "large" not in c.tags]
+    rows = []
+    for case in select_cases(cases, args.op, args.params):
+        _, _, out = case.build_graph()
+        g = Graph()
+        g.build_forward_expand(out)
+        kernels = {}
+        for xp_name, xp in xps.items():
+            kernels[xp_name] = ", ".join(
+                f"{n.op.name}:{REGISTRY.select(n, xp).name if REGISTRY.supports_op(n, xp) else '-'}"
+                for n in g.nodes if REGISTRY.entry(n.op) is not None)
+        rows.append({"case": case.name, "kernels": kernels})
+    if args.json:
+        print(json.dumps({"array_modules": list(xps), "cases": rows}, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['case']}\n    " + "\n    ".join(f"{k}: {v}" for k, v in r["kernels"].items()))
+    print(f"{len(rows)} cases")
     return 0
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ggmlpy.backend.interface import Backend, Buffer, view_init
 from ggmlpy.backend.tensor_data import backend_tensor_copy
-from ggmlpy.core.check import typed_functions as _typed_functions
+from ggmlpy.core.check import checked_args
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph, graph_view
 from ggmlpy.core.opcodes import VIEW_OPS
@@ -42,6 +42,7 @@ class GraphCopy:
             self.buffer.free()
 
 
+@checked_args
 def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
     """Duplicate ``graph`` with its current data into one buffer of ``backend`` (mirrors ``ggml_backend_graph_copy``).
 
@@ -91,6 +92,7 @@ def graph_copy(backend: Backend, graph: Graph) -> GraphCopy:
     return GraphCopy(buf, ctx_a, ctx_u, g, memo)
 
 
+@checked_args
 def compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph,
                           callback: Callable[[int, Tensor, Tensor], bool],
                           test_nodes: list[Tensor] | None = None) -> bool:
@@ -157,7 +159,3 @@ def nmse(a: np.ndarray, b: np.ndarray) -> float:
     if den == 0.0:
         return 0.0 if num == 0.0 else float("inf")
     return num / den
-
-
-# argument types of the public entry points, checked from the annotations (issue 10, item 12)
-_typed_functions(globals(), ("graph_copy", "compare_graph_backend"))

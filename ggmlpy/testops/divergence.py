@@ -85,9 +85,9 @@ class DivergenceReport:
             w = f"; largest NMSE {self.worst[1]:.3g} at '{self.worst[0]}'" if self.worst else ""
             return (f"{self.backend1} vs {self.backend2}: {self.nodes_compared} nodes agree "
                     f"within tolerance{w}")
-        lines = [f"{self.backend1} vs {self.backend2}: first divergence at node {self.index} "
+        lines = [(f"{self.backend1} vs {self.backend2}: first divergence at node {self.index} "
                  f"'{self.node}' ({self.op}, {self.type}, ne={self.ne}, nb={self.nb}, "
-                 f"op_params={self.op_params})",
+                 f"op_params={self.op_params})"),
                  f"  NMSE {self.err} > tolerance {self.tolerance}"]
         for j, s in enumerate(self.sources):
             lines.append(f"  src{j}: '{s['name']}' {s['op']} {s['type']} ne={s['ne']} nb={s['nb']}")

@@ -232,8 +232,8 @@ def run_case_test(case: TestCase, backend: Backend, cpu: Backend) -> Result:
         err = nmse(a1, a2)  # ggml: normalised by the tested backend's values
         worst = max(worst, err)
         if not err <= case.max_nmse:
-            fails.append((t1, a1, a2, f"[{t1.op.name}] NMSE = {err:.9f} > {case.max_nmse:.9f} "
-                                      f"at node '{t1.name}'"))
+            fails.append((t1, a1, a2, (f"[{t1.op.name}] NMSE = {err:.9f} > {case.max_nmse:.9f} "
+                                      f"at node '{t1.name}'")))
         return True
 
     try:

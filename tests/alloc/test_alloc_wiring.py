@@ -310,7 +310,7 @@ def test_snapshot_outside_sources_equal_the_direct_walk():
     from ggmlpy.core.graph import graph_view
     from ggmlpy.core.snapshot import Snapshot, _outside_sources
     rnd = random.Random(8)
-    for trial in range(30):
+    for _trial in range(30):
         ctx = Context()
         a = ctx.new_tensor_1d(Type.F32, 8).set_input()
         ts = [a]

@@ -80,3 +80,59 @@ def test_devices_cli_table_lists_sim_when_asked():
 def test_cli_unknown_command():
     r = _run_cli("frobnicate")
     assert r.returncode == 2 and "unknown command" in r.stderr
+
+
+def test_factory_table_orders_regs_and_explains_missing_devices(fresh_registry, monkeypatch):
+    from ggmlpy.backend.interface import Reg
+    from ggmlpy.backend.registry import BackendFactory
+
+    monkeypatch.delenv("GGMLPY_BACKENDS", raising=False)
+    made = []
+
+    def make_empty():
+        made.append("EMPTY")
+        return Reg("EMPTY", [], unavailable_reason="no empty hardware here")
+
+    reg = fresh_registry
+    reg.register_factory(BackendFactory("EMPTY", 5, make_empty))
+    reg.register_factory(BackendFactory("TOY", 50, lambda: None,
+                                        unavailable_reason=lambda name: f"{name} needs a toy"))
+    try:
+        assert not reg.initialized() and made == []
+        names = [reg.reg_get(i).name for i in range(reg.reg_count())]
+        assert reg.initialized() and made == ["EMPTY"]
+        assert names[0] == "EMPTY" and names[-1] == "CPU" and "TOY" not in names
+        assert [f.name for f in reg.factories()][:2] == ["EMPTY", "CUDA"]
+        assert reg.reg_unavailable_reason("EMPTY") == "no empty hardware here"
+        assert reg.reg_unavailable_reason("CPU") is None
+        why = reg.device_unavailable_reason("toy3")
+        assert why.startswith("no device named 'toy3' (TOY3 needs a toy); available: ")
+        assert why.endswith("CPU")
+        with pytest.raises(BackendUnavailableError, match="TOY0 needs a toy"):
+            reg.backend_init_by_name("TOY0")
+        reg.reset()
+        assert not reg.initialized()
+        reg.reg_count()
+        assert made == ["EMPTY", "EMPTY"]  # a start-up after reset() calls the factories again
+    finally:
+        reg.unregister_factory("EMPTY")
+        reg.unregister_factory("TOY")
+    reg.reset()
+    assert "EMPTY" not in [reg.reg_get(i).name for i in range(reg.reg_count())]
+    with pytest.raises(ValueError, match="CPU"):
+        reg.unregister_factory("cpu")
+
+
+def test_reset_with_saved_regs_restores_them(fresh_registry):
+    from ggmlpy.backends.sim import register_sim_devices
+
+    reg = fresh_registry
+    saved = [reg.reg_get(i) for i in range(reg.reg_count())]
+    sim = register_sim_devices(1)
+    assert reg.reg_by_name("SIM") is sim
+    reg.reset(saved)
+    assert reg.initialized() and [reg.reg_get(i) for i in range(reg.reg_count())] == saved
+    with pytest.raises(ValueError, match="end with the CPU"):
+        reg.reset(saved[:-1] + [sim])
+    with pytest.raises(TypeError, match="regs\\[0\\]"):
+        reg.reset(["CPU"])

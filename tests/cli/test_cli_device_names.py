@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ggmlpy.backend import registry
+from ggmlpy.backends.sim import register_named_sim_devices, register_sim_devices
 from ggmlpy.cli import main as cli_main
 from ggmlpy.core import env
 
@@ -23,13 +24,11 @@ _VARS = (env.BACKENDS, env.SIM_DEVICES, env.RAY_DEVICES, env.RAY_ADDRESS)
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """No GGMLPY device variables and an uninitialised registry for this test (the session's
+def fresh(monkeypatch, fresh_registry):
+    """No GGMLPY device variables and a registry started over for this test (the session's
     registry comes back afterwards), so SIM devices registered here do not leak."""
     for name in _VARS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(registry, "_regs", [])
-    monkeypatch.setattr(registry, "_initialized", False)
     return monkeypatch
 
 
@@ -76,7 +75,7 @@ def test_excluded_device_names_the_variable(fresh, capsys, argv, flag):
 
 
 def test_excluded_registered_device_and_unknown_name(fresh, capsys):
-    registry.register_sim_devices(1)
+    register_sim_devices(1)
     fresh.setenv(env.BACKENDS, "CPU")
     assert cli_main(["embed", "--device", "SIM0", "x"]) == 2
     assert "GGMLPY_BACKENDS=CPU leaves it out" in capsys.readouterr().err
@@ -198,7 +197,7 @@ def test_sim_devices_from_env_print_nothing(model_dir, fresh, capsys):
 def test_register_named_sim_devices_table(fresh, setup, names, n):
     for k, v in setup.items():
         fresh.setenv(k, v)
-    assert registry.register_named_sim_devices(names) == n
-    assert registry.register_named_sim_devices(names) == 0  # already there (or never)
+    assert register_named_sim_devices(names) == n
+    assert register_named_sim_devices(names) == 0  # already there (or never)
     if n:
         assert [d.name for d in registry.reg_by_name("SIM").devices] == [f"SIM{i}" for i in range(n)]

@@ -1,4 +1,4 @@
-"""GGMLPY_* environment variables (issue 10, item 11): every variable validated in one place,
+"""GGMLPY_* environment variables: every variable validated in one place,
 a one-line error naming it, and a failed start-up that leaves no half-initialised registry."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ggmlpy.backend import registry
+from ggmlpy.backends.sim import register_sim_devices
 from ggmlpy.core import env
 from ggmlpy.core.errors import BackendUnavailableError
 
@@ -18,14 +19,6 @@ def clean_env(monkeypatch):
     for name in ALL:
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
-
-
-@pytest.fixture
-def fresh_registry(monkeypatch):
-    """An uninitialised registry for this test; the session's registry comes back afterwards."""
-    monkeypatch.setattr(registry, "_regs", [])
-    monkeypatch.setattr(registry, "_initialized", False)
-    return registry
 
 
 BAD = [
@@ -96,7 +89,7 @@ def test_failed_start_leaves_no_half_state(clean_env, fresh_registry):
     for _ in range(2):
         with pytest.raises(env.EnvError, match="GGMLPY_SIM_DEVICES"):
             fresh_registry.devices()
-        assert fresh_registry._regs == [] and not fresh_registry._initialized
+        assert not fresh_registry.initialized()
     clean_env.setenv(env.SIM_DEVICES, "2")
     assert [d.name for d in fresh_registry.devices()][-3:] == ["SIM0", "SIM1", "CPU"]
     reg_names = [fresh_registry.reg_get(i).name for i in range(fresh_registry.reg_count())]
@@ -110,7 +103,7 @@ def test_start_up_validates_every_variable(clean_env, fresh_registry, name, valu
     clean_env.setenv(name, value)
     with pytest.raises(env.EnvError, match=name):
         fresh_registry.dev_count()
-    assert fresh_registry._regs == []
+    assert not fresh_registry.initialized()
 
 
 @pytest.mark.parametrize("name, value", [(env.SIM_LATENCY_US, "nan"), (env.SIM_MEMORY_MB, "inf"),
@@ -141,7 +134,7 @@ def test_sim_reg_reads_env_through_env_module(clean_env):
 
 
 def test_backends_env_exclusion_is_named_not_sim_devices(clean_env):
-    registry.register_sim_devices(1)
+    register_sim_devices(1)
     clean_env.setenv(env.BACKENDS, "CPU")
     with pytest.raises(BackendUnavailableError) as ei:
         registry.backend_init_by_name("SIM0")

@@ -174,5 +174,5 @@ def test_types_table():
     with pytest.raises(ValueError):
         gp.row_size(Type.Q8_0, 10)
     with pytest.raises(TypeError):
-        Type.Q8_0.dtype
+        _ = Type.Q8_0.dtype
     assert gp.type_from_dtype(np.int32) == Type.I32

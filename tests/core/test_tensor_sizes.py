@@ -74,8 +74,8 @@ def test_out_of_memory_names_the_largest_tensor():
 
 
 OVERFLOW = [
-    ("new_tensor_2d", lambda c: c.new_tensor_2d(Type.F32, 2**40, 2**40), "ne=[1099511627776, "
-     "1099511627776, 1, 1]"),
+    ("new_tensor_2d", lambda c: c.new_tensor_2d(Type.F32, 2**40, 2**40), ("ne=[1099511627776, "
+     "1099511627776, 1, 1]")),
     ("new_tensor_1d bytes", lambda c: c.new_tensor_1d(Type.F32, 2**62), "ne=[4611686018427387904"),
     ("new_tensor_4d", lambda c: c.new_tensor_4d(Type.F16, 2**16, 2**16, 2**16, 2**16),
      "a f16 tensor with ne=[65536, 65536, 65536, 65536]"),

@@ -221,7 +221,7 @@ def test_many_strings_fast_and_exact_walks_agree(tmp_path, monkeypatch):
     pool = ["", "a", "é", "✓x", "\0" * 9, "\x05" + "\0" * 7, "x" * 255, "y" * 256, "z" * 1000,
             "\u2581the", "日本語"]
     vals = [pool[i] if i < len(pool) else
-            ("t%d" % i) * int(rng.integers(1, 4)) if rng.random() < 0.9 else
+            (f"t{i}") * int(rng.integers(1, 4)) if rng.random() < 0.9 else
             pool[int(rng.integers(len(pool)))] for i in range(3000)]
     for big in (False, True):
         r = GGUFReader(_write(tmp_path / f"s{int(big)}.gguf", [("s", vals, VT.ARRAY, VT.STRING)],
@@ -558,8 +558,8 @@ def test_bad_strings_are_refused(tmp_path):
     (b"GGU", "truncated at byte 3 while reading the magic"),
     (b"GGML" + b"\0" * 40, r"not a GGUF file: magic b'GGML' at byte 0, expected b'GGUF'"),
     (R.header(0, 0, version=1), "GGUF version 1 is not supported"),
-    (R.header(0, 0, version=99), r"unsupported GGUF version 99 \(read little-endian; "
-                                 r"1660944384 big-endian\); supported: 2, 3"),
+    (R.header(0, 0, version=99), (r"unsupported GGUF version 99 \(read little-endian; "
+                                 r"1660944384 big-endian\); supported: 2, 3")),
 ])
 def test_bad_headers_are_refused(tmp_path, data, pattern):
     _refused(tmp_path, data, pattern)

@@ -15,6 +15,7 @@ import pytest
 from ggmlpy.backend import registry
 from ggmlpy.backend.interface import DeviceType
 from ggmlpy.backends.cpu.backend import backend_cpu_init
+from ggmlpy.backends.sim import register_sim_devices
 from ggmlpy.core.check import (
     check_bool,
     check_int,
@@ -120,26 +121,26 @@ TABLE = [
      "type must be"),
     ("backend_init_by_type(params=[])",
      lambda: registry.backend_init_by_type(DeviceType.CPU, []), TypeError, "params must be"),
-    ("register_sim_devices('2')", lambda: registry.register_sim_devices("2"), TypeError,
+    ("register_sim_devices('2')", lambda: register_sim_devices("2"), TypeError,
      "n must be int"),
-    ("register_sim_devices(0)", lambda: registry.register_sim_devices(0), ValueError,
+    ("register_sim_devices(0)", lambda: register_sim_devices(0), ValueError,
      "n must be in 1..64"),
     ("register_sim_devices(latency_us=nan)",
-     lambda: registry.register_sim_devices(1, latency_us=float("nan")), ValueError,
+     lambda: register_sim_devices(1, latency_us=float("nan")), ValueError,
      "latency_us must be a finite number"),
     ("register_sim_devices(memory_mb=inf)",
-     lambda: registry.register_sim_devices(1, memory_mb=float("inf")), ValueError,
+     lambda: register_sim_devices(1, memory_mb=float("inf")), ValueError,
      "memory_mb must be a finite number"),
     ("register_sim_devices(memory_mb=0)",
-     lambda: registry.register_sim_devices(1, memory_mb=0), ValueError, "memory_mb must be > 0"),
+     lambda: register_sim_devices(1, memory_mb=0), ValueError, "memory_mb must be > 0"),
     ("register_sim_devices(latency_us='1')",
-     lambda: registry.register_sim_devices(1, latency_us="1"), TypeError, "latency_us must be"),
+     lambda: register_sim_devices(1, latency_us="1"), TypeError, "latency_us must be"),
     ("register_sim_devices(refuse_ops='ADD')",
-     lambda: registry.register_sim_devices(1, refuse_ops="ADD"), TypeError, "refuse_ops"),
+     lambda: register_sim_devices(1, refuse_ops="ADD"), TypeError, "refuse_ops"),
     ("register_sim_devices(refuse_ops=[1])",
-     lambda: registry.register_sim_devices(1, refuse_ops=[1]), TypeError, "refuse_ops[0]"),
+     lambda: register_sim_devices(1, refuse_ops=[1]), TypeError, "refuse_ops[0]"),
     ("register_sim_devices(latncy_us=1)",
-     lambda: registry.register_sim_devices(1, latncy_us=1), TypeError, "latncy_us"),
+     lambda: register_sim_devices(1, latncy_us=1), TypeError, "latncy_us"),
     ("excluded_by_backends_env(1)", lambda: registry.excluded_by_backends_env(1), TypeError,
      "name must be str"),
     # command lines called from Python

@@ -49,7 +49,7 @@ def test_type_traits_and_names():
         assert ggmlpy.type_from_name(t.type_name.upper()) == t
         if t.is_quantized:  # block types have no per-element dtype
             with pytest.raises(TypeError):
-                t.dtype
+                _ = t.dtype
         else:  # every plain type is found from its storage dtype
             assert ggmlpy.type_from_dtype(t.dtype) == t
     for dt in (np.uint8, np.uint16, np.complex64, np.bool_):
@@ -58,7 +58,7 @@ def test_type_traits_and_names():
     with pytest.raises(ValueError, match="unknown ggml type name 'q3_k'"):
         ggmlpy.type_from_name("q3_k")
     with pytest.raises(TypeError, match="block-quantized"):
-        Type.Q5_K.dtype
+        _ = Type.Q5_K.dtype
 
 
 # ---------------------------------------------------------------- bit-exact vs ggml's C code

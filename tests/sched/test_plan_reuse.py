@@ -206,7 +206,7 @@ def test_freed_buffers_are_not_kept_alive_by_plans(kind):
     tracemalloc.start()
     try:
         live = []
-        for cycle in range(4):
+        for _cycle in range(4):
             ctx = Context()
             x = ctx.new_tensor_1d(Type.F32, n)
             y = ops.scale_inplace(ctx, x, 2.0)

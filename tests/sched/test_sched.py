@@ -140,7 +140,7 @@ def test_recompute_after_reset_and_resplit_with_new_inputs():
     assert sched.reserve(m.graph)
     size0 = sched.get_buffer_size(sim)
     assert size0 > 0
-    for k in range(4):
+    for _k in range(4):
         x = RNG.standard_normal((5, 8)).astype(np.float32)
         sched.reset()
         assert sched.alloc_graph(m.graph)
@@ -352,7 +352,7 @@ def test_plans_are_reused_across_resplits(monkeypatch):
     cpu = gp.backend_cpu_init()
     m = MLP(cpu)
     sched = Scheduler([cpu])
-    for k in range(4):
+    for _k in range(4):
         x = RNG.standard_normal((5, 8)).astype(np.float32)
         sched.reset()
         sched.alloc_graph(m.graph)

@@ -78,7 +78,7 @@ def test_unchanged_graph_takes_the_fast_path(sim_cpu, parallel):
     net = Net(sim, cpu)
     sched = Scheduler([sim, cpu], parallel=parallel)
     n_slots = sched.get_n_copies()
-    for k in range(3 * n_slots):
+    for _k in range(3 * n_slots):
         X = RNG.standard_normal((3, 8)).astype(np.float32)
         _check(_run(sched, net, X), net.ref(X))
         assert sched.get_n_splits() == 2
@@ -217,7 +217,7 @@ def test_other_wiring_same_sizes_is_not_reused():
 def test_random_mutations_then_cached_result_equals_fresh(sim_cpu):
     sim, cpu = sim_cpu
     rng = np.random.default_rng(5)
-    for trial in range(12):
+    for _trial in range(12):
         net = Net(sim, cpu)
         sched = Scheduler([sim, cpu])
         X = rng.standard_normal((3, 8)).astype(np.float32)
@@ -248,7 +248,7 @@ def test_two_schedulers_alternating_on_one_graph(sim_cpu):
     s1 = Scheduler([sim, cpu])
     s2 = Scheduler([sim, cpu])  # its own compute buffers: other addresses
     bufs = {s1: set(), s2: set()}
-    for k in range(4):
+    for _k in range(4):
         for s in (s1, s2):
             X = RNG.standard_normal((3, 8)).astype(np.float32)
             _check(_run(s, net, X), net.ref(X))
@@ -330,14 +330,14 @@ def test_random_mutations_among_alternating_graphs_equal_fresh(sim_cpu):
     # it was neither mutated nor invalidated since its last split
     sim, cpu = sim_cpu
     rng = np.random.default_rng(11)
-    for trial in range(6):
+    for _trial in range(6):
         nets = [Net(sim, cpu) for _ in range(3)]
         wants = [net.ref for net in nets]
         sched = Scheduler([sim, cpu])
         X = rng.standard_normal((3, 8)).astype(np.float32)
         _round(sched, nets, X)
         valid = {0, 1, 2}
-        for step in range(8):
+        for _step in range(8):
             i = int(rng.integers(3))
             net = nets[i]
             sched.reset()
@@ -420,7 +420,7 @@ def test_graph_that_grew_the_buffers_replays_next_time(parallel):
         g = Graph()
         g.build_forward_expand(y)
         misses0, hits0 = sched.reuse.misses, sched.reuse.hits
-        for k in range(3 * n_slots):
+        for _k in range(3 * n_slots):
             X = RNG.standard_normal(n).astype(np.float32)
             sched.reset()
             assert sched.alloc_graph(g)

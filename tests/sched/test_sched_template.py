@@ -184,7 +184,7 @@ def test_same_structure_fresh_graphs_take_the_template(env, parallel):
     s, ref = _pair(env, parallel)
     rng = np.random.default_rng(1)
     n_slots = s.get_n_copies()
-    for k in range(3 * n_slots):
+    for _k in range(3 * n_slots):
         _both(env, s, ref, BASE, rng)
     # one full split per copy slot, then templates only; every graph was a new object
     assert s.templates.hits == 2 * n_slots and len(s.templates) == n_slots

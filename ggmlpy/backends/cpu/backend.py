@@ -30,12 +30,13 @@ from ggmlpy.backend.interface import (
     Reg,
     Status,
 )
+from ggmlpy.backend.registry import BackendFactory
 from ggmlpy.backend.write_gen import host_reads_pending
 from ggmlpy.backends import kernels
 from ggmlpy.backends.cpu import blas as cpu_blas
 from ggmlpy.backends.cpu import threads as cpu_threads
+from ggmlpy.backends.cpu import variants as cpu_variants
 from ggmlpy.backends.plan import Plan, PlanCache, build_plan
-from ggmlpy.core import tensor as _tensor_module
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Tensor
@@ -66,8 +67,7 @@ def _aligned_bytes(size: int, align: int = MEMORY_ALIGNMENT) -> np.ndarray:
     """``size`` bytes of host memory, base aligned to ``align`` (<= the page size). From
     :data:`POPULATE_MIN_BYTES` on Linux, an anonymous mapping made with ``MAP_POPULATE``: the
     kernel maps every page at once instead of one fault per 4 KiB page on first write, which
-    made the first graph evaluation after a reserve pay ~1-3 ms per MiB on the 2-core VM
-    (50 MiB: 42-144 ms of first writes; populated: 21-40 ms, then writes at full speed); the
+    made the first graph evaluation after a reserve pay for a page fault per page; the
     memory is zeroed and unmapped when the last view of it is gone. Only while ``size`` is at
     most half the free physical memory: populated pages are committed at once, so a request
     beyond it would meet the kernel's OOM killer instead of an error (lazily mapped memory, as
@@ -272,7 +272,7 @@ class CPUBackend(Backend):
         return kernels.compile_node(xp, node, dst, srcs)
 
     def _build_plan(self, graph: Graph) -> Plan:
-        with kernels.common.plan_build_scope():
+        with cpu_variants.plan_build_scope():
             plan = build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
                               self._compile_node)
             if self._n_threads > 1:
@@ -415,11 +415,12 @@ def backend_cpu_init() -> CPUBackend:
     return CPUBackend(cpu_device())
 
 
-def _alloc_host_zeroed(n: int) -> Buffer:
+def alloc_host_zeroed(n: int) -> Buffer:
     """A zero-filled CPU buffer of ``n`` bytes (the host memory of ``Context(no_alloc=False)``)."""
     buf = cpu_buffer_type().alloc_buffer(n)
     buf.clear(0)
     return buf
 
 
-_tensor_module._set_host_buffer_alloc(_alloc_host_zeroed)
+#: the registry's entry for the CPU (installed by :func:`ggmlpy.backends.install`)
+FACTORY = BackendFactory("CPU", 100, cpu_reg)

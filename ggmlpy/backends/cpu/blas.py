@@ -7,14 +7,10 @@ PyPI wheels. This module lets MUL_MAT and OUT_PROD with float32 operands
 (:mod:`ggmlpy.backends.kernels.matmul`) call another library's ``cblas_sgemm`` instead, with the
 operands' pointers, transposes and leading dimensions worked out once when the plan is built.
 
-Why: measured on the 2-core AVX-512 Xeon (one interleaved run each, ``scripts`` of this change):
-
-* one thread, MiniLM's linear layers (720-1440 token rows x 384 x 384/1536): MKL 184-225 GFLOPS,
-  NumPy's OpenBLAS 0.3.31 168-189, torch's MKL 184-223;
-* the same GEMMs split by rows over the backend's 2 threads: MKL 323-390 GFLOPS, NumPy 248-323,
-  torch's own 2 threads 364-392;
-* attention's per-head products (``K Q^T``, 384 products of 45x32 by 32x45) as one MKL
-  ``cblas_sgemm_batch`` call: 71-157 GFLOPS against 48-101 for NumPy's batched matmul.
+Why: on x86-64, MKL's single-threaded SGEMM is faster than the OpenBLAS of NumPy's wheels on
+the thin products of an encoder's linear layers (a few hundred to a few thousand rows by 384 by
+384/1536), and its ``cblas_sgemm_batch`` runs attention's many small per-head products in one
+call, faster than NumPy's batched ``matmul`` (``scripts/bench_shapes.py`` measures both).
 
 Selection, by ``GGMLPY_BLAS`` (:func:`ggmlpy.core.env.blas`), read when a plan is built:
 
@@ -49,8 +45,9 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -365,7 +362,7 @@ def gemm_step(bv: Any, aT: Any, dv: Any) -> Callable[[], None] | None:
 
 def warm_up() -> CBlas | None:
     """*Sync*: load the :func:`active` library and run one tiny product on the calling thread, so
-    the first graph evaluation does not pay for loading (MKL: ~30-80 ms, its CPU dispatch and
+    the first graph evaluation does not pay for loading (MKL: its CPU dispatch and
     buffers). Returns the library, or None when the GEMMs stay on NumPy. Called when a CPU
     backend is created, so that a library named by ``GGMLPY_BLAS`` that cannot be loaded is
     reported there, at once.

@@ -11,8 +11,8 @@ Numba kernels release the GIL, so the slices really run at once).
 BLAS threads. While a threaded plan runs, the BLAS libraries NumPy loaded (OpenBLAS, MKL, BLIS,
 found by ``threadpoolctl``) are held at one thread and MUL_MAT is split like the other ops: a
 2-thread OpenBLAS leaves its worker spinning after each GEMM, and that spinning thread then
-competes with the slices of the next node for the cores (measured on a 2-core machine: a
-row-broadcast add right after a 2-thread GEMM took 3.4 ms instead of 0.2 ms). The BLAS setting
+competes with the slices of the next node for the cores (a cheap node right after a threaded
+GEMM then runs many times slower). The BLAS setting
 is restored when the plan returns. Without ``threadpoolctl`` (the ``jit`` extra) the backend
 runs with one thread (plans are then exactly the unthreaded ones).
 
@@ -26,9 +26,8 @@ float32 bits from an unsplit product (as ggml's own results differ with ``n_thre
 
 Thresholds: a node is split when its destination has at least :data:`MIN_ELEMENTS` ``[op]``
 elements (memory-bound copies and binary ops need the most, GELU and softmax the fewest;
-MUL_MAT: at least :data:`MIN_MACS` multiply-adds), i.e. about 150 us of single-thread work or
-more; below that the hand-off to a worker thread (~40-80 us round trip on a VM) costs more than
-it saves.
+MUL_MAT: at least :data:`MIN_MACS` multiply-adds), i.e. a few times the round trip of a hand-off
+to a worker thread; below that the hand-off costs more than it saves.
 """
 
 from __future__ import annotations
@@ -58,9 +57,10 @@ MAX_N_THREADS = 512
 
 _ELEMENTWISE = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 _SAME_SHAPE = (Op.SCALE, Op.UNARY, Op.NORM, Op.RMS_NORM, Op.L2_NORM, Op.CPY, Op.DUP, Op.CONT)
-#: destination elements from which a node of each op is split (~150 us of one thread's work)
-MIN_ELEMENTS = {**{op: 1 << 20 for op in (*_ELEMENTWISE, Op.SCALE, Op.CPY, Op.DUP, Op.CONT)},
-                **{op: 1 << 18 for op in (Op.NORM, Op.RMS_NORM, Op.L2_NORM)},
+#: destination elements from which a node of each op is split (a few hand-off round trips of one
+#: thread's work)
+MIN_ELEMENTS = {**dict.fromkeys((*_ELEMENTWISE, Op.SCALE, Op.CPY, Op.DUP, Op.CONT), 1 << 20),
+                **dict.fromkeys((Op.NORM, Op.RMS_NORM, Op.L2_NORM), 1 << 18),
                 Op.UNARY: 1 << 17, Op.SOFT_MAX: 1 << 16}
 #: multiply-adds from which a MUL_MAT node is split
 MIN_MACS = 1 << 24
@@ -499,9 +499,8 @@ def fuse_chains(steps: list[Step], nodes: list[Tensor]) -> tuple[list[Step], lis
       its slice ``i`` reads nothing the run's slice ``j != i`` writes and writes nothing that
       slice reads or writes (:func:`_slices_disjoint`). This joins nodes cut along another axis
       whose cuts meet the run's: attention's per-head copy of V (cut by sequence) after the
-      Q/K/V GEMM and bias add (cut by token rows), the merge of the heads after the products.
-      Measured on the 2-core machine with MiniLM: 60 -> 36 hand-offs per 64-sentence encode,
-      6% faster (4% on the 512-sentence set). Once a node joined by ranges, later nodes of the
+      Q/K/V GEMM and bias add (cut by token rows), the merge of the heads after the products:
+      fewer hand-offs between the threads per encode. Once a node joined by ranges, later nodes of the
       run are judged by ranges only (the layouts no longer share one cut).
 
     A run starts at a node above its threshold; nodes below it join a run but never start one

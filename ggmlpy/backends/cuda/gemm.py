@@ -10,8 +10,8 @@ What ggml-cuda does and what this module does:
   ``GGML_PREC_F32``).
 * Here: ``src1`` is converted to f16 as ggml-cuda does (one element-wise launch into a new
   C-contiguous array on the current stream), then ``GemmEx(A=f16, B=f16, C=f32,
-  CUBLAS_COMPUTE_32F)`` writes ``dst`` directly: f32 accumulation everywhere, the choice the
-  issue asks for and ggml-cuda's high-precision variant. The only rounding beyond an F32 GEMM
+  CUBLAS_COMPUTE_32F)`` writes ``dst`` directly: f32 accumulation everywhere, ggml-cuda's
+  high-precision variant (``ggml_cuda_op_mul_mat_cublas`` in ``ggml-cuda.cu``). The only rounding beyond an F32 GEMM
   is that of ``src1`` to f16 (relative 2**-11 per element), as in ggml-cuda.
 
 Layout: ggml ``dst[N, M] = src1[N, K] @ src0[M, K]^T`` in row-major NumPy shapes is, for

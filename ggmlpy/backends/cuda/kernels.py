@@ -430,4 +430,4 @@ def register(registry: Any) -> None:
     ``registry`` (a :class:`~ggmlpy.backends.kernels.registry.KernelRegistry`), with
     :func:`supports_on` as predicate. Raises ValueError when already registered there."""
     for op in sorted(FUSED_OPS, key=lambda o: o.value):
-        registry.override(op, make, supports=supports_on)
+        registry.override(op, make, supports=supports_on, name="cuda.fused")

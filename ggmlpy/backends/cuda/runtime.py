@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backend.interface import DeviceType, Reg
+from ggmlpy.backend.registry import BackendFactory
 from ggmlpy.backends.device.backend import DeviceInfo, DeviceMemory, Runtime, make_reg
 from ggmlpy.core.errors import BackendUnavailableError, ComputeError, OutOfMemoryError
 from ggmlpy.core.tensor import Tensor
@@ -639,3 +640,13 @@ def cuda_reg() -> Reg:
         return make_reg(CupyRuntime(cupy))
     except Exception as e:  # noqa: BLE001
         return Reg("CUDA", [], unavailable_reason=f"CUDA initialisation failed ({_one_line(e)})")
+
+
+def _unavailable(name: str) -> str:
+    from ggmlpy.backend.registry import reg_unavailable_reason
+
+    return reg_unavailable_reason("CUDA") or "no such CUDA device"
+
+
+#: the registry's entry for CUDA (installed by :func:`ggmlpy.backends.install`)
+FACTORY = BackendFactory("CUDA", 10, cuda_reg, unavailable_reason=_unavailable)

@@ -7,7 +7,8 @@ Two runtimes implement :class:`Runtime`: ``cupy_runtime`` (real CUDA) and ``sim_
 host-emulated accelerator for machines without a GPU). Only the runtime differs, so the tests that
 run on SIM in CI run unchanged on CUDA.
 
-Ordering spec (what is ordered against what; ggml leaves this implicit, see the digest pitfall 9):
+Ordering spec (what is ordered against what; ggml leaves this implicit, so it is written
+down here):
 
 * Work queued on one backend (``graph_compute_async``, ``*_async`` copies, ``event_record``,
   ``event_wait``) runs in the order it was queued, on that backend's stream, after the call returns.
@@ -27,8 +28,9 @@ Ordering spec (what is ordered against what; ggml leaves this implicit, see the 
   it only after ``synchronize``.
 * ``backend_tensor_copy_async(b_src, b_dst, src, dst)`` between device buffers of one runtime:
   the destination stream's current end is recorded and the *source* stream waits for it (so the
-  copy cannot overwrite ``dst`` while queued work on ``b_dst`` still reads it: the stricter rule of
-  the digest's pitfall 8), the copy runs on the source stream, then the destination stream waits
+  copy cannot overwrite ``dst`` while queued work on ``b_dst`` still reads it; ggml-cuda's
+  ``ggml_backend_cuda_cpy_tensor_async`` only makes the destination wait for the copy), the copy
+  runs on the source stream, then the destination stream waits
   for the copy. From a host buffer to a device buffer: ``b_src`` is synchronized if it is
   asynchronous, the bytes are snapshotted to pinned staging and uploaded on the destination stream.
   Where the runtime uploads in place (``Runtime.pinned_direct_upload``: CUDA, SIM when asked) a
@@ -123,12 +125,33 @@ class DeviceInfo:
 
 
 class Runtime:
-    """What the async device backend needs from a device runtime (ARCHITECTURE decision 4).
+    """What the async device backend needs from a device runtime.
 
     A runtime owns ``device_count()`` devices, indexed from 0. All ``offset``/``size`` arguments are
     **bytes**; host data is a 1-D C-contiguous ``uint8`` NumPy array. ``stream`` and ``event``
     objects are opaque handles made by the runtime. Every method not marked *async* completes before
-    it returns. Subclasses implement every method that raises ``NotImplementedError`` here.
+    it returns. The SIM (:class:`ggmlpy.backends.sim.SimRuntime`), CUDA
+    (:class:`ggmlpy.backends.cuda.runtime.CupyRuntime`) and RAY
+    (:class:`ggmlpy.backends.ray.runtime.RayRuntime`) runtimes subclass it.
+
+    The whole contract (the backend reads nothing else of a runtime):
+
+    * required: ``device_count``, ``device_info``, ``mem_info``; ``malloc``, ``free``, ``array``;
+      the blocking copies ``memcpy_htod``, ``memcpy_dtoh``, ``memcpy_dtod``, ``memset``;
+      ``alloc_pinned``; ``stream_new``, ``stream_free``, ``stream_synchronize``, ``launch``; the
+      async copies ``memcpy_htod_async``, ``memcpy_dtoh_async``, ``memcpy_dtod_async``; the
+      events ``event_new``, ``event_record``, ``stream_wait_event``, ``event_synchronize``,
+      ``event_query``;
+    * ``activate(dev)`` (optional, default: a no-op context manager);
+    * ``on_stream(stream)`` (optional, default: a no-op context manager);
+    * ``memcpy_dtoh_into(mem, offset, out)`` (optional, default: through ``memcpy_dtoh``);
+    * ``staging(stream, size)`` (optional, default: a new ``alloc_pinned`` block);
+    * ``launch_count()`` (optional, default None: cannot count);
+    * ``supports_graphs`` (optional, default False); ``graph_capture``, ``graph_launch``
+      (optional, default: raise NotImplementedError; called only when ``supports_graphs``);
+    * ``pinned_direct_upload`` (optional, default False: uploads always go through staging);
+    * the attributes ``name``, ``xp``, ``alignment`` and ``guid`` below (defaults: "DEVICE",
+      ``numpy``, 128, the zero UUID).
 
     Attributes:
         name: registration and device-name prefix ("CUDA" -> devices "CUDA0", "CUDA1").

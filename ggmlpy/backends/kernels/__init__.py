@@ -18,9 +18,12 @@ to and from float32, on the host or with :mod:`ggmlpy.backends.cuda.quant` on th
 predicate, in :mod:`.registry`: ``@kernel(Op.ADD, supports=pred)`` where ``pred(node, xp) -> bool``
 may depend on the array module, so a runtime can declare its own gaps. That registry is the only
 statement of op support; the README's support table is generated from it
-(``python scripts/gen_support_table.py``). Runtime-specific kernels are stacked in front of a
-generic one with ``REGISTRY.override(op, make, supports)`` (the fused CUDA kernels of
-:mod:`ggmlpy.backends.cuda.kernels` are, for CuPy only). To add an op: write the kernel and its predicate in its
+(``python scripts/gen_support_table.py``). Every other implementation of an op is a named
+variant stacked in front of the generic one with ``REGISTRY.override(op, make, supports,
+name=...)``: the fused CUDA kernels of :mod:`ggmlpy.backends.cuda.kernels` (CuPy only) and the
+CPU's Numba, float32 fast-path variants of :mod:`ggmlpy.backends.cpu.variants`
+(:func:`ggmlpy.backends.install` stacks both); ``REGISTRY.select(node, xp)`` says which runs.
+To add an op: write the kernel and its predicate in its
 family module (or a new module imported below) and decorate it.
 
 Rules every kernel follows:
@@ -49,8 +52,6 @@ ggml aborts).
 
 from __future__ import annotations
 
-from ggmlpy.backends.cuda import kernels as _cuda_kernels  # a leaf module: imports nothing of this package
-
 # the family modules register their kernels on import (order is irrelevant: one op, one module)
 from ggmlpy.backends.kernels import attention, bounds, elementwise, layout, matmul, norm, reduce, rope, unary  # noqa: F401
 from ggmlpy.backends.kernels.registry import (
@@ -65,9 +66,6 @@ from ggmlpy.backends.kernels.registry import (
                                               registered_ops,
                                               supports_op,
 )
-
-# the fused one-launch CUDA kernels, used in front of the generic ones when xp is CuPy
-_cuda_kernels.register(REGISTRY)
 
 __all__ = ["compile_node", "supports_op", "kernel", "registered_ops", "REGISTRY", "KernelRegistry",
            "KernelEntry", "Kernel", "Predicate", "Step"]

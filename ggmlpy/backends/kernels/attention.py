@@ -1,12 +1,13 @@
 """Soft-max and attention kernels: DIAG_MASK_INF/ZERO, SOFT_MAX (mask and ALiBi) and FLASH_ATTN_EXT
 (an exact float32 softmax; ggml's CPU accumulates in f16 when V is F16).
 
-SOFT_MAX without ALiBi (``max_bias == 0``) runs :func:`ggmlpy.backends.cpu.fastpath.soft_max`
+SOFT_MAX without ALiBi (``max_bias == 0``) runs the variants of :mod:`ggmlpy.backends.cpu.variants`
+(``fast.soft_max``: :func:`ggmlpy.backends.cpu.fastpath.soft_max`
 straight in the destination (scale, mask, max, exp, one reciprocal per row and a multiply, no
 temporaries of the input's size); ggml's tiling broadcast of the mask over dims 2/3 is given to
-it as stride-0 views. Rows sum to 1 within float32 rounding as with the divide. With Numba (the
-``jit`` extra), C-contiguous float32 operands go to :func:`ggmlpy.backends.cpu.jit.soft_max`
-instead: one compiled kernel, float64 sums; an F16 mask is converted to a float32 copy of the
+it as stride-0 views); the generic kernel here computes ALiBi. Rows sum to 1 within float32
+rounding as with the divide. With Numba (the ``jit`` extra), C-contiguous float32 operands go to
+:func:`ggmlpy.backends.cpu.jit.soft_max` instead (``cpu.jit.soft_max``): one compiled kernel, float64 sums; an F16 mask is converted to a float32 copy of the
 rows used first (exact), so it takes the same kernel. Every SOFT_MAX path flushes probabilities
 below float32's smallest normal number to zero (as the compiled kernel does), so a result does
 not depend on the mask's type, the layout or ``GGMLPY_JIT``.
@@ -15,13 +16,11 @@ not depend on the mask's type, the layout or ``GGMLPY_JIT``.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ggmlpy.backends.cpu import fastpath
-from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.kernels.common import (
     F32,
     FLOATS,
@@ -30,7 +29,6 @@ from ggmlpy.backends.kernels.common import (
     copy_into,
     src_of,
     sup_f32_same,
-    use_jit,
 )
 from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
 from ggmlpy.core.opcodes import Op
@@ -108,7 +106,7 @@ def _alibi_slopes(n_head: int, max_bias: float) -> np.ndarray:
                     m1 ** (2 * (h - n_log2) + 1).astype(F32)).astype(F32)
 
 
-def _tile_23(xp: Any, x: Any, m: Any) -> tuple[Any, Any]:
+def tile_23(xp: Any, x: Any, m: Any) -> tuple[Any, Any]:
     """Split dims 2/3 (NumPy axes 0/1) of ``x`` so that ``m`` (same ne0/ne1, ne2/ne3 dividing
     x's) tiles over them by modulo. Returns (x6, m6) with x6 (r3, m3, r2, m2, ...) and m6
     (1, m3, 1, m2, ...)."""
@@ -132,23 +130,7 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     X3, X2, X1, X0 = a.shape
     s32 = F32(scale)
     exp, divide = xp.exp, xp.divide
-    fast = max_bias == 0.0
     flush = fastpath.flush_small_to_zero
-    if fast and use_jit(xp, a, dst, *(() if mask is None else (mask,))):
-        return partial(cpu_jit.soft_max, a, mask, scale, dst)
-    if fast and mask is not None and mask.dtype != F32 and use_jit(xp, a, dst):
-        # an F16 mask: converted (exactly) into a float32 copy of the rows used, then the
-        # compiled kernel, so the result is the F32 mask's one (same rounding, same flush)
-        m32 = np.empty(mask[:, :, :X1, :].shape, F32)
-        mrows16 = mask[:, :, :X1, :]
-        copyto, jit_soft_max = np.copyto, cpu_jit.soft_max
-
-        def run_converted() -> None:
-            copyto(m32, mrows16)
-            jit_soft_max(a, m32, scale, dst)
-        return run_converted
-    if mask is None and fast:
-        return partial(fastpath.soft_max, xp, a, None, scale, dst)
     if mask is None:
         def run_plain() -> None:
             w = a * s32
@@ -158,10 +140,8 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
             flush(xp, dst)
         return run_plain
     mrows = mask[:, :, :X1, :]
-    a6, m6 = _tile_23(xp, a, mrows)
-    d6, _ = _tile_23(xp, dst, mrows)
-    if fast:
-        return partial(fastpath.soft_max, xp, a6, m6, scale, d6)
+    a6, m6 = tile_23(xp, a, mrows)
+    d6, _ = tile_23(xp, dst, mrows)
     M2 = mrows.shape[1]
     r2 = X2 // M2
     slope = xp.asarray(_alibi_slopes(X2, max_bias).reshape(1, 1, r2, M2, 1, 1))

@@ -1,4 +1,4 @@
-"""Index bounds checks wrapped around index kernels (issue 10, item 6): GET_ROWS.
+"""Index bounds checks wrapped around index kernels: GET_ROWS.
 
 ggml aborts on an out-of-range GET_ROWS index; NumPy would read a negative index from the end
 (``-1`` = last row) and CuPy's ``take`` wraps every index silently. Here every backend raises

@@ -5,16 +5,12 @@ signature ``pred(node, xp) -> bool``, see :mod:`.registry`).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided as _np_as_strided
 
-from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
 from ggmlpy.backends.kernels.registry import Step
 from ggmlpy.core.tensor import Tensor
 from ggmlpy.core.types import Type
@@ -61,46 +57,6 @@ def ufunc_step(xp: Any, fn: Any, *args: Any, out: Any) -> Step:
     if is_numpy(xp) and fn not in (np.maximum, np.minimum):  # those deprecate positional out
         return partial(fn, *args, out)
     return partial(fn, *args, out=out)
-
-
-_F32_DTYPE = np.dtype(np.float32)
-#: smallest tensor (elements) worth a compiled kernel for ops NumPy does in one ufunc call
-JIT_MIN_ELEMENTS = 4096
-
-
-def use_jit(xp: Any, *arrays: Any, min_elements: int = 0) -> bool:
-    """True when a NumPy kernel should call :mod:`ggmlpy.backends.cpu.jit`: the array module is
-    NumPy, Numba is usable (``GGMLPY_JIT`` not 0), every array is a C-contiguous float32 ndarray
-    and the first holds at least ``min_elements`` elements. Read at plan build."""
-    if xp is not np or not arrays or arrays[0].size < min_elements:
-        return False
-    for a in arrays:
-        if type(a) is not np.ndarray or a.dtype != _F32_DTYPE or not a.flags.c_contiguous:
-            return False
-    memo = getattr(_build_tls, "jit", None)
-    if memo is None:
-        return cpu_jit.available()
-    if not memo:
-        memo.append(cpu_jit.available())
-    return memo[0]
-
-
-_build_tls = threading.local()
-
-
-@contextmanager
-def plan_build_scope() -> Iterator[None]:
-    """For the ``with`` body on this thread (one plan build): :func:`use_jit` reads
-    :func:`ggmlpy.backends.cpu.jit.available` (an environment read) once instead of per kernel,
-    so every kernel of one plan makes the same choice. Nested scopes share the outer answer."""
-    if getattr(_build_tls, "jit", None) is not None:
-        yield
-        return
-    _build_tls.jit = []
-    try:
-        yield
-    finally:
-        _build_tls.jit = None
 
 
 def same_memory(x: Any, y: Any) -> bool:

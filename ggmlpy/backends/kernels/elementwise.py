@@ -4,14 +4,11 @@ ops (SQR, SQRT, LOG, SIN, COS), SCALE, CLAMP and LEAKY_RELU.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.kernels.common import (
     F32,
     FLOATS,
-    JIT_MIN_ELEMENTS,
     alias,
     as_f32,
     flatten_ew,
@@ -21,7 +18,6 @@ from ggmlpy.backends.kernels.common import (
     tile_views,
     tiles,
     ufunc_step,
-    use_jit,
 )
 from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
 from ggmlpy.core.opcodes import Op
@@ -51,26 +47,9 @@ def _sup_leaky_clamp(node: Tensor, xp: Any) -> bool:
 # kernels
 
 
-def _jit_rows(xp: Any, a: Any, b: Any, dst: Any) -> tuple[Any, Any, Any] | None:
-    """``(a, b, dst)`` as ``(R, n)``, ``(1 or R, n)``, ``(R, n)`` arrays for
-    :func:`ggmlpy.backends.cpu.jit.binary` (C-contiguous float32, ``b`` the same shape or one
-    row broadcast over all rows, at least :data:`JIT_MIN_ELEMENTS`), or None."""
-    if not use_jit(xp, a, b, dst, min_elements=JIT_MIN_ELEMENTS) or a.shape != dst.shape:
-        return None
-    n = a.shape[-1]
-    if b.shape == a.shape:
-        return a.reshape(-1, n), b.reshape(-1, n), dst.reshape(-1, n)
-    if b.shape[-1] == n and b.size == n:
-        return a.reshape(-1, n), b.reshape(1, n), dst.reshape(-1, n)
-    return None
-
-
 def _k_binary(ufunc_name: str) -> Kernel:
     def make(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         fn = getattr(xp, ufunc_name)
-        jit = _jit_rows(xp, srcs[0], srcs[1], dst)
-        if jit is not None:
-            return partial(cpu_jit.binary, ufunc_name, *jit)
         a, b, d = tile_views(xp, srcs[0], srcs[1], dst)
         if b.size == 1 and b.ndim != 1:
             b = b.reshape(1)

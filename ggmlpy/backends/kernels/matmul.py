@@ -122,9 +122,8 @@ def _nn_pays(aT: Any, bv: Any) -> bool:
     """True for a NumPy batched product (``aT.ndim > 2``, e.g. attention's ``K Q^T`` per head)
     whose ``aT`` matrices are transposed views (last axis not unit-stride) and whose ``b``
     matrices have at least :data:`NN_MIN_ROWS` rows. OpenBLAS runs such many small "NT" GEMMs
-    far slower than "NN" ones when it uses threads: measured on the 2-core machine with 2
-    threads, 384 products of 128x32 by 32x128 took 0.2-1.3 s as NT and 9-55 ms as copy + NN
-    (at 40 rows 1.6 vs 1.3 ms; below 32 rows the copy does not pay)."""
+    far slower than "NN" ones when it uses threads (many times slower for attention's
+    per-head products; below :data:`NN_MIN_ROWS` rows the copy does not pay)."""
     return (aT.ndim > 2 and aT.strides[-1] != aT.itemsize and bv.shape[-2] >= NN_MIN_ROWS
             and aT.dtype == F32)
 
@@ -150,9 +149,8 @@ BLAS_ONE_THREAD = [os.environ.get("OPENBLAS_NUM_THREADS", os.environ.get("OMP_NU
 def _matmul_nn(bv: np.ndarray, aT: np.ndarray, dv: np.ndarray) -> None:
     """``dv = bv @ aT`` with ``aT`` first copied into a contiguous scratch (see :func:`_nn_pays`),
     unless BLAS runs one thread (:data:`BLAS_ONE_THREAD`): then the transposed ("NT") GEMMs are
-    as fast or faster than copy + NN (measured on the 2-core machine, 384 products per call,
-    1-thread OpenBLAS, GFLOPS NT vs copy+NN: 57 vs 36 at 24 rows, 64 vs 64 at 64, 54 vs 44 at
-    128) and the copy is skipped."""
+    as fast as copy + NN or faster (single-threaded OpenBLAS has no slow NT path) and the copy
+    is skipped."""
     if BLAS_ONE_THREAD[0]:
         np.matmul(bv, aT, out=dv)
         return

@@ -3,28 +3,25 @@
 Accumulation policy. ggml's CPU accumulates these sums in double. RMS_NORM, L2_NORM and
 GROUP_NORM do the same here. NORM (LayerNorm, the hot one in BERT-style encoders) has two forms:
 
-* default (any array module; CUDA's fused kernel, when registered, overrides it):
-  :func:`ggmlpy.backends.cpu.fastpath.norm`, float32 throughout: the row mean with
+* default (any array module), the ``fast.norm`` variant of :mod:`ggmlpy.backends.cpu.variants`
+  (the Numba kernel ``cpu.jit.norm`` on NumPy with ``GGMLPY_JIT``; CUDA's fused kernel first on
+  CuPy): :func:`ggmlpy.backends.cpu.fastpath.norm`, float32 throughout: the row mean with
   NumPy's pairwise summation (relative error about ``log2(n) * 6e-8``), the centred values
   written once into the destination, their sum of squares as a float32 dot product per row
   (``einsum``; error at most ``n * 6e-8`` relative, typically ``sqrt(n) * 6e-8``) and one
   in-place scale: four passes, no temporaries of the input's size. For MiniLM's rows of 384 the
   outputs move by about 1e-6 relative against the double sums; test-backend-ops' NMSE
   tolerance (1e-7) and the model's 1e-5 embedding tolerance hold with a wide margin;
-* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built): the mean and the variance summed in
-  float64 as ggml does, the centred values in float32 (the referee).
+* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built): the generic kernel here, the mean
+  and the variance summed in float64 as ggml does, the centred values in float32 (the referee).
 """
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
-from ggmlpy.backends.cpu import fastpath
-from ggmlpy.backends.cpu import jit as cpu_jit
-from ggmlpy.backends.kernels.common import F32, F64, alias, sup_f32_same, use_jit
+from ggmlpy.backends.kernels.common import F32, F64, alias, sup_f32_same
 from ggmlpy.backends.kernels.registry import Step, kernel
-from ggmlpy.core import env
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 
@@ -34,10 +31,6 @@ def _k_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     eps = float(node.op_params[0])
     a = srcs[0]
     n = a.shape[-1]
-    if not env.precise_kernels():
-        if use_jit(xp, a, dst):
-            return partial(cpu_jit.norm, a.reshape(-1, n), eps, dst.reshape(-1, n))
-        return partial(fastpath.norm, xp, a, eps, dst)
     sm, copyto, sqrt = xp.sum, xp.copyto, xp.sqrt
 
     def run() -> None:

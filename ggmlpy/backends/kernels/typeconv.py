@@ -42,15 +42,13 @@ QUANT_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
 CONVERTIBLE = FLOAT_TYPES + QUANT_TYPES
 
 #: float32 elements per dequantization chunk (32K = 128 KiB, inside L2): gguf-py's dequantizers
-#: reach their plateau from ~24K elements (Q8_0 ~700, Q4_0 ~430, Q5_0/Q4_K/Q6_K ~300 Melem/s on
-#: this 2-core machine) and fall 2-10x when a call covers a whole 1536 x 384 weight (their
-#: temporaries leave the cache).
+#: reach their best rate from a few ten thousand elements on, and slow down several times when a
+#: call covers a whole weight (their temporaries leave the cache).
 DEQUANT_CHUNK_ELEMS = 1 << 15
 #: float32 elements of weight per MUL_MAT block (512K = 2 MiB): each block is dequantized chunk by
 #: chunk into one buffer, then multiplied with one GEMM. Blocks are as large as this because a
-#: GEMM writing a thin column slice of dst is slow: interleaved runs (N=1024, K=384, M=1536, F16
-#: weight) gave 256-column blocks 3.7x, 512 2.1x, 768 1.0x the time of one F32 GEMM, and
-#: (K=1536, M=384) 96 columns 2x, 192 1.25x. Measured on a shared 2-core machine (load ~12).
+#: GEMM writing a thin column slice of dst is slow (a few hundred columns cost up to several times
+#: one full F32 GEMM; ``scripts/bench_quant.py`` measures it).
 ROW_BLOCK_ELEMS = 1 << 19
 #: fewest weight rows per MUL_MAT block (see :data:`ROW_BLOCK_ELEMS`)
 MIN_BLOCK_ROWS = 256

@@ -4,45 +4,38 @@ Each activation maps a float32 array to a new float32 array (never writes its in
 are computed in float32 and rounded once. GELU uses the exact float32 tanh formula (ggml's CPU
 looks it up in an f16 table).
 
-GELU_ERF precision policy:
-
-* NumPy, F32 in and out (the default): with Numba (the ``jit`` extra, ``GGMLPY_JIT`` not 0)
-  :func:`ggmlpy.backends.cpu.jit.gelu_erf` (one multithreaded pass, same bound); without, the
-  float32 branch-free formula :func:`ggmlpy.core.special.gelu_erf_f32`, written straight into the destination in cache-sized
-  chunks; error ``<= GELU_ERF_F32_BOUND * max(1, |x|)`` (2e-7, checked on a dense grid), about
-  4x faster than the float64 path. ``GELU`` (tanh form) on F32 is also computed in chunks into
-  the destination (same formula and rounding as the reference, fewer passes over memory).
-* ``GGMLPY_PRECISE_KERNELS=1`` (read when a plan is built, :func:`ggmlpy.core.env.precise_kernels`),
-  F16 tensors and CuPy: ``0.5*x*erfc(-x/sqrt 2)`` in float64, rounded once (0.51 ulp;
-  :mod:`ggmlpy.core.special` for NumPy, ``cupyx.scipy.special.erfc`` for CuPy). This is the test
-  referee; the CuPy path stays float64 so the backends agree to the ulp there.
+GELU_ERF precision policy. The generic kernel here is the referee: ``0.5*x*erfc(-x/sqrt 2)`` in
+float64, rounded once (0.51 ulp; :mod:`ggmlpy.core.special` for NumPy,
+``cupyx.scipy.special.erfc`` for CuPy, so the backends agree to the ulp there). It computes F16
+tensors, CuPy, non-contiguous layouts and everything under ``GGMLPY_PRECISE_KERNELS=1``. For
+C-contiguous F32 on NumPy the CPU's variants take over (:mod:`ggmlpy.backends.cpu.variants`,
+stacked in the registry): the Numba kernel (``GGMLPY_JIT``) or the float32 branch-free formula
+:func:`ggmlpy.core.special.gelu_erf_f32` (error ``<= GELU_ERF_F32_BOUND * max(1, |x|)``), and
+for GELU (tanh form) :func:`gelu_tanh_f32_into` (same formula and rounding as the reference,
+fewer passes over memory).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.kernels.common import (
     F32,
     F64,
     FLOATS,
     as_f32,
-    c_contig,
     flatten_ew,
     is_numpy,
     src_of,
     sup_same_float,
     ufunc_step,
-    use_jit,
 )
 from ggmlpy.backends.kernels.registry import Step, kernel
-from ggmlpy.core import env, special
+from ggmlpy.core import special
 from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
 from ggmlpy.core.tensor import Tensor
 from ggmlpy.core.types import Type
@@ -168,7 +161,7 @@ def _sup_glu(node: Tensor, xp: Any) -> bool:
 _CHUNK = 1 << 15  # elements per step of the chunked float32 activations (128 KiB temporaries)
 
 
-def _gelu_tanh_f32_into(x: Any, out: Any) -> None:
+def gelu_tanh_f32_into(x: Any, out: Any) -> None:
     """``0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x*x)))`` (float32, the same operation order
     as :func:`_act_gelu`) from a C-contiguous float32 ``x`` into a C-contiguous ``out`` of the
     same shape (may be ``x``), in chunks of :data:`_CHUNK` elements through two cache-sized
@@ -193,29 +186,10 @@ def _gelu_tanh_f32_into(x: Any, out: Any) -> None:
         mul(u, t, out=oc)
 
 
-def _fast_f32_step(op: UnaryOp, a: Any, dst: Any) -> Step | None:
-    """The chunked float32 step for GELU_ERF/GELU on NumPy with C-contiguous F32 ``a`` and
-    ``dst`` (None: use the reference path). GELU_ERF honours ``GGMLPY_PRECISE_KERNELS``."""
-    if not (c_contig(a) and c_contig(dst)):
-        return None
-    if op == UnaryOp.GELU_ERF and not env.precise_kernels():
-        if use_jit(np, a, dst):
-            return partial(cpu_jit.gelu_erf, a, dst)
-        return partial(special.gelu_erf_f32, a, dst)
-    if op == UnaryOp.GELU:
-        return partial(_gelu_tanh_f32_into, a, dst)
-    return None
-
-
 @kernel(Op.UNARY, supports=_sup_unary)
 def _k_unary(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     op = UnaryOp(node.op_params[0])
     a = srcs[0]
-    if (is_numpy(xp) and node.type == Type.F32 and a.dtype == F32
-            and op in (UnaryOp.GELU_ERF, UnaryOp.GELU)):
-        fast = _fast_f32_step(op, a, dst)
-        if fast is not None:
-            return fast
     if node.type == Type.F32 and a.dtype == F32 and op in _UNARY_UFUNC:
         a1, _, d1 = flatten_ew(a, None, dst)
         step = ufunc_step(xp, getattr(xp, _UNARY_UFUNC[op]), a1, out=d1)

@@ -1,5 +1,5 @@
 """Float32 copies of F16/BF16/quantized weights, kept between NumPy MUL_MAT calls and invalidated
-on every write to the weight's buffer (issue 11, item 4).
+on every write to the weight's buffer.
 
 ggml's CPU backend multiplies F16/quantized weights in their own type (``vec_dot`` per row
 block), so it never holds a float32 copy; NumPy has no such GEMM, and converting a MiniLM matrix

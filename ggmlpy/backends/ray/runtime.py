@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backend.interface import Backend, Buffer, DeviceProps, DeviceType, Reg, Status, tensor_buffer
+from ggmlpy.backend.registry import BackendFactory
 from ggmlpy.backends.device.backend import (
     AsyncBackend,
     AsyncBuffer,
@@ -55,6 +56,7 @@ from ggmlpy.backends.plan import check_buffers_live
 from ggmlpy.backends.ray.actor import PLAN_CACHE_SIZE, DeviceActor
 from ggmlpy.backends.ray.env import DEFAULT_TIMEOUT_S, RayEnv, ray_env
 from ggmlpy.backends.ray.graph_spec import GraphSpec, encode_graph
+from ggmlpy.core.check import check_int
 from ggmlpy.core.errors import (
     BackendUnavailableError,
     ComputeError,
@@ -712,3 +714,48 @@ def ray_reg(n: int | None = None, address: str | None = None, timeout_s: float |
     actors = [cls.options(name=None, **opts).remote(use_gpu, f"RAY{i}") for i in range(count)]
     runtime = RayRuntime(actors, timeout_s=env.timeout_s)
     return Reg("RAY", [RayDevice(runtime, i, **device_options) for i in range(count)])
+
+
+def register_ray_devices(n: int | None = None, **options: Any) -> Reg:
+    """Register ``n`` remote devices ``RAY0..RAY{n-1}``, one new Ray actor each (replacing earlier
+    RAY devices); Ray starts (or joins ``GGMLPY_RAY_ADDRESS``) if it has not yet.
+
+    ``options`` go to :func:`ray_reg` (``address``, ``timeout_s``, ``refuse_ops``). Returns the
+    new reg.
+
+    Raises:
+        TypeError: ``n`` is not an int. ValueError: ``n`` outside 1..1024, a malformed option
+            or ``GGMLPY_*`` variable. BackendUnavailableError: Ray is not installed or did not
+            start.
+    """
+    from ggmlpy.backend import registry
+
+    if n is not None:
+        check_int("n", n, 1, 1024, "register_ray_devices")
+    registry.reg_count()  # the registry starts up (and validates the environment) first
+    reg = ray_reg(n, **options)
+    registry.register(reg)
+    return reg
+
+
+def _env_reg() -> Reg | None:
+    # RAY devices from the environment; a Ray that cannot start leaves an empty reg saying why
+    from ggmlpy.core import env as core_env
+
+    if not core_env.ray_requested():
+        return None
+    try:
+        return ray_reg()
+    except BackendUnavailableError as e:
+        return Reg("RAY", [], unavailable_reason=str(e))
+
+
+def _unavailable(name: str) -> str:
+    from ggmlpy.backend.registry import reg_unavailable_reason
+
+    return (reg_unavailable_reason("RAY") or "RAY devices need GGMLPY_RAY_DEVICES=N or "
+            "GGMLPY_RAY_ADDRESS, or register_ray_devices()")
+
+
+#: the registry's entry for RAY (installed by :func:`ggmlpy.backends.install`)
+FACTORY = BackendFactory("RAY", 30, _env_reg, unavailable_reason=_unavailable, on_demand=True)

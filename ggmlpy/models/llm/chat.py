@@ -78,7 +78,7 @@ class ChatTemplate:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Tokenizer, template: str | None = None,
-                       source: str = "GGUF metadata") -> "ChatTemplate":
+                       source: str = "GGUF metadata") -> ChatTemplate:
         """The chat template of a tokenizer's GGUF file, with its BOS / EOS texts.
 
         Args:

@@ -90,7 +90,7 @@ class Candidates:
     sorted: bool = False
 
     @classmethod
-    def from_logits(cls, logits: np.ndarray) -> "Candidates":
+    def from_logits(cls, logits: np.ndarray) -> Candidates:
         """All ``n_vocab`` tokens of a float logits vector [n_vocab] (copied to float32).
 
         Raises:

@@ -69,7 +69,7 @@ class Tokenizer:
         self._byte_decoder: dict[str, int] | None = None
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any], source: str = "GGUF metadata") -> "Tokenizer":
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], source: str = "GGUF metadata") -> Tokenizer:
         """Builds the tokenizer of a GGUF file from its metadata (key -> value).
 
         ``tokenizer.ggml.tokens`` may be a list of str / bytes or a NumPy string array;

@@ -229,7 +229,7 @@ def test_cli_exits_2_on_a_library_that_cannot_load(kind, monkeypatch, tmp_path, 
 
     if kind == "mkl missing":
         value, why = "mkl", "MKL is not available"
-        monkeypatch.setattr(cpu_blas, "_mkl_candidates", lambda: [])
+        monkeypatch.setattr(cpu_blas, "_mkl_candidates", list)
         monkeypatch.setattr(cpu_blas, "_loaded", {})
     else:
         bad = tmp_path / "libtext.so"

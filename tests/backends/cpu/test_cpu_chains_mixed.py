@@ -72,7 +72,7 @@ def _build(seed: int, S: int, L: int):
             flat.append(ops.add(ctx, src, same[int(rng.integers(0, len(same)))]))
         else:
             flat.append(ops.scale_inplace(ctx, src, 0.75) if src is not y else ops.scale(ctx, src, 0.75))
-    outs = [t for t in flat[1:] + heads]
+    outs = list(flat[1:] + heads)
     for t in outs:
         t.set_output()
     return ctx, (x, b3, bh), outs

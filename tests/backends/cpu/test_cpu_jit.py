@@ -38,7 +38,7 @@ from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set  #
 from ggmlpy.backends.cpu import fastpath  # noqa: E402
 from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.cpu.backend import backend_cpu_init  # noqa: E402
-from ggmlpy.backends.kernels.common import JIT_MIN_ELEMENTS  # noqa: E402
+from ggmlpy.backends.cpu.variants import JIT_MIN_ELEMENTS  # noqa: E402
 from ggmlpy.core import (
     env,
     special,  # noqa: E402

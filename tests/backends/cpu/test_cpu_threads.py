@@ -336,7 +336,7 @@ def test_pool_runs_every_slice_on_distinct_threads() -> None:
                 seen.append((i, threading.current_thread().name))
         pool.run([partial(part, i) for i in range(5)])  # more parts than threads: caller runs extra
         assert sorted(i for i, _ in seen) == list(range(5))
-        names = {i: nm for i, nm in seen}
+        names = dict(seen)
         assert names[0] == threading.current_thread().name
         assert names[1] != names[2] and {names[1], names[2]} <= {"ggmlpy-cpu-1", "ggmlpy-cpu-2"}
     finally:

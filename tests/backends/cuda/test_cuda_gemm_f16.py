@@ -56,7 +56,7 @@ def test_f16_weight_is_one_gemmex_with_f32_compute(where, K, M, N, x16):
         g = Graph(8)
         g.build_forward_expand(y)
         calls0 = len(fake_cupy.GEMMEX_CALLS)
-        for run in range(3):  # eager, then captured, then replayed
+        for _run in range(3):  # eager, then captured, then replayed
             xv = rng.uniform(-1, 1, (N, K)).astype(np.float32)
             backend_tensor_set(x, xv.astype(np.float16) if x16 else xv)
             be.graph_compute(g)

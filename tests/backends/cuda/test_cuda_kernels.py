@@ -90,7 +90,7 @@ def _views(ctx_tensors: list[Tensor], rng) -> dict[int, np.ndarray]:
 
 def _run(node: Tensor, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray | None]]:
     rng = np.random.default_rng(seed)
-    srcs = [s for s in node.src]
+    srcs = list(node.src)
     v = _views([s for s in srcs if s is not None] + [node], rng)
     dst = v[id(node)]
     args = [None if s is None else v[id(s)] for s in srcs]

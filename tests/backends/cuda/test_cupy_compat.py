@@ -63,7 +63,7 @@ def test_every_case_compiles_over_real_cupy_views_without_device_work(monkeypatc
     def const(obj, dtype=None):  # compile-time constants: the only upload kernels may do
         a = np.asarray(obj, dtype=dtype)
         n_consts[0] += 1
-        return view(a.shape, a.dtype, [s for s in np.empty_like(a, order="C").strides],
+        return view(a.shape, a.dtype, list(np.empty_like(a, order="C").strides),
                     10_000 + n_consts[0])
 
     monkeypatch.setattr(cp, "asarray", const)

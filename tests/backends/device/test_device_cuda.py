@@ -51,7 +51,7 @@ def test_init_by_name_cuda0_raises_when_unavailable():
     with pytest.raises(BackendUnavailableError) as info:
         registry.backend_init_by_name("CUDA0")
     assert cupy_runtime.cuda_reg().unavailable_reason in str(info.value)
-    assert registry.cuda_unavailable_reason() == cupy_runtime.cuda_reg().unavailable_reason
+    assert registry.reg_unavailable_reason("CUDA") == cupy_runtime.cuda_reg().unavailable_reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def test_async_uploads_and_downloads_reuse_pinned_staging_across_shapes():
     rng = np.random.default_rng(0)
     sizes = [7, 1000, 1024, 3000, 65536, 5, 999, 40000]  # float32 elements
     n0 = FakeCupy.pinned_allocs()
-    for rep in range(4):
+    for _rep in range(4):
         for n in sizes:
             x = rng.standard_normal(n).astype(np.float32)
             backend_tensor_set_async(be, t, x, 0, x.nbytes)

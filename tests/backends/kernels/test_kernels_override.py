@@ -108,14 +108,19 @@ def _graph_nodes():
 
 
 @pytest.mark.parametrize("i", range(3))
-def test_the_registry_picks_fused_for_cupy_and_generic_for_numpy(i):
+def test_the_registry_picks_fused_for_cupy_and_cpu_variants_for_numpy(i, monkeypatch):
+    monkeypatch.delenv("GGMLPY_PRECISE_KERNELS", raising=False)
     node = _graph_nodes()[3][i]
     fake = FakeCupy(1)
     assert REGISTRY.select(node, fake).make is ck.make
-    assert REGISTRY.select(node, np) is REGISTRY.entry(node.op)
-    # a node the fused kernels do not take (F16) stays generic on CuPy too
+    assert REGISTRY.select(node, fake).name == "cuda.fused"
+    on_numpy = REGISTRY.select(node, np).name
+    assert on_numpy.split(".")[0] in ("cpu", "fast"), on_numpy
+    # a node the fused kernels do not take (F16) gets the float32 fast path on CuPy too
     ctx = Context()
     h = ctx.new_tensor(Type.F16, (64, 6))
+    assert REGISTRY.select(ops.norm(ctx, h, 1e-5), fake).name == "fast.norm"
+    monkeypatch.setenv("GGMLPY_PRECISE_KERNELS", "1")  # the referee: the generic kernel
     assert REGISTRY.select(ops.norm(ctx, h, 1e-5), fake) is REGISTRY.entry(Op.NORM)
 
 

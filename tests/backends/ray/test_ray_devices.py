@@ -254,11 +254,8 @@ def test_devices_json_lists_node_and_memory(ray_reg2) -> None:
     assert rows["RAY0"]["extra"]["pid"] != rows["RAY1"]["extra"]["pid"]
 
 
-def test_environment_registers_ray_devices(ray_reg2, monkeypatch) -> None:
-    from ggmlpy.backend import registry
-
-    monkeypatch.setattr(registry, "_regs", [])  # a fresh registry, restored afterwards
-    monkeypatch.setattr(registry, "_initialized", False)
+def test_environment_registers_ray_devices(ray_reg2, monkeypatch, fresh_registry) -> None:
+    registry = fresh_registry
     monkeypatch.setenv("GGMLPY_RAY_DEVICES", "2")
     names = [d.name for d in registry.devices()]
     assert names[-3:] == ["RAY0", "RAY1", "CPU"]
@@ -272,8 +269,7 @@ def test_environment_registers_ray_devices(ray_reg2, monkeypatch) -> None:
     be.free()
     with pytest.raises(BackendUnavailableError, match="no device named 'RAY7'"):
         registry.backend_init_by_name("RAY7")
-    monkeypatch.setattr(registry, "_regs", [])
-    monkeypatch.setattr(registry, "_initialized", False)
+    registry.reset()
     monkeypatch.setenv("GGMLPY_RAY_DEVICES", "0")
     assert registry.reg_by_name("RAY") is None
     with pytest.raises(BackendUnavailableError, match="RAY devices need GGMLPY_RAY_DEVICES"):

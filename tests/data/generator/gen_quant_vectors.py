@@ -12,14 +12,21 @@ segs.append(rng.standard_normal(n) * 1e4)
 segs.append(np.zeros(n))
 segs.append(np.full(n, 0.5))
 segs.append(np.full(n, -3.0))
-s = rng.standard_normal(n) * 0.01; s[rng.integers(0, n, 4)] = [40, -55, 7, -9]; segs.append(s)
+s = rng.standard_normal(n) * 0.01
+s[rng.integers(0, n, 4)] = [40, -55, 7, -9]
+segs.append(s)
 segs.append(rng.uniform(0, 1, n))
 segs.append(-rng.uniform(0, 1, n))
 segs.append(rng.standard_normal(n) * 1e-30)
-s = rng.standard_normal(n); s[rng.random(n) < 0.5] = 0; segs.append(s)
+s = rng.standard_normal(n)
+s[rng.random(n) < 0.5] = 0
+segs.append(s)
 segs.append(rng.standard_normal(n) * 100)
 segs.append(rng.integers(-8, 8, n).astype(float))
-s = rng.standard_normal(n); s[32:64] = 0; s[160:192] = 1.0; segs.append(s)
+s = rng.standard_normal(n)
+s[32:64] = 0
+s[160:192] = 1.0
+segs.append(s)
 segs.append(rng.laplace(0, 1, n))
 x = np.concatenate(segs).astype(np.float32)
 x.tofile("in.f32")
@@ -29,7 +36,8 @@ for t in ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"]:
     out[f"{t.lower()}_bytes"] = np.fromfile(f"{t}.bin", np.uint8)
     out[f"{t.lower()}_deq"] = np.fromfile(f"{t}.f32", np.float32)
 np.savez_compressed("ggml_quant_vectors.npz", **out)
-for k, v in out.items(): print(k, v.shape, v.dtype)
+for k, v in out.items():
+    print(k, v.shape, v.dtype)
 # F16 / BF16 conversions: the same inputs plus special values
 rng2 = np.random.default_rng(7)
 sp = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 65504, 65520, 65519.99, 1e-8, 6e-8, 5.96e-8, 3e-8,

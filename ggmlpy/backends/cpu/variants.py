@@ -1,0 +1,283 @@
+"""The CPU's kernel variants, stacked in front of the generic kernels of
+:data:`ggmlpy.backends.kernels.registry.REGISTRY` (:func:`register`, run by
+:func:`ggmlpy.backends.install`), so that the kernel registry alone decides what computes a node.
+
+Each variant narrows its op's generic entry (``narrows=True``: support stays the generic
+entry's answer) with a predicate on the node and the settings, and, where the arrays matter, a
+``fits(dst, srcs)`` on the arrays being compiled (a threaded CPU plan compiles row slices). They
+are tried in this order, the first that applies wins, else the generic kernel runs:
+
+==========================  ==========  ===================================================
+name                        op          applies when
+==========================  ==========  ===================================================
+``cpu.jit.gelu_erf``        UNARY       GELU_ERF, F32, NumPy, Numba (``GGMLPY_JIT`` not 0),
+                                        not ``GGMLPY_PRECISE_KERNELS``, C-contiguous arrays
+``fast.gelu_erf_f32``       UNARY       the same without Numba: the float32 formula
+``fast.gelu_tanh_f32``      UNARY       GELU, F32, NumPy, C-contiguous arrays
+``cpu.jit.binary``          ADD..DIV    NumPy, Numba, C-contiguous float32 arrays of at least
+                                        :data:`JIT_MIN_ELEMENTS`, ``b`` the same shape or one
+                                        row
+``cpu.jit.norm``            NORM        NumPy, Numba, not precise, C-contiguous float32
+``fast.norm``               NORM        not precise (any array module): float32 sums
+``cpu.jit.soft_max``        SOFT_MAX    no ALiBi, NumPy, Numba, C-contiguous float32 arrays
+``cpu.jit.soft_max_f16``    SOFT_MAX    the same with an F16 mask (converted to float32)
+``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
+==========================  ==========  ===================================================
+
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU_ERF and NORM variants step aside and the generic
+kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
+and apply to CuPy only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.backends.cpu import fastpath
+from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
+from ggmlpy.backends.kernels.attention import tile_23
+from ggmlpy.backends.kernels.common import F32, c_contig
+from ggmlpy.backends.kernels.registry import KernelRegistry, Step
+from ggmlpy.backends.kernels.unary import gelu_tanh_f32_into
+from ggmlpy.core import env, special
+from ggmlpy.core.opcodes import Op, UnaryOp
+from ggmlpy.core.tensor import Tensor
+from ggmlpy.core.types import Type
+
+__all__ = ["register", "jit_ready", "jit_arrays", "plan_build_scope", "JIT_MIN_ELEMENTS"]
+
+_F32_DTYPE = np.dtype(np.float32)
+#: smallest tensor (elements) worth a compiled kernel for ops NumPy does in one ufunc call
+JIT_MIN_ELEMENTS = 4096
+
+_build_tls = threading.local()
+
+
+@contextmanager
+def plan_build_scope() -> Iterator[None]:
+    """For the ``with`` body on this thread (one plan build): :func:`jit_ready` reads
+    :func:`ggmlpy.backends.cpu.jit.available` (an environment read) once instead of per kernel,
+    so every kernel of one plan makes the same choice. Nested scopes share the outer answer."""
+    if getattr(_build_tls, "jit", None) is not None:
+        yield
+        return
+    _build_tls.jit = []
+    try:
+        yield
+    finally:
+        _build_tls.jit = None
+
+
+def jit_ready() -> bool:
+    """Whether the compiled kernels are used (:func:`ggmlpy.backends.cpu.jit.available`), read
+    once per plan build inside :func:`plan_build_scope`.
+
+    Raises:
+        EnvError: ``GGMLPY_JIT`` is malformed.
+    """
+    memo = getattr(_build_tls, "jit", None)
+    if memo is None:
+        return cpu_jit.available()
+    if not memo:
+        memo.append(cpu_jit.available())
+    return memo[0]
+
+
+def jit_arrays(*arrays: Any, min_elements: int = 0) -> bool:
+    """True when every array is a C-contiguous float32 NumPy ndarray and the first holds at
+    least ``min_elements`` elements: what the compiled kernels take."""
+    if not arrays or arrays[0].size < min_elements:
+        return False
+    for a in arrays:
+        if type(a) is not np.ndarray or a.dtype != _F32_DTYPE or not a.flags.c_contiguous:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# predicates (node and settings) and fits (arrays)
+
+
+def _unary_f32(node: Tensor, xp: Any, op: UnaryOp) -> bool:
+    a = node.src[0]
+    return (xp is np and node.op_params[0] == op and node.type == Type.F32
+            and a is not None and a.type == Type.F32)
+
+
+def _sup_gelu_erf_jit(node: Tensor, xp: Any) -> bool:
+    return _unary_f32(node, xp, UnaryOp.GELU_ERF) and not env.precise_kernels() and jit_ready()
+
+
+def _sup_gelu_erf_f32(node: Tensor, xp: Any) -> bool:
+    return _unary_f32(node, xp, UnaryOp.GELU_ERF) and not env.precise_kernels()
+
+
+def _sup_gelu_tanh_f32(node: Tensor, xp: Any) -> bool:
+    return _unary_f32(node, xp, UnaryOp.GELU)
+
+
+def _fits_contig(dst: Any, srcs: list[Any]) -> bool:
+    return c_contig(srcs[0]) and c_contig(dst)
+
+
+def _fits_jit_unary(dst: Any, srcs: list[Any]) -> bool:
+    return c_contig(srcs[0]) and c_contig(dst) and jit_arrays(srcs[0], dst)
+
+
+def _sup_jit(node: Tensor, xp: Any) -> bool:
+    return xp is np and jit_ready()
+
+
+def _sup_jit_not_precise(node: Tensor, xp: Any) -> bool:
+    return xp is np and not env.precise_kernels() and jit_ready()
+
+
+def _sup_not_precise(node: Tensor, xp: Any) -> bool:
+    return not env.precise_kernels()
+
+
+def _jit_rows(a: Any, b: Any, dst: Any) -> tuple[Any, Any, Any] | None:
+    """``(a, b, dst)`` as ``(R, n)``, ``(1 or R, n)``, ``(R, n)`` arrays for
+    :func:`ggmlpy.backends.cpu.jit.binary` (C-contiguous float32, ``b`` the same shape or one
+    row broadcast over all rows, at least :data:`JIT_MIN_ELEMENTS`), or None."""
+    if not jit_arrays(a, b, dst, min_elements=JIT_MIN_ELEMENTS) or a.shape != dst.shape:
+        return None
+    n = a.shape[-1]
+    if b.shape == a.shape:
+        return a.reshape(-1, n), b.reshape(-1, n), dst.reshape(-1, n)
+    if b.shape[-1] == n and b.size == n:
+        return a.reshape(-1, n), b.reshape(1, n), dst.reshape(-1, n)
+    return None
+
+
+def _fits_jit_binary(dst: Any, srcs: list[Any]) -> bool:
+    return _jit_rows(srcs[0], srcs[1], dst) is not None
+
+
+def _fits_jit_norm(dst: Any, srcs: list[Any]) -> bool:
+    return jit_arrays(srcs[0], dst)
+
+
+def _no_alibi(node: Tensor) -> bool:
+    p = node.op_params
+    return (float(p[1]) if len(p) > 1 else 0.0) == 0.0
+
+
+def _sup_soft_max_jit(node: Tensor, xp: Any) -> bool:
+    return xp is np and _no_alibi(node) and jit_ready()
+
+
+def _sup_soft_max_fast(node: Tensor, xp: Any) -> bool:
+    return _no_alibi(node)
+
+
+def _mask(srcs: list[Any]) -> Any:
+    return srcs[1] if len(srcs) > 1 else None
+
+
+def _fits_jit_soft_max(dst: Any, srcs: list[Any]) -> bool:
+    mask = _mask(srcs)
+    return jit_arrays(srcs[0], dst, *(() if mask is None else (mask,)))
+
+
+def _fits_jit_soft_max_f16(dst: Any, srcs: list[Any]) -> bool:
+    mask = _mask(srcs)
+    return mask is not None and mask.dtype != F32 and jit_arrays(srcs[0], dst)
+
+
+# ---------------------------------------------------------------------------------------------
+# factories
+
+
+def _scale(node: Tensor) -> float:
+    p = node.op_params
+    return float(p[0]) if len(p) > 0 else 1.0
+
+
+def _k_gelu_erf_jit(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    return partial(cpu_jit.gelu_erf, srcs[0], dst)
+
+
+def _k_gelu_erf_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    return partial(special.gelu_erf_f32, srcs[0], dst)
+
+
+def _k_gelu_tanh_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    return partial(gelu_tanh_f32_into, srcs[0], dst)
+
+
+def _k_binary_jit(ufunc_name: str) -> Any:
+    def make(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+        return partial(cpu_jit.binary, ufunc_name, *_jit_rows(srcs[0], srcs[1], dst))
+    return make
+
+
+def _k_norm_jit(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    a = srcs[0]
+    n = a.shape[-1]
+    return partial(cpu_jit.norm, a.reshape(-1, n), float(node.op_params[0]), dst.reshape(-1, n))
+
+
+def _k_norm_fast(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    return partial(fastpath.norm, xp, srcs[0], float(node.op_params[0]), dst)
+
+
+def _k_soft_max_jit(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    return partial(cpu_jit.soft_max, srcs[0], _mask(srcs), _scale(node), dst)
+
+
+def _k_soft_max_jit_f16(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # an F16 mask: converted (exactly) into a float32 copy of the rows used, then the compiled
+    # kernel, so the result is the F32 mask's one (same rounding, same flush)
+    a, mask, scale = srcs[0], _mask(srcs), _scale(node)
+    x1 = a.shape[2]
+    mrows16 = mask[:, :, :x1, :]
+    m32 = np.empty(mrows16.shape, F32)
+    copyto, jit_soft_max = np.copyto, cpu_jit.soft_max
+
+    def run_converted() -> None:
+        copyto(m32, mrows16)
+        jit_soft_max(a, m32, scale, dst)
+    return run_converted
+
+
+def _k_soft_max_fast(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    a, mask, scale = srcs[0], _mask(srcs), _scale(node)
+    if mask is None:
+        return partial(fastpath.soft_max, xp, a, None, scale, dst)
+    mrows = mask[:, :, :a.shape[2], :]
+    a6, m6 = tile_23(xp, a, mrows)
+    d6, _ = tile_23(xp, dst, mrows)
+    return partial(fastpath.soft_max, xp, a6, m6, scale, d6)
+
+
+_BINARY_UFUNCS = {Op.ADD: "add", Op.SUB: "subtract", Op.MUL: "multiply", Op.DIV: "divide"}
+
+
+def register(registry: KernelRegistry) -> None:
+    """Stack the CPU's variants (the table of the module docstring) in ``registry``, in that
+    order. Raises ValueError when they are already registered there."""
+    o = registry.override
+    o(Op.UNARY, _k_gelu_erf_jit, _sup_gelu_erf_jit, name="cpu.jit.gelu_erf",
+      fits=_fits_jit_unary, narrows=True)
+    o(Op.UNARY, _k_gelu_erf_f32, _sup_gelu_erf_f32, name="fast.gelu_erf_f32",
+      fits=_fits_contig, narrows=True)
+    o(Op.UNARY, _k_gelu_tanh_f32, _sup_gelu_tanh_f32, name="fast.gelu_tanh_f32",
+      fits=_fits_contig, narrows=True)
+    for op, ufunc_name in _BINARY_UFUNCS.items():
+        o(op, _k_binary_jit(ufunc_name), _sup_jit, name="cpu.jit.binary",
+          fits=_fits_jit_binary, narrows=True)
+    o(Op.NORM, _k_norm_jit, _sup_jit_not_precise, name="cpu.jit.norm", fits=_fits_jit_norm,
+      narrows=True)
+    o(Op.NORM, _k_norm_fast, _sup_not_precise, name="fast.norm", narrows=True)
+    o(Op.SOFT_MAX, _k_soft_max_jit, _sup_soft_max_jit, name="cpu.jit.soft_max",
+      fits=_fits_jit_soft_max, narrows=True)
+    o(Op.SOFT_MAX, _k_soft_max_jit_f16, _sup_soft_max_jit, name="cpu.jit.soft_max_f16",
+      fits=_fits_jit_soft_max_f16, narrows=True)
+    o(Op.SOFT_MAX, _k_soft_max_fast, _sup_soft_max_fast, name="fast.soft_max", narrows=True)
