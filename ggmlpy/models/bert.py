@@ -86,7 +86,7 @@ from ggmlpy.models.loader import (
 )
 
 __all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_device",
-           "TruncationFallbackWarning"]
+           "TruncationFallbackWarning", "layer_chunks", "OUTPUTS", "SIMILARITY_FNS"]
 
 
 class TruncationFallbackWarning(UserWarning):
@@ -112,6 +112,52 @@ SIMILARITY_FNS = ("cosine", "dot", "euclidean", "manhattan")
 
 def _pad_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
+
+
+def layer_chunks(n_layers: int, n_devices: int, split: Sequence[float] | None = None) -> list[int]:
+    """How many of ``n_layers`` consecutive offloaded layers each of ``n_devices`` devices gets.
+
+    ``split`` None: chunks as equal as possible, the first devices taking one more. Else
+    llama.cpp's layer split (``llama_model::load_tensors`` with ``-ts``): the shares normalised
+    and summed up (``c_k``), layer ``j`` goes to the first device ``k`` with ``c_k > j /
+    n_layers``.
+
+    Raises:
+        ValueError: ``split`` has another length than ``n_devices`` or sums to 0.
+    """
+    if split is None:
+        return [n_layers // n_devices + (k < n_layers % n_devices) for k in range(n_devices)]
+    if len(split) != n_devices or sum(split) <= 0:
+        raise ValueError(f"layer_chunks: need {n_devices} shares summing to > 0, got {list(split)}")
+    total = float(sum(split))
+    cum = np.cumsum(np.asarray(split, np.float64) / total)
+    counts = [0] * n_devices
+    for j in range(n_layers):
+        k = int(np.searchsorted(cum, j / n_layers, side="right"))
+        counts[min(k, n_devices - 1)] += 1
+    return counts
+
+
+def _check_finite(weights: dict[str, Any], path: Path) -> None:
+    """Raise :class:`~ggmlpy.models.loader.ModelFileError` naming ``path`` and the first tensor
+    of ``weights`` (float32 arrays or :class:`TypedWeight`) holding a NaN or an infinity."""
+    from ggmlpy.models.loader import ModelFileError  # noqa: PLC0415
+
+    for name, w in weights.items():
+        if isinstance(w, TypedWeight):
+            if w.type.is_quantized or w.type == Type.BF16:
+                from ggmlpy.quants import dequantize  # noqa: PLC0415
+
+                vals = dequantize(w.data, w.type, list(w.ne))
+            else:
+                vals = np.asarray(w.data).view(w.type.dtype)
+        else:
+            vals = np.asarray(w)
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            first = int(np.flatnonzero(bad.reshape(-1))[0])
+            raise ModelFileError(path, f"tensor {name!r} holds {int(bad.sum())} non-finite "
+                                       f"values (NaN/inf), the first at element {first}")
 
 
 def _finish(x: np.ndarray, truncate_dim: int | None, normalize: bool) -> np.ndarray:
@@ -291,6 +337,7 @@ class BertModel:
         self.prompts: dict[str, str] = {}
         self._n_splits = 0
         self._closed = False
+        self._tensor_split: list[float] | None = None
 
     # ------------------------------------------------------------------------------------------
     # loading
@@ -301,7 +348,9 @@ class BertModel:
              n_gpu_layers: int = 0, parallel: bool = False, max_batch: int = 32,
              op_offload: bool = False, seq_bucket: int = SEQ_BUCKET,
              n_threads: int | None = None, fuse_qkv: bool = True,
-             max_seq_length: int | None = None) -> BertModel:
+             max_seq_length: int | None = None, check_weights: bool = False,
+             tensor_split: Sequence[float] | None = None,
+             pooling: str | None = None) -> BertModel:
         """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
 
         Args:
@@ -352,6 +401,15 @@ class BertModel:
                 ``min(bert.context_length, 512)``
                 (:func:`~ggmlpy.models.gguf_bert.fallback_max_seq_length`), the latter with a
                 :class:`TruncationFallbackWarning`. ``config.max_seq_length_source`` says which.
+            check_weights: scan every weight for NaN/inf before uploading it (quantized ones
+                dequantized; a few hundred ms for MiniLM) and refuse the model if one has any.
+            tensor_split: with several devices, the share of the offloaded layers each one
+                gets (llama.cpp's ``-ts``, e.g. ``[1, 2]``: a third and two thirds), one
+                non-negative number per device, not all 0; layer ``j`` of the ``n_gpu_layers``
+                goes to the first device whose cumulative share exceeds ``j / n_gpu_layers``
+                (llama.cpp's rule). None: equal chunks.
+            pooling: ``"mean"`` or ``"cls"`` overrides the model's pooling (llama.cpp's
+                ``--pooling``); None keeps it.
 
         Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu.jit.warm_up`,
         when Numba is installed), so that their one-time cost is not paid by the first encode.
@@ -385,6 +443,17 @@ class BertModel:
         check_optional("n_threads", n_threads, int, where)
         check_bool("fuse_qkv", fuse_qkv, where)
         check_optional("max_seq_length", max_seq_length, int, where)
+        check_bool("check_weights", check_weights, where)
+        check_optional("pooling", pooling, str, where)
+        if pooling is not None and pooling not in ("mean", "cls"):
+            raise ArgumentValueError("pooling", f"must be 'mean' or 'cls', got {pooling!r}", where)
+        if tensor_split is not None:
+            check_type("tensor_split", tensor_split, (list, tuple), where)
+            for i, v in enumerate(tensor_split):
+                check_type(f"tensor_split[{i}]", v, (int, float), where)
+            if any(not math.isfinite(v) or v < 0 for v in tensor_split) or not any(tensor_split):
+                raise ArgumentValueError("tensor_split", "must hold finite numbers >= 0, not all "
+                                         f"0, got {list(tensor_split)}", where)
         if n_threads is not None and (isinstance(n_threads, bool) or not 1 <= n_threads <= 512):
             raise ArgumentValueError("n_threads", f"must be an int in 1..512, got {n_threads!r}",
                                      where)
@@ -405,6 +474,8 @@ class BertModel:
                 f"({config.max_seq_length_source}); pass the model's published limit "
                 "(sentence-transformers' max_seq_length) with max_seq_length= or "
                 "--max-seq-length/-c"), stacklevel=2)
+        if pooling is not None:
+            config = replace(config, pooling_mode=pooling)
         if config.hidden_act != "gelu":
             raise ValueError(f"{model_dir}: hidden_act {config.hidden_act!r} is not supported "
                              "(only the exact erf 'gelu')")
@@ -438,8 +509,12 @@ class BertModel:
                                      f"devices (the CPU cannot be one of several: {listed})", where)
         if len({d.name for d in devs}) != len(devs):
             raise ArgumentValueError("device", f"must not list a device twice ({listed})", where)
+        if tensor_split is not None and len(tensor_split) != len(devs):
+            raise ArgumentValueError("tensor_split", f"must give one share per device ({len(devs)}: "
+                                     f"{listed}), got {len(tensor_split)}", where)
         dev = devs[0]
         self = cls()
+        self._tensor_split = None if tensor_split is None else [float(v) for v in tensor_split]
         self.model_dir = Path(model_dir)
         self.config = config
         self.tokenizer = (tokenizer if gguf_weights is not None else
@@ -463,7 +538,11 @@ class BertModel:
                     self._backends.insert(len(self._backends) - 1, d.init_backend())
                 self._device_backends = self._backends[:-1]
                 self._device_backend = self._device_backends[0]
-            self._load_weights(gguf_weights if gguf_weights is not None else load_weights(model_dir))
+            weights = gguf_weights if gguf_weights is not None else load_weights(model_dir)
+            if check_weights:
+                _check_finite(weights, Path(model_dir) if gguf_weights is not None
+                              else Path(model_dir) / "model.safetensors")
+            self._load_weights(weights)
             from ggmlpy.sched.scheduler import Scheduler
 
             self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
@@ -489,8 +568,8 @@ class BertModel:
         cpu_ctx = Context()
         dev_ctxs = [Context() for _ in self._device_backends]
         # the offloaded layers in contiguous chunks, one per device, in order
-        chunks = [self.n_gpu_layers // len(dev_ctxs) + (k < self.n_gpu_layers % len(dev_ctxs))
-                  for k in range(len(dev_ctxs))] if dev_ctxs else []
+        chunks = layer_chunks(self.n_gpu_layers, len(dev_ctxs), self._tensor_split) \
+            if dev_ctxs else []
         layer_ctx: list[Context] = [cpu_ctx] * first_dev_layer
         for ctx_k, n_k in zip(dev_ctxs, chunks):
             layer_ctx += [ctx_k] * n_k

@@ -197,7 +197,8 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
 
     Args:
         model_dir: a sentence-transformers BERT directory (``loader.check_model_dir``).
-        out_path: the ``.gguf`` file to write (replaced).
+        out_path: the ``.gguf`` file to write (replaced only once complete: written to a
+            temporary name in the same folder and renamed, :mod:`.atomic`).
         scheme: one of :data:`SCHEMES` (module table).
 
     Returns:
@@ -253,7 +254,10 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
              gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT: (int(gguf.GGUFValueType.UINT32), None),
              gguf.Keys.Tokenizer.TOKEN_TYPE: (int(gguf.GGUFValueType.ARRAY),
                                               int(gguf.GGUFValueType.INT32))}
-    gguf_save(out_path, tensors, md, types=types)
+    from ggmlpy.models.atomic import atomic_path  # noqa: PLC0415
+
+    with atomic_path(out_path) as tmp:  # an interrupted convert leaves no half-written file
+        gguf_save(tmp, tensors, md, types=types)
     return {"path": os.fspath(out_path), "scheme": scheme, "tensors": len(tensors),
             "bytes": os.path.getsize(out_path), "types": counts}
 
