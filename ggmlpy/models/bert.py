@@ -75,7 +75,7 @@ from ggmlpy.core.errors import BackendUnavailableError, ComputeError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
-from ggmlpy.models.gguf_bert import TypedWeight, is_gguf_path, read_bert_gguf
+from ggmlpy.models.gguf_bert import TypedWeight, hf_to_gguf_names, is_gguf_path, read_bert_gguf
 from ggmlpy.models.loader import (
     BertConfig,
     BertTokenizer,
@@ -138,9 +138,10 @@ def layer_chunks(n_layers: int, n_devices: int, split: Sequence[float] | None = 
     return counts
 
 
-def _check_finite(weights: dict[str, Any], path: Path) -> None:
+def _check_finite(weights: dict[str, Any], path: Path, names: dict[str, str] | None = None) -> None:
     """Raise :class:`~ggmlpy.models.loader.ModelFileError` naming ``path`` and the first tensor
-    of ``weights`` (float32 arrays or :class:`TypedWeight`) holding a NaN or an infinity."""
+    of ``weights`` (float32 arrays or :class:`TypedWeight`) holding a NaN or an infinity; the
+    tensor is named as the file names it (``names``: weight key -> file name, e.g. GGUF's)."""
     from ggmlpy.models.loader import ModelFileError  # noqa: PLC0415
 
     for name, w in weights.items():
@@ -156,7 +157,8 @@ def _check_finite(weights: dict[str, Any], path: Path) -> None:
         bad = ~np.isfinite(vals)
         if bad.any():
             first = int(np.flatnonzero(bad.reshape(-1))[0])
-            raise ModelFileError(path, f"tensor {name!r} holds {int(bad.sum())} non-finite "
+            shown = (names or {}).get(name, name)
+            raise ModelFileError(path, f"tensor {shown!r} holds {int(bad.sum())} non-finite "
                                        f"values (NaN/inf), the first at element {first}")
 
 
@@ -540,8 +542,10 @@ class BertModel:
                 self._device_backend = self._device_backends[0]
             weights = gguf_weights if gguf_weights is not None else load_weights(model_dir)
             if check_weights:
-                _check_finite(weights, Path(model_dir) if gguf_weights is not None
-                              else Path(model_dir) / "model.safetensors")
+                if gguf_weights is not None:
+                    _check_finite(weights, Path(model_dir), hf_to_gguf_names(n_layer))
+                else:
+                    _check_finite(weights, Path(model_dir) / "model.safetensors")
             self._load_weights(weights)
             from ggmlpy.sched.scheduler import Scheduler
 

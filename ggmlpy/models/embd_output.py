@@ -67,12 +67,13 @@ def json_rows(x: np.ndarray) -> list[list[float | None]]:
 
 def cosine_matrix(x: np.ndarray) -> np.ndarray:
     """Cosine similarity of every pair of rows of ``x`` (``[n, dim]``), float64 ``[n, n]``;
-    a zero row has similarity 0 with everything (as llama.cpp's ``common_embd_similarity_cos``)."""
+    a zero row has similarity 0 with everything (as llama.cpp's ``common_embd_similarity_cos``),
+    a row holding NaN/inf has NaN with everything."""
     v = np.asarray(x, np.float64)
     n = np.linalg.norm(v, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        u = np.where(n[:, None] > 0, v / n[:, None], 0.0)
-    return u @ u.T
+        u = np.where(n[:, None] == 0, 0.0, v / n[:, None])
+        return u @ u.T
 
 
 def format_llama(x: np.ndarray, fmt: str, indices: Sequence[int] | None = None) -> str:
