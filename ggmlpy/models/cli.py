@@ -451,8 +451,8 @@ def _embed(args: argparse.Namespace) -> int:
         folder = Path(args.output).parent
         if not folder.is_dir():
             raise _UsageError(f"-o/--output {args.output}: folder {str(folder)!r} does not exist")
+    split = _tensor_split(args.tensor_split, len(args.device.split(",")))
     device = _pick_device(args.device)
-    split = _tensor_split(args.tensor_split, len(device.split(",")))
     ngl = args.n_gpu_layers
     if device.upper() == "CPU":
         ignored = [f for f, on in (("-ngl", ngl is not None), ("--parallel", args.parallel)) if on]

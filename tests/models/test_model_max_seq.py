@@ -124,3 +124,24 @@ def test_truncation_flags_and_limits(model_dir, public):
             m.max_seq_length = 513
     with pytest.raises(ArgumentValueError, match=r"max_seq_length must be in 2\.\.512"):
         BertModel.load(model_dir, max_seq_length=1)
+
+
+def test_cli_warns_for_a_foreign_gguf_and_ctx_size_fixes_it(files, public, capsys):
+    from ggmlpy.models.cli import embed_main
+
+    s = public["sentences"][LONG]
+    ref = np.asarray(public["embeddings"][LONG])
+    assert embed_main(["--model", str(files["foreign"]), "--json", "--no-progress", s]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert err.startswith("ggmlpy embed: warning: ") and "cut at 512 tokens" in err
+    assert len(err.strip().splitlines()) == 1
+    assert doc["max_seq_length"] == 512 and doc["truncated"] == [False]
+    assert doc["max_seq_length_source"] == "fallback min(bert.context_length, 512)"
+    for flag in ("-c", "--ctx-size", "--max-seq-length"):
+        assert embed_main(["--model", str(files["foreign"]), "--json", "--no-progress",
+                           flag, "256", s]) == 0
+        out, err = capsys.readouterr()
+        doc = json.loads(out)
+        assert err == "" and doc["truncated"] == [True] and doc["n_tokens"] == [256]
+        assert np.abs(np.asarray(doc["embeddings"][0]) - ref).max() <= EMB_MAX_ABS
