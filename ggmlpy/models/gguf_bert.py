@@ -297,8 +297,8 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
     Returns:
         ``(config, tokenizer, weights)``: the config from the ``bert.*`` keys (and ``ggmlpy.*``
         where present; without ``ggmlpy.max_seq_length`` the truncation length is
-        :func:`fallback_max_seq_length`'s and ``config.max_seq_length_source`` says so); a WordPiece tokenizer rebuilt with the ``tokenizers`` package from the
-        stored vocabulary; weights by Hugging Face name as :class:`TypedWeight` (views of the
+        :func:`fallback_max_seq_length`'s and ``config.max_seq_length_source`` says so); a
+        WordPiece tokenizer rebuilt with the ``tokenizers`` package from the stored vocabulary; weights by Hugging Face name as :class:`TypedWeight` (views of the
         memory-mapped file, read once when uploaded).
 
     Raises:

@@ -117,8 +117,8 @@ def _driver_missing() -> str | None:
 def import_cupy() -> tuple[Any, str | None]:
     """``(cupy, None)`` when CuPy imports and sees at least one CUDA device, else ``(None, reason)``
     with a one-line reason. On Linux without the CUDA driver library CuPy is not imported at all
-    (:func:`_driver_missing`). Warnings CuPy emits while importing are suppressed; never raises."""
-    missing = _driver_missing()
+    (:func:`_driver_missing`), unless it already is (``sys.modules``). Warnings CuPy emits while importing are suppressed; never raises."""
+    missing = _driver_missing() if "cupy" not in sys.modules else None  # imported: use it
     if missing is not None:
         return None, missing
     try:
