@@ -51,3 +51,21 @@ def test_devices_command_loads_no_heavy_library_without_a_cuda_driver():
         assert mods == []
     else:
         assert "numba" not in mods and "ray" not in mods
+
+
+def test_every_argument_parser_refuses_abbreviations():
+    # OneLineArgumentParser sets allow_abbrev=False; a plain argparse parser must say so itself
+    import re
+
+    missing = []
+    for folder in ("ggmlpy", "scripts"):
+        for p in (ROOT / folder).rglob("*.py"):
+            for m in re.finditer(r"argparse\.ArgumentParser\(([^)]*)", p.read_text()):
+                if "allow_abbrev=False" not in m.group(1):
+                    missing.append(str(p.relative_to(ROOT)))
+    assert missing == []
+    from ggmlpy.core.check import OneLineArgumentParser
+
+    p = OneLineArgumentParser(prog="x")
+    p.add_argument("--similarity", action="store_true")
+    assert p.allow_abbrev is False

@@ -698,8 +698,6 @@ def start_ray(env: RayEnv | None = None) -> Any:
                          include_dashboard=False, _node_ip_address="127.0.0.1",
                          job_config=job, log_to_driver=False,
                          object_store_memory=env.object_store_mb << 20, logging_level="WARNING")
-        except BackendUnavailableError:
-            raise
         except Exception as e:  # noqa: BLE001 - any start failure means no RAY devices
             where = env.address or "a local instance"
             raise BackendUnavailableError(f"RAY: could not start Ray ({where}): "
