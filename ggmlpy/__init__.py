@@ -15,6 +15,10 @@ has shape ``ne[::-1]``. Strides ``nb`` and all offsets and sizes are in bytes.
 
 from __future__ import annotations
 
+from ggmlpy.core import sigint as _sigint
+
+_sigint.install_startup_handler()  # `python -m ggmlpy`: Ctrl-C while importing -> one line, 130
+
 from ggmlpy.backend.buffers import MultiBuffer
 from ggmlpy.backend.interface import (
     Backend,

@@ -64,6 +64,8 @@ def _cmd_test_backend_ops(argv: Sequence[str]) -> int:
 
 
 def _cmd_embed(argv: Sequence[str]) -> int:
+    if "--list-devices" in argv:  # llama.cpp's flag: the device table, then exit
+        return _cmd_devices([])
     from ggmlpy.models.cli import embed_main
 
     return embed_main(argv)
@@ -95,14 +97,38 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Every ``GGMLPY_*`` variable is validated before the subcommand runs (a bad one: one line
     naming it, exit status 2); set ``GGMLPY_*`` variables ggmlpy does not know are reported as
-    ignored on stderr (likely typos).
+    ignored on stderr (likely typos). Ctrl-C at any moment gives one line
+    (``ggmlpy COMMAND: interrupted``) and exit status 130; ``--version`` prints the version.
 
     Raises:
         TypeError: ``argv`` is not None or a sequence of str.
     """
     if argv is not None:
         check_str_sequence("argv", argv, "main")
+    from ggmlpy.core import sigint
+
+    sigint.restore_default()  # Ctrl-C is a KeyboardInterrupt again (the start-up handler is off)
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print(f"ggmlpy {argv[0] if argv else ''}: interrupted".replace("  ", " "), file=sys.stderr)
+        return 130
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ggmlpy")
+    except PackageNotFoundError:  # a source tree that is not installed
+        return "unknown"
+
+
+def _main(argv: list[str]) -> int:
+    if argv[:1] == ["--version"]:
+        print(f"ggmlpy {_version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m ggmlpy COMMAND [ARGS]\n\ncommands:")
         for name, (_, help_) in _COMMANDS.items():

@@ -272,7 +272,7 @@ def measure(name: str, g: Graph) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--random", type=int, default=5)
     args = ap.parse_args()

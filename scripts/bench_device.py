@@ -321,7 +321,7 @@ def _table(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default=None, help="CUDA0, CUDA1, SIM0 ... (default: CUDA0 if present, else SIM0)")
     ap.add_argument("--copy-mb", type=int, default=256, help="MiB per copy (default 256)")
     ap.add_argument("--mm", default="4096,4096,512", help="mul_mat K,M,N (default 4096,4096,512)")

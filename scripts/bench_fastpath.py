@@ -88,7 +88,7 @@ def _numba_kernels() -> dict[str, Callable[..., Any]] | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the microbenchmarks and print the JSON report; returns the exit status."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqs", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=36)
     ap.add_argument("--repeats", type=int, default=7)

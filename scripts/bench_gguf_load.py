@@ -92,7 +92,7 @@ def _run(python: str, kind: str, path: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("path", nargs="?", default=os.environ.get("GGMLPY_GEMMA3_GGUF"))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--ggufpy-repeat", type=int, default=1,

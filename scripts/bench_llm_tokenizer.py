@@ -84,7 +84,7 @@ def _read_metadata(path: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--gguf", required=True)
     default_strings = Path(__file__).resolve().parent.parent / "tests/data/gemma3_tokenizer.json"
     ap.add_argument("--strings", default=str(default_strings))

@@ -302,7 +302,7 @@ def blas_info() -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark and print the JSON report to stdout; returns the exit status."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("fixed", "e2e", "both"), default="both")
     ap.add_argument("--n-sentences", type=int, default=64, help="fixed mode sentences")
     ap.add_argument("--n-e2e", type=int, default=512, help="end-to-end mode sentences")

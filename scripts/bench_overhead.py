@@ -39,7 +39,7 @@ _NP = (np.add, np.multiply, np.subtract)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--n", type=int, default=16, help="elements per tensor")
     ap.add_argument("--repeats", type=int, default=7)

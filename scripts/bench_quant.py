@@ -205,7 +205,7 @@ def bench_minilm(repeat: int, n_sentences: int, schemes: list[str]) -> list[dict
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1024)
     ap.add_argument("--cols", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)

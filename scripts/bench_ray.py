@@ -100,7 +100,7 @@ def bench_ops(ray_dev, sim_dev) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     ap.add_argument("--ops", action="store_true", help="also run the full test-backend-ops table")
     args = ap.parse_args()

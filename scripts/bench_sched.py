@@ -200,7 +200,7 @@ def _timed(fn) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     args = ap.parse_args()
     reg = sim_reg(2, latency_us=0.0)

@@ -109,7 +109,7 @@ def encode_calls(batch: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n", 1)[0])
     p.add_argument("--shapes", type=int, default=15)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)

@@ -49,7 +49,7 @@ def per_node_us(fn, n_nodes: int, reps: int) -> float:
 def main() -> None:
     import argparse
 
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # --help; no options
+    argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0]).parse_args()  # --help; no options
     out = {}
     other = Context().new_tensor_1d(Type.F32, 4)
     og = Graph()

@@ -49,7 +49,7 @@ def _raw(t) -> np.ndarray:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("path", nargs="?", default=os.environ.get("GGMLPY_GEMMA3_GGUF"))
     args = ap.parse_args()
     if not args.path or not Path(args.path).is_file():

@@ -20,7 +20,7 @@ from ggmlpy.testops.support_table import readme_section, replace_readme_section,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--check", action="store_true", help="compare with docs/ops.md")
     g.add_argument("--write", action="store_true", help="rewrite the section of docs/ops.md")

@@ -152,7 +152,7 @@ def torch_rate(model_dir: Path | None, stream: list[list[int]], repeats: int = 3
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="a trimmed copy (with fixture.json) or a full model; default: the model package")
     ap.add_argument("--fixtures", type=Path, default=None, help="folder with minilm_public.json")

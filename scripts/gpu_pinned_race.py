@@ -109,7 +109,7 @@ def _run(dev, parallel: bool, batches: int, k: int, m: int, n: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="CUDA0")
     ap.add_argument("--batches", type=int, default=20)
     ap.add_argument("--k", type=int, default=1024)

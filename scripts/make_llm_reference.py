@@ -579,7 +579,7 @@ def make_gemma_logits(model_path: Path, out: Path) -> list[Path]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/data")
     ap.add_argument("--copy-to", type=Path, default=None)

@@ -49,7 +49,7 @@ N_VOCAB, STEPS, PROMPT = 300, 24, 12
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tests/data/llm_sampling_ref.npz")
     args = ap.parse_args()
     import llama_cpp as L

@@ -55,7 +55,7 @@ def measure(scheme: str, sentences: list[str], ref: np.ndarray, tmp: Path, devic
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--device", default="CPU")
     a = ap.parse_args()

@@ -54,7 +54,7 @@ def trim(out_dir: Path, fixtures_dir: Path, model_dir: Path | None = None) -> di
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("out_dir", type=Path)
     default_fx = os.environ.get("GGMLPY_FIXTURES") or str(Path(__file__).resolve().parents[2] / "shared" / "fixtures")
     ap.add_argument("--fixtures", type=Path, default=Path(default_fx))

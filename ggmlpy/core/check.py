@@ -329,9 +329,11 @@ def checked_args(fn: F) -> F:
 class OneLineArgumentParser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` whose usage errors are one line on stderr,
     ``"<name>: <message> (see --help)"``, and exit status 2, like every other error of the command
-    line. ``error_name`` defaults to ``prog`` without ``"python -m "``."""
+    line. ``error_name`` defaults to ``prog`` without ``"python -m "``. Long options must be
+    typed in full (``allow_abbrev=False``: ``--sim`` is not taken for ``--similarity``)."""
 
     def __init__(self, *args: Any, error_name: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.error_name = error_name
 

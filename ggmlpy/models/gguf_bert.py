@@ -13,7 +13,8 @@ a leading U+2581, a ``##`` continuation loses its ``##``, ``[SPECIAL]`` tokens s
 ``token_type`` NORMAL/CONTROL/UNKNOWN/UNUSED; ``token_type_count``; CLS/SEP/UNK/PAD/MASK ids).
 sentence-transformers settings llama.cpp has no key for are stored under ``ggmlpy.*``
 (``max_seq_length``, ``do_lower_case``, ``normalize``, the tokenizer's ``lowercase``); files
-without them get BERT-uncased defaults (512 tokens, lower-casing, L2-normalised).
+without them (llama.cpp's ``convert_hf_to_gguf.py`` writes none) get BERT-uncased defaults
+(lower-casing, L2-normalised) and the truncation length of :func:`fallback_max_seq_length`.
 
 Quantization schemes (``--type``), 1-D tensors (norms, biases) and ``token_types`` always F32:
 
@@ -44,7 +45,16 @@ from ggmlpy.gguf.reader import GGUFReader
 from ggmlpy.models.loader import BertConfig, BertTokenizer, check_model_dir, load_weights
 
 __all__ = ["SCHEMES", "TypedWeight", "convert", "read_bert_gguf", "tensor_type_for",
-           "hf_to_gguf_names", "is_gguf_path"]
+           "hf_to_gguf_names", "is_gguf_path", "fallback_max_seq_length", "KNOWN_MAX_SEQ_LENGTH",
+           "FALLBACK_MAX_SEQ_LENGTH"]
+
+#: ``max_seq_length`` of published sentence-transformers models (their
+#: ``sentence_bert_config.json``), by name with everything but letters and digits removed and
+#: lower-cased; used for GGUF files that lack ``ggmlpy.max_seq_length``.
+KNOWN_MAX_SEQ_LENGTH: dict[str, int] = {"allminilml6v2": 256}
+#: Truncation length of a foreign BERT GGUF of unknown name: at most this many tokens (BERT's
+#: position table; sentence-transformers caps at ``max_position_embeddings`` too).
+FALLBACK_MAX_SEQ_LENGTH = 512
 
 #: the ``--type`` values of ``python -m ggmlpy convert``
 SCHEMES = ("f32", "f16", "q8_0", "q4_0", "q4_k", "q4_0_m", "q4_k_m")
@@ -187,7 +197,8 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
 
     Args:
         model_dir: a sentence-transformers BERT directory (``loader.check_model_dir``).
-        out_path: the ``.gguf`` file to write (replaced).
+        out_path: the ``.gguf`` file to write (replaced only once complete: written to a
+            temporary name in the same folder and renamed, :mod:`.atomic`).
         scheme: one of :data:`SCHEMES` (module table).
 
     Returns:
@@ -243,7 +254,10 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
              gguf.Keys.Tokenizer.TOKEN_TYPE_COUNT: (int(gguf.GGUFValueType.UINT32), None),
              gguf.Keys.Tokenizer.TOKEN_TYPE: (int(gguf.GGUFValueType.ARRAY),
                                               int(gguf.GGUFValueType.INT32))}
-    gguf_save(out_path, tensors, md, types=types)
+    from ggmlpy.models.atomic import atomic_path  # noqa: PLC0415
+
+    with atomic_path(out_path) as tmp:  # an interrupted convert leaves no half-written file
+        gguf_save(tmp, tensors, md, types=types)
     return {"path": os.fspath(out_path), "scheme": scheme, "tensors": len(tensors),
             "bytes": os.path.getsize(out_path), "types": counts}
 
@@ -252,13 +266,39 @@ def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return reader.fields.get(key, default)
 
 
+def _name_key(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalnum())
+
+
+def fallback_max_seq_length(names: list[str], context_length: int) -> tuple[int, str]:
+    """The truncation length of a BERT GGUF without ``ggmlpy.max_seq_length`` (a file from
+    llama.cpp's ``convert_hf_to_gguf.py``, which stores only ``bert.context_length``, the
+    position table's size): the published ``max_seq_length`` when one of ``names`` (the file's
+    ``general.name``, ``general.basename`` + ``size_label`` + ``version``, ...) is in
+    :data:`KNOWN_MAX_SEQ_LENGTH`, else ``min(context_length, FALLBACK_MAX_SEQ_LENGTH)``; always
+    capped at ``context_length``.
+
+    Returns:
+        ``(max_seq_length, source)``, ``source`` saying which rule gave it (for messages):
+        ``"known model name 'X'"`` or ``"fallback min(bert.context_length, 512)"``.
+    """
+    for n in names:
+        k = _name_key(n)
+        for known, length in KNOWN_MAX_SEQ_LENGTH.items():
+            if known and known in k:
+                return min(length, context_length), f"known model name {n!r}"
+    return (min(context_length, FALLBACK_MAX_SEQ_LENGTH),
+            f"fallback min(bert.context_length, {FALLBACK_MAX_SEQ_LENGTH})")
+
+
 def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[str, TypedWeight]]:
     """Read a BERT GGUF (ours; llama.cpp's uses the same names) for :class:`~ggmlpy.models.bert.BertModel`.
 
     Returns:
         ``(config, tokenizer, weights)``: the config from the ``bert.*`` keys (and ``ggmlpy.*``
-        where present); a WordPiece tokenizer rebuilt with the ``tokenizers`` package from the
-        stored vocabulary; weights by Hugging Face name as :class:`TypedWeight` (views of the
+        where present; without ``ggmlpy.max_seq_length`` the truncation length is
+        :func:`fallback_max_seq_length`'s and ``config.max_seq_length_source`` says so); a
+        WordPiece tokenizer rebuilt with the ``tokenizers`` package from the stored vocabulary; weights by Hugging Face name as :class:`TypedWeight` (views of the
         memory-mapped file, read once when uploaded).
 
     Raises:
@@ -294,7 +334,17 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
     pooling = int(_field(reader, L.POOLING_TYPE.format(arch=_ARCH), int(gguf.PoolingType.MEAN)))
     if pooling not in (int(gguf.PoolingType.MEAN), int(gguf.PoolingType.CLS)):
         raise ValueError(f"{path}: pooling type {pooling} is not supported (mean or cls)")
-    max_seq = min(int(_field(reader, "ggmlpy.max_seq_length", ctx_len)), ctx_len)
+    own = _field(reader, "ggmlpy.max_seq_length")
+    if own is not None:
+        max_seq, source = min(int(own), ctx_len), "ggmlpy.max_seq_length"
+    else:
+        g = [_field(reader, f"general.{k}") for k in ("name", "basename", "size_label",
+                                                       "finetune", "version")]
+        names = [str(g[0])] if g[0] else []
+        parts = [str(x) for x in g[1:] if x]
+        if parts:
+            names.append("-".join(parts))
+        max_seq, source = fallback_max_seq_length(names, ctx_len)
     cfg = BertConfig(
         vocab_size=len(tokens), hidden_size=hidden, num_hidden_layers=n_layer,
         num_attention_heads=heads,
@@ -305,7 +355,7 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
         max_seq_length=max_seq, do_lower_case=bool(_field(reader, "ggmlpy.do_lower_case", False)),
         pooling_mode="mean" if pooling == int(gguf.PoolingType.MEAN) else "cls",
         normalize=bool(_field(reader, "ggmlpy.normalize", True)),
-        pad_token_id=int(_field(reader, K.PAD_ID, 0)))
+        pad_token_id=int(_field(reader, K.PAD_ID, 0)), max_seq_length_source=source)
     tokenizer = _tokenizer(tokens, bool(_field(reader, "ggmlpy.tokenizer.lowercase", True)), cfg)
     by_gguf = {g: hf for hf, g in hf_to_gguf_names(n_layer).items()}
     weights: dict[str, TypedWeight] = {}

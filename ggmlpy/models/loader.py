@@ -175,6 +175,9 @@ class BertConfig:
         normalize: whether the embeddings are L2-normalised (a ``Normalize`` module in
             ``modules.json``).
         pad_token_id: id used for padding (0).
+        max_seq_length_source: where ``max_seq_length`` came from, for messages:
+            ``"sentence_bert_config.json"``, ``"max_position_embeddings"`` (a directory without
+            it), a GGUF key, a known model name, or a fallback (:mod:`.gguf_bert`).
     """
 
     vocab_size: int
@@ -191,6 +194,7 @@ class BertConfig:
     pooling_mode: str
     normalize: bool
     pad_token_id: int = 0
+    max_seq_length_source: str = "sentence_bert_config.json"
 
     @property
     def head_size(self) -> int:
@@ -245,11 +249,12 @@ class BertConfig:
         st_path = model_dir / "sentence_bert_config.json"
         st = _read_json(st_path) if st_path.is_file() else {}
         max_seq = (_field(st_path, st, "max_seq_length", int, 0)
-                   if st.get("max_seq_length") is not None else 0) or fields["max_position_embeddings"]
-        max_seq = min(max_seq, fields["max_position_embeddings"])
+                   if st.get("max_seq_length") is not None else 0)
+        source = "sentence_bert_config.json" if max_seq else "max_position_embeddings"
+        max_seq = min(max_seq or fields["max_position_embeddings"], fields["max_position_embeddings"])
         if max_seq < 2:
             raise ModelFileError(st_path, f"max_seq_length {max_seq} leaves no room for [CLS]/[SEP]")
-        return cls(**fields, max_seq_length=max_seq,
+        return cls(**fields, max_seq_length=max_seq, max_seq_length_source=source,
                    do_lower_case=_do_lower_case(st_path, st),
                    pooling_mode=_read_pooling_mode(model_dir),
                    normalize=_has_normalize_module(model_dir))
@@ -332,12 +337,32 @@ class BertTokenizer:
         Raises:
             TypeError: ``sentences`` is a single ``str`` or holds a non-``str``.
         """
+        return self.encode_batch_truncated(sentences)[0]
+
+    def encode_batch_truncated(self, sentences: Sequence[str]) -> tuple[list[list[int]], list[bool]]:
+        """:meth:`encode_batch`'s ids plus, per sentence, whether it was cut at
+        ``max_seq_length`` (it had more tokens than that).
+
+        Raises:
+            TypeError: ``sentences`` is a single ``str`` or holds a non-``str``.
+        """
         texts = self._prepare(sentences)
         if not texts:
-            return []
+            return [], []
         # encode_batch_fast (tokenizers >= 0.20) skips the character offsets: same ids, ~15% less
         enc = getattr(self._tok, "encode_batch_fast", None) or self._tok.encode_batch
-        return [list(e.ids) for e in enc(texts)]
+        out = enc(texts)
+        return [list(e.ids) for e in out], [bool(e.overflowing) for e in out]
+
+    def set_max_seq_length(self, max_seq_length: int) -> None:
+        """Truncate at ``max_seq_length`` ids ([CLS] and [SEP] included) from now on.
+
+        Raises:
+            TypeError: not an int. ValueError: below 2.
+        """
+        check_int("max_seq_length", max_seq_length, 2, None, "BertTokenizer.set_max_seq_length")
+        self._tok.enable_truncation(max_length=int(max_seq_length))
+        self.max_seq_length = int(max_seq_length)
 
 
 def load_tokenizer(model_dir: str | Path, max_seq_length: int,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.core.types import BF16_DTYPE, Type
+from ggmlpy.core.types import Type, bf16_dtype
 from ggmlpy.quants import kquants
 from ggmlpy.quants.legacy import GGUF_QUANTIZE, gguf_dequantize_blocks, gguf_quantize_blocks
 
@@ -64,7 +64,7 @@ def fp32_to_bf16(x: np.ndarray) -> np.ndarray:
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     r = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
     r = np.where(nan, ((u >> 16) | 64).astype(np.uint16), r)
-    return r.view(BF16_DTYPE)
+    return r.view(bf16_dtype())
 
 
 def fp32_to_fp16(x: np.ndarray) -> np.ndarray:
@@ -106,7 +106,7 @@ def quantize(array: Any, type: Type) -> np.ndarray:
     """
     t = _check_type(type, "quantize")
     a = np.asarray(array)
-    if a.dtype.kind not in "fiub" and a.dtype != BF16_DTYPE:
+    if a.dtype.kind not in "fiub" and a.dtype.name != "bfloat16":
         raise TypeError(f"quantize: array of dtype {a.dtype} is not numeric")
     if a.ndim == 0:
         raise ValueError("quantize: array must have at least one dimension (ne[0] = last axis)")

@@ -5,7 +5,11 @@
         [--graph FILE [--save DIR]]
 
 Exit status: 0 when every backend passed (or nothing failed), 1 on a failing case or a diverging
-graph, 2 on bad usage (unknown backend, bad regex, bad graph file).
+graph, 2 on bad usage (unknown backend, bad regex, ``-o``/``-p`` selecting no case, bad graph
+file).
+
+perf mode keeps the non-F32 weight of a MUL_MAT case in a WEIGHTS buffer, as a model does
+(:func:`ggmlpy.testops.runner.run_case_perf`).
 """
 
 from __future__ import annotations
@@ -86,6 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         _register_named_sim(args.backend)
         if args.graph:
             return _graph_main(args)
+        if (args.op or args.params) and not _selected(args, mode):
+            sel = " and ".join(x for x in (f"-o {args.op}" if args.op else "",
+                                           f"-p {args.params!r}" if args.params else "") if x)
+            print(f"test-backend-ops: no {mode} case matches {sel}"
+                  f"{' (without the large cases: --quick)' if args.quick else ''}; "
+                  "--list shows the case names", file=sys.stderr)
+            return 2
         if args.list:
             return _list_main(args, mode)
         if args.kernels:
@@ -100,6 +111,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"test-backend-ops: {e}", file=sys.stderr)
         return 2
+
+
+def _selected(args: argparse.Namespace, mode: str) -> int:
+    """How many cases of ``mode`` (perf mode has its own list) ``-o``/``-p``/``--quick`` select.
+
+    Raises:
+        ValueError: an ``-o`` entry names no op, family or case. re.error: a bad ``-p`` regex.
+    """
+    from ggmlpy.testops.families import all_cases, perf_cases
+    from ggmlpy.testops.runner import select_cases
+
+    cases = perf_cases() if mode == "perf" else all_cases()
+    if args.quick:
+        cases = [c for c in cases if "large" not in c.tags]
+    return len(select_cases(cases, args.op, args.params))
 
 
 def _register_named_sim(backend: str | None) -> None:

@@ -287,11 +287,49 @@ def _op_bytes(graph: Graph) -> int:
     return total
 
 
+def _weight_leaves(graph: Graph) -> list[Tensor]:
+    """The non-F32 leaf tensors that are ``src[0]`` of a MUL_MAT node: the
+    weights of a model's matrix products."""
+    out: list[Tensor] = []
+    for n in graph.nodes:
+        if n.op != Op.MUL_MAT:
+            continue
+        w = n.src[0]
+        if (w is not None and w.op == Op.NONE and w.view_src is None and w.type != Type.F32
+                and all(w is not x for x in out)):
+            out.append(w)
+    return out
+
+
+def _alloc_weights(weights: list[Tensor], buft: Any) -> Any:
+    """Allocate ``weights`` in one buffer of ``buft`` marked usage WEIGHTS (as a model's weights
+    are: backends may then keep a converted copy across computes); returns it or None."""
+    from ggmlpy.alloc.tallocr import TensorAllocator
+    from ggmlpy.backend.interface import BufferUsage
+
+    if not weights:
+        return None
+    align = buft.get_alignment()
+    size = sum((buft.get_alloc_size(w) + align - 1) // align * align for w in weights)
+    wbuf = buft.alloc_buffer(size)
+    talloc = TensorAllocator(wbuf)
+    for w in weights:
+        talloc.alloc(w)
+    wbuf.set_usage(BufferUsage.WEIGHTS)
+    return wbuf
+
+
 def run_case_perf(case: TestCase, backend: Backend, min_time: float = 0.2,
                   min_runs: int = 3) -> Result:
     """Time one case on ``backend`` (mirrors ``eval_perf``): one warm-up compute, then compute +
     synchronize until at least ``min_time`` seconds and ``min_runs`` runs. Reports µs/run and
-    GFLOP/s (when the case counts flops) or GB/s (bytes read + written per run / time, 1e9)."""
+    GFLOP/s (when the case counts flops) or GB/s (bytes read + written per run / time, 1e9).
+
+    The non-F32 weight (``src[0]``) of a MUL_MAT case lives in a buffer of usage
+    WEIGHTS, as a model's weights do (:func:`_weight_leaves`), so the timing is that of a model's
+    matrix product: a backend that converts such weights once (the NumPy backends' float32 copy)
+    is timed with the conversion done at the warm-up; the result's message says so. Everything
+    else is in one plain buffer."""
     from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 
     res = Result(case.name, case.op, case.family, backend.name, OK)
@@ -303,7 +341,13 @@ def run_case_perf(case: TestCase, backend: Backend, min_time: float = 0.2,
         res.status = UNSUPPORTED
         res.messages.append(why)
         return res
-    buf = alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
+    buft = backend.get_default_buffer_type()
+    weights = _weight_leaves(graph)
+    wbuf = _alloc_weights(weights, buft)
+    if weights:
+        res.messages.append(f"weights ({', '.join(w.type.type_name for w in weights)}) in a "
+                            "WEIGHTS buffer, as a model holds them")
+    buf = alloc_ctx_tensors_from_buft(ctx, buft)
     try:
         data = case.initial_data(ctx, builder)
         for t in ctx:
@@ -322,6 +366,8 @@ def run_case_perf(case: TestCase, backend: Backend, min_time: float = 0.2,
     finally:
         if buf is not None:
             buf.free()
+        if wbuf is not None:
+            wbuf.free()
     nbytes = _op_bytes(graph)
     res.runs = runs
     res.us_per_run = el / runs * 1e6

@@ -13,6 +13,7 @@ configuration (module-scoped fixtures); tests skip when the model package or fix
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -235,7 +236,9 @@ def test_mask_and_mean_inputs_layout(cpu_model) -> None:
 def test_encode_edge_cases(cpu_model) -> None:
     assert cpu_model.encode([]).shape == (0, cpu_model.hidden_size)
     with pytest.raises(TypeError):
-        cpu_model.encode("a single string")
+        cpu_model.encode(b"bytes are not text")
+    with pytest.raises(TypeError):
+        cpu_model.encode(["ok", 3])
     # above max_batch (8): clamped to max_batch (batches of 8 and 1, never a 9-sequence graph)
     ids9 = [f"sentence number {i}" for i in range(9)]
     e9 = cpu_model.encode(ids9, batch_size=9)
@@ -380,12 +383,23 @@ def test_download_already_installed(capsys) -> None:
     assert "already installed" in capsys.readouterr().out
 
 
-def test_progress_bar_on_stderr_only_with_several_batches(cpu_model, capsys) -> None:
+def test_progress_bar_on_stderr_only_with_several_batches(cpu_model, capsys, monkeypatch) -> None:
     pytest.importorskip("tqdm")
+    # stderr not a terminal (captured): one line at the end, no carriage-return frames
     cpu_model.encode(["one", "two"], batch_size=1, progress=True)
-    assert "embed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err == "embed: 2/2 sentences in 2 batches\n"
     cpu_model.encode(["one", "two"], batch_size=2, progress=True)   # one batch: no bar
     assert capsys.readouterr().err == ""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    cpu_model.encode(["one", "two", "three"], batch_size=1, show_progress_bar=True)
+    assert "embed" in term.getvalue() and "\r" in term.getvalue()  # tqdm's redrawn bar
 
 
 def test_cli_missing_default_model_names_download(monkeypatch, capsys) -> None:

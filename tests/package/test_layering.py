@@ -23,7 +23,7 @@ PKG = Path(__file__).resolve().parents[2] / "ggmlpy"
 #: a new module must be given its layer here).
 LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.core.check", "ggmlpy.core.errors", "ggmlpy.core.opcodes", "ggmlpy.core.special",
-     "ggmlpy.core.snapshot", "ggmlpy.alloc.dyn_alloc"),
+     "ggmlpy.core.snapshot", "ggmlpy.alloc.dyn_alloc", "ggmlpy.core.sigint"),
     ("ggmlpy.core.types", "ggmlpy.core.env"),
     ("ggmlpy.quants",),
     ("ggmlpy.core.tensor",),

@@ -42,6 +42,7 @@ without its CUDA libraries (no ``[ctk]`` extra) is reported instead of failing a
 
 from __future__ import annotations
 
+import sys
 import threading
 import uuid
 import warnings
@@ -99,9 +100,28 @@ def probe(cupy: Any) -> str | None:
     return None
 
 
+def _driver_missing() -> str | None:
+    """On Linux, a one-line reason when the CUDA driver library (``libcuda.so.1``) cannot be
+    loaded: CuPy cannot reach a device then, and importing it (about a second, most of it
+    ``ml_dtypes``) is skipped. None elsewhere or when the library loads."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # noqa: PLC0415
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver (libcuda.so.1 cannot be loaded)"
+    return None
+
+
 def import_cupy() -> tuple[Any, str | None]:
     """``(cupy, None)`` when CuPy imports and sees at least one CUDA device, else ``(None, reason)``
-    with a one-line reason. Warnings CuPy emits while importing are suppressed; never raises."""
+    with a one-line reason. On Linux without the CUDA driver library CuPy is not imported at all
+    (:func:`_driver_missing`), unless it already is (``sys.modules``). Warnings CuPy emits while importing are suppressed; never raises."""
+    missing = _driver_missing() if "cupy" not in sys.modules else None  # imported: use it
+    if missing is not None:
+        return None, missing
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

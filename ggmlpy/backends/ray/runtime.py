@@ -634,16 +634,51 @@ def _package_root() -> str:
     return str(Path(__file__).resolve().parents[3])  # the folder holding the ggmlpy package
 
 
+def check_address_reachable(address: str, timeout_s: float) -> None:
+    """Open (and close) a TCP connection to ``address`` (``"HOST:PORT"``, ``"[v6]:PORT"``)
+    within ``timeout_s`` seconds: a Ray head's GCS port accepts one at once, while
+    ``ray.init(address=...)`` on a dead one retries for minutes. ``"auto"`` is not checked.
+
+    Raises:
+        BackendUnavailableError: the connection was refused, timed out or the host name does not
+            resolve (the message names the address, what failed and ``GGMLPY_RAY_ADDRESS``).
+    """
+    import socket  # noqa: PLC0415
+
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as e:
+        what = (f"no answer within {timeout_s:g} s" if isinstance(e, TimeoutError)
+                else (e.strerror or type(e).__name__))
+        raise BackendUnavailableError(
+            f"RAY: GGMLPY_RAY_ADDRESS {address} is unreachable (TCP connect: {what}; is "
+            "`ray start --head` running there?)") from None
+
+
 def start_ray(env: RayEnv | None = None) -> Any:
     """Initialise Ray in this process if it is not: join ``env.address`` when set, else start a
     local instance that listens on loopback only (Ray's servers bind the node address, which is
     forced to 127.0.0.1), without dashboard, with ``env.num_cpus`` CPUs and ``env.object_store_mb``
     of object store. Returns the ``ray`` module.
 
+    ``ray.init`` has no timeout and retries a dead address for minutes, so a ``HOST:PORT``
+    address is first checked with a TCP connect bounded by ``env.timeout_s``
+    (``GGMLPY_RAY_TIMEOUT_S``; :func:`check_address_reachable`). ``ray.init`` itself runs on the
+    calling thread (Ray's driver set-up does not survive a helper thread), so a port that
+    accepts connections but is no Ray head is still waited for by Ray's own timeouts.
+
     Raises:
-        BackendUnavailableError: Ray is not installed or did not start / connect.
+        BackendUnavailableError: Ray is not installed, the address is unreachable, or Ray did
+            not start / connect in time (the message names the address).
     """
     env = env or ray_env()
+    if env.address is not None:
+        check_address_reachable(env.address, env.timeout_s)
     with _start_lock:
         if "ray" not in __import__("sys").modules and env.address is None:
             # ray reads this once at import: with it the node's address defaults to loopback
@@ -660,9 +695,10 @@ def start_ray(env: RayEnv | None = None) -> Any:
                 from ray._private import ray_constants
 
                 ray_constants.ENABLE_RAY_CLUSTER = False  # loopback node address (see above)
-                ray.init(address="local",  # a new instance, even if RAY_ADDRESS is set
-                         num_cpus=env.num_cpus, num_gpus=0, include_dashboard=False,
-                         _node_ip_address="127.0.0.1", job_config=job, log_to_driver=False,
+                # a new instance, even if RAY_ADDRESS is set
+                ray.init(address="local", num_cpus=env.num_cpus, num_gpus=0,
+                         include_dashboard=False, _node_ip_address="127.0.0.1",
+                         job_config=job, log_to_driver=False,
                          object_store_memory=env.object_store_mb << 20, logging_level="WARNING")
         except Exception as e:  # noqa: BLE001 - any start failure means no RAY devices
             where = env.address or "a local instance"
