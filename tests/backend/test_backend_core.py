@@ -326,9 +326,9 @@ def test_set_list_out_of_range_refused(cpu, ttype, big):
 
 
 def _zero_bufts():
-    from ggmlpy.backends.sim import sim_reg
+    from backend_kinds import new_sim_devices
 
-    dev = sim_reg(1).devices[0]
+    dev = new_sim_devices(1)[0]
     return [gp.cpu_buffer_type(), dev.get_buffer_type(), dev.get_host_buffer_type()]
 
 

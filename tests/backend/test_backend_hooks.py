@@ -11,7 +11,6 @@ from ggmlpy.backend.interface import Backend, Buffer, BufferType, tensor_alloc
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import backend_cpu_init, cpu_buffer_from_array, cpu_buffer_type
 from ggmlpy.backends.plan import Plan
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
@@ -41,16 +40,6 @@ def _mul_add_graph(buft: BufferType):
     g.build_forward_expand(y)
     buf = _place(buft, a, b, *g.nodes)
     return a, b, y, g, buf
-
-
-@pytest.fixture(params=["CPU", "SIM0"])
-def backend(request):
-    if request.param == "CPU":
-        be = backend_cpu_init()
-    else:
-        be = sim_reg(1, latency_us=500).devices[0].init_backend()
-    yield be
-    be.free()
 
 
 def test_plan_create_compute_update_free_through_the_contract(backend):
@@ -121,7 +110,7 @@ def test_backend_without_plan_hooks_says_so():
     be.graph_plan_free(object())  # default: nothing to release
 
 
-def test_host_view_hook():
+def test_host_view_hook(sim_devices):
     rng = np.random.default_rng(1)
     ctx = Context()
     t = ctx.new_tensor(Type.F32, [8])
@@ -142,7 +131,7 @@ def test_host_view_hook():
     tensor_alloc(wrapped, u, 32)
     assert np.shares_memory(wrapped._host_view(u), arr)
     # device memory has no host view: the SIM buffer and the base class say None
-    dev = sim_reg(1).devices[0]
+    dev = sim_devices(1)[0]
     s = Context().new_tensor(Type.F32, [8])
     sbuf = _place(dev.get_buffer_type(), s)
     assert sbuf._host_view(s) is None
@@ -150,13 +139,13 @@ def test_host_view_hook():
     sbuf.free()
 
 
-def test_init_backend_rejects_params_it_cannot_use():
+def test_init_backend_rejects_params_it_cannot_use(sim_devices):
     cpu_dev = backend_cpu_init().device
     with pytest.raises(ValueError, match="takes no params"):
         cpu_dev.init_backend("n_threads=4")
     with pytest.raises(TypeError, match="params"):
         cpu_dev.init_backend(4)
-    sim_dev = sim_reg(1).devices[0]
+    sim_dev = sim_devices(1)[0]
     with pytest.raises(ValueError, match="SIM0 takes no params"):
         sim_dev.init_backend("x")
     for ok in (None, ""):

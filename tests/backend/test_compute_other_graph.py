@@ -17,7 +17,6 @@ from ggmlpy import ops
 from ggmlpy.alloc.gallocr import GraphAllocator
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import backend_cpu_init
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
@@ -27,16 +26,15 @@ from ggmlpy.sched.scheduler import Scheduler
 X = np.arange(1, 5, dtype=np.float32)
 
 
-@pytest.fixture(params=["cpu", "sim"])
-def backends(request):
-    cpu = backend_cpu_init()
-    if request.param == "cpu":
-        yield cpu, [cpu]
-        cpu.free()
+@pytest.fixture
+def backends(backend, backend_kind):
+    """``(backend, scheduler backends)``: the conftest backend alone on the CPU, else followed
+    by a CPU backend (the scheduler's last backend must be the CPU)."""
+    if backend_kind == "CPU":
+        yield backend, [backend]
         return
-    sim = sim_reg(1, latency_us=200).devices[0].init_backend()
-    yield sim, [sim, cpu]
-    sim.free()
+    cpu = backend_cpu_init()
+    yield backend, [backend, cpu]
     cpu.free()
 
 

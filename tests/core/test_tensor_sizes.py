@@ -18,7 +18,6 @@ from ggmlpy import ops
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft, alloc_ctx_tensors_size
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import CPUBufferType
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
@@ -62,8 +61,8 @@ def test_tensors_up_to_max_size_still_allocate(n):
         buf.free()
 
 
-def test_out_of_memory_names_the_largest_tensor():
-    buft = sim_reg(1, memory_mb=1).devices[0].get_buffer_type()
+def test_out_of_memory_names_the_largest_tensor(sim_devices):
+    buft = sim_devices(1, memory_mb=1)[0].get_buffer_type()
     ctx = Context()
     ctx.new_tensor_1d(Type.F32, 4).set_name("tiny")
     big = ctx.new_tensor_2d(Type.F32, 1024, 1024).set_name("huge")

@@ -680,16 +680,8 @@ def test_fuzz_memory_cap_catches_a_large_allocation(tmp_path):
 # ---------------------------------------------------------------- the real file
 
 
-def _gemma() -> Path:
-    p = os.environ.get("GGMLPY_GEMMA3_GGUF")
-    if not p or not Path(p).is_file():
-        pytest.skip("set GGMLPY_GEMMA3_GGUF to the Gemma 3 270M q4_k_m GGUF file")
-    return Path(p)
-
-
-@pytest.mark.model
-def test_gemma3_file_matches_gguf_py():
-    p = _gemma()
+def test_gemma3_file_matches_gguf_py(gemma_gguf):
+    p = gemma_gguf
     r = GGUFReader(p)
     g = gguf.GGUFReader(str(p))
     assert len(r.tensors) == len(g.tensors) == 236

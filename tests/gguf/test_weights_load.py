@@ -5,7 +5,6 @@ file (when GGMLPY_GEMMA3_GGUF names it) loads every tensor with the bytes gguf-p
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import numpy as np
@@ -102,11 +101,8 @@ def test_nested_metadata_stays_nested(tmp_path, cpu):
     assert m.metadata_types["n"] == (int(gguf.GGUFValueType.ARRAY), int(gguf.GGUFValueType.ARRAY))
 
 
-@pytest.mark.model
-def test_gemma3_loads_every_tensor_with_gguf_py_bytes(cpu):
-    p = os.environ.get("GGMLPY_GEMMA3_GGUF")
-    if not p or not Path(p).is_file():
-        pytest.skip("set GGMLPY_GEMMA3_GGUF to the Gemma 3 270M q4_k_m GGUF file")
+def test_gemma3_loads_every_tensor_with_gguf_py_bytes(cpu, gemma_gguf):
+    p = str(gemma_gguf)
     m = ggmlpy.gguf_load(p, cpu)
     g = gguf.GGUFReader(p)
     assert len(m.tensors) == len(g.tensors) == 236

@@ -55,9 +55,9 @@ def _load(model_dir: Path, **kw):
 
 
 def _sim_device(latency_us: float = 0.0):
-    from ggmlpy.backends.sim import sim_reg
+    from backend_kinds import new_sim_devices
 
-    return sim_reg(1, latency_us=latency_us).devices[0]
+    return new_sim_devices(1, latency_us=latency_us)[0]
 
 
 @pytest.fixture(scope="module")

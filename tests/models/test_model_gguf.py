@@ -101,11 +101,9 @@ def short_q8(ggufs, fixture):
 
 
 @pytest.mark.parametrize("ngl", [-1, 3])
-def test_gguf_model_on_sim_and_split_matches_the_cpu(ggufs, short_q8, ngl):
-    from ggmlpy.backends.sim import sim_reg
-
+def test_gguf_model_on_sim_and_split_matches_the_cpu(ggufs, short_q8, ngl, sim_devices):
     sentences, cpu = short_q8
-    dev = sim_reg(1).devices[0]
+    dev = sim_devices(1)[0]
     with BertModel.load(ggufs["q8_0"]["path"], device=dev, n_gpu_layers=ngl, max_batch=4) as m:
         got = m.encode(sentences)
         assert m.n_splits >= (2 if ngl == 3 else 1)

@@ -22,8 +22,7 @@ def _weights_per_buffer(m) -> dict[str, int]:
 
 @pytest.mark.parametrize("ngl, want", [(5, {"SIM0": 3, "SIM1": 2}), (2, {"SIM0": 1, "SIM1": 1}),
                                        (1, {"SIM0": 1})])
-def test_layers_shared_in_order_and_exact(model_dir: Path, ngl: int, want: dict) -> None:
-    from ggmlpy.backends.sim import sim_reg
+def test_layers_shared_in_order_and_exact(model_dir: Path, ngl: int, want: dict, sim_devices) -> None:
     from ggmlpy.models.bert import BertModel
 
     with BertModel.load(model_dir=model_dir, device="CPU", max_batch=4) as cpu:
@@ -35,7 +34,7 @@ def test_layers_shared_in_order_and_exact(model_dir: Path, ngl: int, want: dict)
                                             cpu.layers[0].w_up, cpu.layers[0].b_up,
                                             cpu.layers[0].w_down, cpu.layers[0].b_down,
                                             cpu.layers[0].out_norm_w, cpu.layers[0].out_norm_b))
-    d0, d1 = sim_reg(2).devices
+    d0, d1 = sim_devices(2)
     with BertModel.load(model_dir=model_dir, device=[d0, d1], n_gpu_layers=ngl, parallel=True,
                         max_batch=4) as m:
         got = m.encode(SENTENCES, batch_size=2)

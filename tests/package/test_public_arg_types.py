@@ -19,17 +19,17 @@ import typing
 
 import numpy as np
 import pytest
+from backend_kinds import new_sim_devices
 
 import ggmlpy
 from ggmlpy import Context, Graph, Tensor, Type
 from ggmlpy.alloc.gallocr import GraphAllocator
 from ggmlpy.backend.interface import Backend, Buffer, BufferType, Device, Event, event_new
 from ggmlpy.backends.cpu.backend import backend_cpu_init
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.scheduler import Scheduler
 
 _CPU = backend_cpu_init()
-_SIM = sim_reg(1).devices[0].init_backend()  # the CPU has no events
+_SIM = new_sim_devices(1)[0].init_backend()  # the CPU has no events
 
 
 def _tensor():

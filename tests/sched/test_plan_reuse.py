@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import pytest
+from backend_kinds import new_device
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,27 +21,18 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import view_init
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import backend_cpu_init
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core import snapshot
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
-BACKENDS = ["cpu", "sim"]
+#: the kinds the Hypothesis test draws from (it cannot take the function-scoped ``backend``)
+KINDS = ["CPU", "SIM0"]
 
 
 def _backend(kind: str):
-    if kind == "cpu":
-        return backend_cpu_init()
-    return sim_reg(1, latency_us=500).devices[0].init_backend()
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request):
-    b = _backend(request.param)
-    yield b
-    b.free()
+    return new_device(kind).init_backend()
 
 
 def _compute(backend, g: Graph, out) -> np.ndarray:
@@ -131,7 +123,7 @@ def _strided(data: np.ndarray, v) -> np.ndarray:
 
 
 @settings(max_examples=25, deadline=None)
-@given(v0=_view, muts=st.lists(_mut, min_size=1, max_size=5), kind=st.sampled_from(BACKENDS))
+@given(v0=_view, muts=st.lists(_mut, min_size=1, max_size=5), kind=st.sampled_from(KINDS))
 def test_random_mutations_match_fresh_graph(v0, muts, kind):
     """res = scale(sum(view_2d(base, ...)), s) computed once, then a random sequence of
     mutations (op_params writes, src rewired to same-buffer views with other ne/nb/offset,
@@ -157,7 +149,7 @@ def test_random_mutations_match_fresh_graph(v0, muts, kind):
     g.build_forward_expand(res)
     buf = alloc_ctx_tensors_from_buft(ctx, buft)
     state = {"v": v0, "where": "base", "s": 2.0, "op": "scale"}
-    fresh_be = _backend(kind) if kind == "cpu" else be.device.init_backend()
+    fresh_be = _backend(kind) if kind == "CPU" else be.device.init_backend()
     try:
         backend_tensor_set(base, data["base"])
         backend_tensor_set(base2, data["base2"])
@@ -196,12 +188,12 @@ def test_random_mutations_match_fresh_graph(v0, muts, kind):
 
 # -- resources: a freed buffer or a dead graph drops its plans (item 7) ---------------------------
 
-@pytest.mark.parametrize("kind", BACKENDS)
-def test_freed_buffers_are_not_kept_alive_by_plans(kind):
+@pytest.mark.backends("CPU", "SIM0")  # 64 MiB buffers: more than the fake CuPy's capacity
+def test_freed_buffers_are_not_kept_alive_by_plans(backend):
     """Four cycles of (new graph, 64 MiB buffer, compute, free) must not accumulate memory."""
     import tracemalloc
 
-    be = _backend(kind)
+    be = backend
     n = 16 * 1024 * 1024  # 64 MiB of F32
     tracemalloc.start()
     try:
@@ -237,7 +229,6 @@ def test_freed_buffers_are_not_kept_alive_by_plans(kind):
         buf.free()
     finally:
         tracemalloc.stop()
-        be.free()
 
 
 # -- thread safety of the generation (item 10) ----------------------------------------------------

@@ -6,13 +6,13 @@ import logging
 
 import numpy as np
 import pytest
+from backend_kinds import new_sim_devices
 
 import ggmlpy as gp
 from ggmlpy import Context, Graph, Op, Type
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import UnsupportedOpError
 from ggmlpy.sched.scheduler import Scheduler
 
@@ -20,8 +20,8 @@ RNG = np.random.default_rng(1234)
 
 
 def _sim(latency_us=0.0, refuse=(), memory_mb=None, n=1):
-    reg = sim_reg(n, latency_us=latency_us, memory_mb=memory_mb, refuse_ops=set(refuse))
-    return [d.init_backend() for d in reg.devices]
+    devs = new_sim_devices(n, latency_us=latency_us, memory_mb=memory_mb, refuse_ops=set(refuse))
+    return [d.init_backend() for d in devs]
 
 
 class MLP:
@@ -363,10 +363,10 @@ def test_plans_are_reused_across_resplits(monkeypatch):
 
 
 @pytest.mark.parametrize("parallel", [False, True])
-def test_two_devices_chain_with_peer_copies(parallel):
+def test_two_devices_chain_with_peer_copies(parallel, sim_devices):
     # SIM0 -> SIM1: the second device reads its copy of the first device's result
-    reg = sim_reg(2, latency_us=300)
-    s0, s1 = reg.devices[0].init_backend(), reg.devices[1].init_backend()
+    reg = sim_devices(2, latency_us=300)
+    s0, s1 = reg[0].init_backend(), reg[1].init_backend()
     cpu = gp.backend_cpu_init()
 
     def weight(backend, name, arr):

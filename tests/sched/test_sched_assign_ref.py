@@ -20,7 +20,6 @@ import ggmlpy as gp
 from ggmlpy import Context, Graph, Type
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.opcodes import VIEW_OPS, Op
 from ggmlpy.core.tensor import Flag
 from ggmlpy.sched.scheduler import Scheduler
@@ -128,9 +127,9 @@ def _random_graph(rng, weights):
 
 
 @pytest.fixture(scope="module")
-def devices():
-    reg = sim_reg(2, latency_us=0.0, refuse_ops=[Op.SCALE])  # SIM refuses SCALE: 2.x/3.best paths
-    sims = [d.init_backend() for d in reg.devices]
+def devices(sim_devices):
+    reg = sim_devices(2, latency_us=0.0, refuse_ops=[Op.SCALE])  # SIM refuses SCALE: 2.x/3.best paths
+    sims = [d.init_backend() for d in reg]
     cpu, cpu2 = gp.backend_cpu_init(), gp.backend_cpu_init()
     rng = np.random.default_rng(0)
     w = {id(b): _weights(b, 4, rng) for b in (*sims, cpu)}

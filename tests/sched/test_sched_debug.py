@@ -12,7 +12,6 @@ import pytest
 import ggmlpy as gp
 from ggmlpy import Context, Graph, Type
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.scheduler import Scheduler
 
 _HEADER = re.compile(r"^sched: (.*?): (\d+) splits, n_copies=(\d+), graph of (\d+) nodes$")
@@ -50,9 +49,9 @@ def _compute(sched: Scheduler, x, y, g, n: int) -> None:
 
 
 @pytest.fixture
-def sched(monkeypatch):
+def sched(monkeypatch, sim_devices):
     monkeypatch.setenv("GGMLPY_SCHED_DEBUG", "1")
-    sim = sim_reg(1, latency_us=0.0, refuse_ops={gp.Op.SOFT_MAX}).devices[0].init_backend()
+    sim = sim_devices(1, latency_us=0.0, refuse_ops={gp.Op.SOFT_MAX})[0].init_backend()
     return Scheduler([sim, gp.backend_cpu_init()])
 
 

@@ -21,16 +21,15 @@ from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.kernels import REGISTRY
 from ggmlpy.backends.kernels.registry import KernelEntry
 from ggmlpy.backends.plan import _memoisable
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.assign import node_key, op_memo_token
 from ggmlpy.sched.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")
-def devs():
-    reg = sim_reg(1, latency_us=0.0)
-    refusing = sim_reg(1, latency_us=0.0, refuse_ops={Op.ADD, Op.SCALE})
-    return reg.devices[0].init_backend(), refusing.devices[0].init_backend(), gp.backend_cpu_init()
+def devs(sim_devices):
+    reg = sim_devices(1, latency_us=0.0)
+    refusing = sim_devices(1, latency_us=0.0, refuse_ops={Op.ADD, Op.SCALE})
+    return reg[0].init_backend(), refusing[0].init_backend(), gp.backend_cpu_init()
 
 
 def _weight(backend, arr):

@@ -19,7 +19,6 @@ from ggmlpy import Context, Graph, Op, Type
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import UnsupportedOpError
 from ggmlpy.sched.scheduler import Scheduler
 
@@ -27,12 +26,12 @@ RNG = np.random.default_rng(77)
 
 
 @pytest.fixture(scope="module")
-def devs():
+def devs(sim_devices):
     """(SIM0, SIM1, CPU) and two SIM devices that refuse the in-place ops' op codes."""
-    reg = sim_reg(2, latency_us=0.0)
-    bad = sim_reg(2, latency_us=0.0,
+    reg = sim_devices(2, latency_us=0.0)
+    bad = sim_devices(2, latency_us=0.0,
                   refuse_ops={Op.ADD, Op.SUB, Op.MUL, Op.SQR, Op.SCALE, Op.SET, Op.ACC})
-    return ([d.init_backend() for d in reg.devices], [d.init_backend() for d in bad.devices],
+    return ([d.init_backend() for d in reg], [d.init_backend() for d in bad],
             gp.backend_cpu_init())
 
 

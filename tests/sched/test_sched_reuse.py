@@ -15,16 +15,15 @@ from ggmlpy import Context, Graph, Type
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.scheduler import Scheduler
 
 RNG = np.random.default_rng(99)
 
 
 @pytest.fixture(scope="module")
-def sim_cpu():
-    reg = sim_reg(1, latency_us=0.0)
-    return reg.devices[0].init_backend(), gp.backend_cpu_init()
+def sim_cpu(sim_devices):
+    reg = sim_devices(1, latency_us=0.0)
+    return reg[0].init_backend(), gp.backend_cpu_init()
 
 
 def _weight(backend, arr, name):

@@ -21,16 +21,15 @@ from ggmlpy.alloc import gallocr
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.snapshot import _state
 from ggmlpy.sched.scheduler import Scheduler
 from ggmlpy.sched.template import TemplateCache
 
 
 @pytest.fixture(scope="module")
-def env():
-    reg = sim_reg(1, latency_us=0.0)
-    sim, cpu = reg.devices[0].init_backend(), gp.backend_cpu_init()
+def env(sim_devices):
+    reg = sim_devices(1, latency_us=0.0)
+    sim, cpu = reg[0].init_backend(), gp.backend_cpu_init()
     rng = np.random.default_rng(17)
     arrs = {k: (rng.standard_normal((8, 8)) / 3).astype(np.float32) for k in ("a", "b", "c")}
     w = {}
@@ -256,12 +255,12 @@ def test_offload_answers_are_part_of_the_key(env):
     ref.free()
 
 
-def test_no_template_for_a_backend_asked_every_time(env):
+def test_no_template_for_a_backend_asked_every_time(env, sim_devices):
     # a backend whose supports_op is overridden has no memo token: its answers may depend on
     # anything, so no template is made
     cpu = env[1]
-    reg = sim_reg(1, latency_us=0.0)
-    odd = reg.devices[0].init_backend()
+    reg = sim_devices(1, latency_us=0.0)
+    odd = reg[0].init_backend()
     odd.supports_op = lambda op: op.op != gp.Op.TANH  # type: ignore[method-assign]
     s = Scheduler([odd, cpu], op_offload=False)
     rng = np.random.default_rng(5)
@@ -424,10 +423,10 @@ def _random_graph(seed, weights):
 
 
 @pytest.fixture(scope="module")
-def rand_env():
+def rand_env(sim_devices):
     from ggmlpy.core.opcodes import Op
-    reg = sim_reg(2, latency_us=0.0, refuse_ops=[Op.SCALE])  # SIM refuses SCALE: 2.x/3.best paths
-    sims = [d.init_backend() for d in reg.devices]
+    reg = sim_devices(2, latency_us=0.0, refuse_ops=[Op.SCALE])  # SIM refuses SCALE: 2.x/3.best paths
+    sims = [d.init_backend() for d in reg]
     cpu = gp.backend_cpu_init()
     rng = np.random.default_rng(21)
     w, wval = {}, {}

@@ -19,14 +19,13 @@ from ggmlpy.alloc import gallocr
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.scheduler import Scheduler
 
 
 @pytest.fixture(scope="module")
-def env():
-    reg = sim_reg(1, latency_us=0.0)
-    sim, cpu = reg.devices[0].init_backend(), gp.backend_cpu_init()
+def env(sim_devices):
+    reg = sim_devices(1, latency_us=0.0)
+    sim, cpu = reg[0].init_backend(), gp.backend_cpu_init()
     rng = np.random.default_rng(7)
     arrs = {k: rng.standard_normal((8, 8)).astype(np.float32) / 3 for k in ("a", "b", "c")}
     w = {}

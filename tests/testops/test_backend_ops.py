@@ -88,10 +88,8 @@ def _faulty(name: str, op: Op, fault: Callable[[Tensor, np.ndarray], None]) -> C
 
 
 @pytest.fixture
-def sim_backend():
-    from ggmlpy.backends.sim import sim_reg
-
-    b = sim_reg(1).devices[0].init_backend()
+def sim_backend(sim_devices):
+    b = sim_devices(1)[0].init_backend()
     yield b
     b.free()
 
@@ -200,10 +198,8 @@ def test_guards_do_not_fire_on_a_correct_backend():
     assert report.ok and report.counts()[0] > 50
 
 
-def test_unsupported_op_is_reported_not_supported_never_passed():
-    from ggmlpy.backends.sim import sim_reg
-
-    b = sim_reg(1, refuse_ops=[Op.SOFT_MAX]).devices[0].init_backend()
+def test_unsupported_op_is_reported_not_supported_never_passed(sim_devices):
+    b = sim_devices(1, refuse_ops=[Op.SOFT_MAX])[0].init_backend()
     try:
         report = run_tests("test", backend=b, op="SOFT_MAX,SCALE")
     finally:

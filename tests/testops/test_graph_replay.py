@@ -15,18 +15,13 @@ from ggmlpy import ops
 from ggmlpy.backend.interface import tensor_alloc
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.plan import Plan, ReplayStats, launch_plan
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
-
-@pytest.fixture(params=["sim", "fakecuda"])
-def dev(request):
-    if request.param == "sim":
-        return sim_reg(1, latency_us=50).devices[0]  # latency: a missing wait shows up
-    return fake_cuda_reg(1).devices[0]
+# on SIM (with latency: a missing wait shows up) and the fake CuPy; the CPU does not replay
+pytestmark = pytest.mark.backends("SIM0", "FAKECUDA0")
 
 
 def _model(ctx, n=16, m=6):
@@ -76,7 +71,8 @@ def _compute(be, g, out, rng, x, w, b):
     np.testing.assert_allclose(got, _ref(xv, wv, bv), rtol=2e-5, atol=1e-6)
 
 
-def test_an_unchanged_graph_is_captured_once_then_replayed(dev):
+def test_an_unchanged_graph_is_captured_once_then_replayed(device):
+    dev = device
     be = dev.init_backend()
     ctx = Context()
     x, w, b, out = _model(ctx)
@@ -101,7 +97,8 @@ def test_an_unchanged_graph_is_captured_once_then_replayed(dev):
         be.free()
 
 
-def test_each_detected_change_forces_a_new_capture(dev):
+def test_each_detected_change_forces_a_new_capture(device):
+    dev = device
     be = dev.init_backend()
     ctx = Context()
     x, w, b, out = _model(ctx)
@@ -153,7 +150,8 @@ def test_each_detected_change_forces_a_new_capture(dev):
         be.free()
 
 
-def test_replay_off_runs_every_launch_eagerly(dev):
+def test_replay_off_runs_every_launch_eagerly(device):
+    dev = device
     be = dev.init_backend()
     be.graph_replay = False
     ctx = Context()

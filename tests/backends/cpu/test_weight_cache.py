@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_kinds import new_sim_devices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +31,6 @@ from ggmlpy.backend.tensor_data import (
 )
 from ggmlpy.backends.cpu.backend import backend_cpu_init, cpu_buffer_from_array
 from ggmlpy.backends.kernels.weight_cache import CACHE, WeightCache
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.env import DEFAULT_WEIGHT_CACHE_MB, EnvError, weight_cache_mb
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
@@ -227,7 +227,7 @@ def test_free_drops_entries_and_a_new_buffer_at_the_same_place_is_not_confused()
 
 
 def _sim_setup(t, latency_us: float = 0.0):
-    dev = sim_reg(1, latency_us=latency_us).devices[0]
+    dev = new_sim_devices(1, latency_us=latency_us)[0]
     be = dev.init_backend()
     return be, _Setup(be, t)
 
@@ -495,20 +495,16 @@ def test_buffer_written_refuses_non_buffers(bad) -> None:
         buffer_written(bad)
 
 
-def _sim_backend():
-    return sim_reg(1, latency_us=0.0).devices[0].init_backend()
-
-
-@pytest.mark.parametrize("make_backend", [backend_cpu_init, _sim_backend], ids=["CPU", "SIM"])
+@pytest.mark.backends("CPU", "SIM0")
 @pytest.mark.parametrize("t", [Type.F16, Type.Q8_0])
-def test_one_graph_reads_writes_and_reads_again(make_backend, t):
+def test_one_graph_reads_writes_and_reads_again(backend, t):
     """One graph: ``y1 = w x``, then a CPY writes new values into ``w``, then ``y2 = w x``
     (through the CPY's result, so after it). The plan bumps the weight's write generation right
     after the CPY step (it also reads ``w`` through the cache), so ``y2`` uses the new values;
     repeated runs (SIM: a replayed launch list) stay right, and a plan that only writes a
     weights buffer bumps once when it returns."""
     _types(t)
-    s = _Setup(make_backend(), t, seed=7)
+    s = _Setup(backend, t, seed=7)
     try:
         ctx = Context(no_alloc=True)
         src = ctx.new_tensor(Type.F32, (K, M)).set_name("new_w")
@@ -537,4 +533,3 @@ def test_one_graph_reads_writes_and_reads_again(make_backend, t):
         buf.free()
     finally:
         s.free()
-        s.backend.free()

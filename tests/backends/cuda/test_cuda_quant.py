@@ -28,7 +28,6 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import backend_cpu_init
 from ggmlpy.backends.cuda import quant as cuda_quant
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
@@ -133,7 +132,7 @@ def _graph_on(backend, t: Type, seed: int):
 
 @pytest.mark.parametrize("t", QTYPES + [Type.F16, Type.BF16])
 @pytest.mark.parametrize("where", ["sim", "fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, where):
+def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, where, sim_devices):
     if where == "cuda":
         from ggmlpy.backends.cuda.runtime import cuda_reg
 
@@ -142,7 +141,7 @@ def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, where):
             pytest.skip(f"no CUDA device: {reg.unavailable_reason}")
         dev = reg.devices[0]
     else:
-        dev = sim_reg(1).devices[0] if where == "sim" else fake_cuda_reg(1).devices[0]
+        dev = sim_devices(1)[0] if where == "sim" else fake_cuda_reg(1).devices[0]
     be = dev.init_backend()
     launches = fake_cupy_quant.LAUNCHES[0]
     try:

@@ -17,7 +17,6 @@ from ggmlpy import ops
 from ggmlpy.backend.interface import tensor_alloc, view_init
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import backend_cpu_init, cpu_buffer_type
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import NotAllocatedError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
@@ -127,8 +126,8 @@ def test_exports_of_unallocated_freed_or_quantized_tensors_raise():
 # device memory
 
 
-def test_sim_tensors_export_nothing_but_copy_on_asarray():
-    dev = sim_reg(1).devices[0]
+def test_sim_tensors_export_nothing_but_copy_on_asarray(sim_devices):
+    dev = sim_devices(1)[0]
     ctx, buf, (t,) = _placed(dev.get_buffer_type(), (Type.F32, (3, 2)))
     backend_tensor_set(t, np.arange(6, dtype=np.float32).reshape(2, 3))
     with pytest.raises(TypeError, match="device memory"):
@@ -224,8 +223,8 @@ def test_freeing_a_device_buffer_with_live_exports_defers_its_release():
 
 
 @pytest.mark.parametrize("where", ["cpu", "sim", "fakecuda"])
-def test_backend_tensor_get_into_out(where):
-    buft = {"cpu": cpu_buffer_type, "sim": lambda: sim_reg(1).devices[0].get_buffer_type(),
+def test_backend_tensor_get_into_out(where, sim_devices):
+    buft = {"cpu": cpu_buffer_type, "sim": lambda: sim_devices(1)[0].get_buffer_type(),
             "fakecuda": lambda: fake_cuda_reg(1).devices[0].get_buffer_type()}[where]()
     ctx, buf, (t, q) = _placed(buft, (Type.F32, (4, 3)), (Type.Q8_0, (32,)))
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)

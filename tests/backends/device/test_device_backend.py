@@ -279,7 +279,7 @@ def test_two_backends_ordered_only_by_events(reg, backends):
     buf.free()
 
 
-def test_event_rules(reg, backends):
+def test_event_rules(reg, backends, sim_devices):
     d0 = reg.devices[0]
     b0 = backends(d0)
     ev = event_new(d0)
@@ -292,7 +292,7 @@ def test_event_rules(reg, backends):
         event_wait(b1, ev)  # waits across devices of one runtime are allowed (as in CUDA)
         b1.synchronize()
         assert event_query(ev)
-    other = sim_reg(1).devices[0]  # another runtime
+    other = sim_devices(1)[0]  # another runtime
     ob = backends(other)
     ev_other = event_new(other)
     with pytest.raises(ValueError, match="another runtime"):
@@ -333,7 +333,7 @@ def test_bad_async_copies_raise_before_anything_is_queued(reg, backends):
     buf.free()
 
 
-def test_unsupported_and_unreadable_nodes_raise_on_the_calling_thread(reg, backends):
+def test_unsupported_and_unreadable_nodes_raise_on_the_calling_thread(reg, backends, sim_devices):
     dev = reg.devices[0]
     be = backends(dev)
     ctx = Context()
@@ -349,7 +349,7 @@ def test_unsupported_and_unreadable_nodes_raise_on_the_calling_thread(reg, backe
     dbuf.free()
     hbuf.free()
     if reg.name == "SIM":
-        refusing = sim_reg(1, refuse_ops={Op.ADD}).devices[0]
+        refusing = sim_devices(1, refuse_ops={Op.ADD})[0]
         assert not refusing.supports_op(c)
         rb = backends(refusing)
         ctx2 = Context()

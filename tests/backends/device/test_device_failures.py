@@ -17,7 +17,6 @@ from ggmlpy.backend.tensor_data import (
     backend_tensor_memset,
     backend_tensor_set,
 )
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import BackendUnavailableError, ComputeError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
@@ -56,10 +55,10 @@ def _scale_setup(be, n=256):
 
 
 @pytest.mark.parametrize("write", ["set", "memset", "clear"])
-def test_blocking_write_waits_for_queued_async_read(write):
+def test_blocking_write_waits_for_queued_async_read(write, sim_devices):
     """Evaluation 1's output read with get_async, then evaluation 2's blocking input write into
     the same memory (as after reset/alloc_graph reuse): the read must see evaluation 1's data."""
-    be = sim_reg(1, latency_us=LAT_US).devices[0].init_backend()
+    be = sim_devices(1, latency_us=LAT_US)[0].init_backend()
     g, x, y, buf = _scale_setup(be)
     try:
         backend_tensor_set(x, np.full(256, 1.0, np.float32))
@@ -80,13 +79,13 @@ def test_blocking_write_waits_for_queued_async_read(write):
         be.free()
 
 
-def test_scheduler_next_evaluation_does_not_overtake_async_read():
+def test_scheduler_next_evaluation_does_not_overtake_async_read(sim_devices):
     """The issue's example through the scheduler: input pinned to SIM0, output read with
     get_async after evaluation 1, evaluation 2 sets new inputs: the host array keeps eval 1's."""
     from ggmlpy.backends.cpu.backend import backend_cpu_init
     from ggmlpy.sched.scheduler import Scheduler
 
-    dev = sim_reg(1, latency_us=LAT_US).devices[0]
+    dev = sim_devices(1, latency_us=LAT_US)[0]
     sim, cpu = dev.init_backend(), backend_cpu_init()
     sched = Scheduler([sim, cpu])
     try:
@@ -115,8 +114,8 @@ def test_scheduler_next_evaluation_does_not_overtake_async_read():
         cpu.free()
 
 
-def test_event_record_on_freed_backend_raises_and_never_hangs():
-    dev = sim_reg(1, latency_us=LAT_US).devices[0]
+def test_event_record_on_freed_backend_raises_and_never_hangs(sim_devices):
+    dev = sim_devices(1, latency_us=LAT_US)[0]
     be = dev.init_backend()
     ev = event_new(dev)
     be.free()
@@ -134,8 +133,8 @@ def test_event_record_on_freed_backend_raises_and_never_hangs():
     assert event_query(ev)
 
 
-def test_runtime_record_on_closed_stream_leaves_event_unchanged():
-    dev = sim_reg(1).devices[0]
+def test_runtime_record_on_closed_stream_leaves_event_unchanged(sim_devices):
+    dev = sim_devices(1)[0]
     be = dev.init_backend()
     rt, stream = be.runtime, be.stream
     ev = rt.event_new(0)
@@ -145,11 +144,11 @@ def test_runtime_record_on_closed_stream_leaves_event_unchanged():
     _run_bounded(lambda: rt.event_synchronize(ev))
 
 
-def test_failed_step_does_not_write_caller_arrays_and_stream_recovers():
+def test_failed_step_does_not_write_caller_arrays_and_stream_recovers(sim_devices):
     """A failing step: the async read queued after it must not fill the caller's array with data
     of a failed evaluation; events queued after it are still signalled; synchronize raises
     ComputeError once; afterwards the stream runs new work normally (SIM failures not sticky)."""
-    dev = sim_reg(1, latency_us=LAT_US).devices[0]
+    dev = sim_devices(1, latency_us=LAT_US)[0]
     be = dev.init_backend()
     g, x, y, buf = _scale_setup(be)
     try:

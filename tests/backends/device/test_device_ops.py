@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from fake_cupy import fake_cuda_reg
 from helpers import np_permute
 
 from ggmlpy import ops
@@ -33,9 +32,7 @@ from ggmlpy.backend.tensor_data import (
 )
 from ggmlpy.backends.cpu import blas as cpu_blas
 from ggmlpy.backends.cpu.backend import backend_cpu_init, cpu_buffer_type
-from ggmlpy.backends.cuda.runtime import cuda_reg
 from ggmlpy.backends.kernels import REGISTRY
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
@@ -197,25 +194,6 @@ CASES = {
                                   "f32 -> f16 rounding to nearest even, as NumPy's astype"),
 }
 
-RUNTIMES = ["sim", "fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(params=RUNTIMES)
-def device_backend(request):
-    if request.param == "sim":
-        dev = sim_reg(1, latency_us=200).devices[0]  # a little latency: work really is queued
-    elif request.param == "fakecuda":  # CupyRuntime over a NumPy stand-in for CuPy (plumbing)
-        dev = fake_cuda_reg(1).devices[0]
-    else:
-        reg = cuda_reg()
-        if not reg.devices:
-            pytest.skip(f"no CUDA device: {reg.unavailable_reason}")
-        dev = reg.devices[0]
-    be = dev.init_backend()
-    yield be
-    be.free()
-
-
 def _uses_override(g: Graph, backend) -> bool:
     """Whether a node of ``g`` is computed by an override kernel (a fused CUDA kernel) on ``backend``."""
     xp = getattr(getattr(backend, "runtime", None), "xp", np)
@@ -265,8 +243,10 @@ def _run(case: Case, buft: BufferType, backend, seed: int) -> tuple[np.ndarray, 
         buf.free()
 
 
+@pytest.mark.backends("SIM0", "FAKECUDA0", "CUDA0")
 @pytest.mark.parametrize("name", list(CASES))
-def test_device_matches_cpu(name, device_backend, request):
+def test_device_matches_cpu(name, backend, backend_kind):
+    device_backend = backend
     case = CASES[name]
     cpu_res, expected = _run(case, cpu_buffer_type(), backend_cpu_init(), seed=11)
     dev_res, _ = _run(case, device_backend.get_default_buffer_type(), device_backend, seed=11)
@@ -276,11 +256,11 @@ def test_device_matches_cpu(name, device_backend, request):
                                err_msg=f"CPU vs reference ({case.why})")
     np.testing.assert_allclose(dev_res.astype(np.float64), expected, rtol=case.rtol, atol=case.atol,
                                err_msg=f"{device_backend.name} vs reference ({case.why})")
-    if request.node.callspec.params["device_backend"] == "cuda" or _run.fused:
+    if backend_kind == "CUDA0" or _run.fused:
         return  # real CuPy / fused kernels may round differently: the tolerance above is the check
-    if request.node.callspec.params["device_backend"] == "fakecuda" and name == "mul_mat_f16_weight":
+    if backend_kind == "FAKECUDA0" and name == "mul_mat_f16_weight":
         return  # cuBLAS GemmEx rounds src1 to f16 as ggml-cuda does (backends/cuda_gemm.py)
-    if (request.node.callspec.params["device_backend"] == "fakecuda" and name.startswith("mul_mat")
+    if (backend_kind == "FAKECUDA0" and name.startswith("mul_mat")
             and cpu_blas.active() is not None):
         return  # the CPU's GEMMs run in MKL (GGMLPY_BLAS), the stand-in's in NumPy's OpenBLAS
     # SIM (and the NumPy stand-in for CuPy) run the same NumPy kernels on the same bytes:

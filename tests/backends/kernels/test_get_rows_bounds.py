@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_kinds import new_device
 
 from ggmlpy import ops
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.cpu.backend import backend_cpu_init
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
@@ -37,23 +36,6 @@ BAD = [
     ([I32_MIN, I32_MAX], I32_MIN),  # both bad: the negative one is reported
 ]
 GOOD = [[0], [N_ROWS - 1], [4, 0, 3, 3, 1], list(range(N_ROWS))]
-
-
-def _backend(kind):
-    if kind == "cpu":
-        return backend_cpu_init()
-    if kind == "sim":
-        return sim_reg(1, latency_us=100).devices[0].init_backend()
-    from fake_cupy import fake_cuda_reg
-
-    return fake_cuda_reg(1).devices[0].init_backend()
-
-
-@pytest.fixture(params=["cpu", "sim", "fake_cuda"])
-def backend(request):
-    b = _backend(request.param)
-    yield b
-    b.free()
 
 
 def _graph(backend, n_idx, batched):
@@ -116,7 +98,7 @@ def test_good_indices_compute_the_rows(backend, pattern):
 
 def test_fake_cuda_check_runs_at_synchronize_not_at_launch():
     """On CUDA the launch returns at once (no host sync per evaluation); synchronize raises."""
-    b = _backend("fake_cuda")
+    b = new_device("FAKECUDA0").init_backend()
     g, w, ids, y, buf, wv = _graph(b, 2, False)
     try:
         _set_ids(ids, [0, N_ROWS], False)

@@ -77,8 +77,7 @@ del _name
 # test-backend-ops
 
 
-def test_backend_ops_sample_same_verdicts_as_numpy(ray_reg2) -> None:
-    from ggmlpy.backends.sim import sim_reg
+def test_backend_ops_sample_same_verdicts_as_numpy(ray_reg2, sim_devices) -> None:
     from ggmlpy.testops.families import all_cases
     from ggmlpy.testops.runner import run_tests
 
@@ -90,7 +89,7 @@ def test_backend_ops_sample_same_verdicts_as_numpy(ray_reg2) -> None:
     cases = [c for i, c in enumerate(table) if i % 25 == 0 or i in set(first.values())]
     assert {c.family for c in cases} == {c.family for c in table}
     ray_rep = run_tests("test", backend=ray_reg2.devices[0], cases=cases)
-    sim_rep = run_tests("test", backend=sim_reg(1).devices[0], cases=cases)
+    sim_rep = run_tests("test", backend=sim_devices(1)[0], cases=cases)
     got = [(r.case, r.status) for r in ray_rep.results]
     want = [(r.case, r.status) for r in sim_rep.results]
     assert got == want

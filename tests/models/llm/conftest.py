@@ -2,13 +2,12 @@
 
 The reference JSON files and ``tiny_llama_bpe.gguf`` are committed under ``tests/data/`` (made by
 ``scripts/make_llm_reference.py``). The Gemma 3 270M file is large and not committed: the tests
-that need it are marked ``model`` and find it through ``$GGMLPY_GEMMA3_GGUF``.
+that need it use the ``gemma_gguf`` fixture (``$GGMLPY_GEMMA3_GGUF``), which marks them ``model``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -71,13 +70,7 @@ def bpe_meta() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def gemma_meta() -> dict[str, Any]:
-    """Tokenizer metadata of the Gemma 3 270M GGUF named by ``$GGMLPY_GEMMA3_GGUF``; skips when the
-    variable is unset or the file is absent."""
-    env = os.environ.get("GGMLPY_GEMMA3_GGUF")
-    if not env:
-        pytest.skip("Gemma 3 270M GGUF not configured: set GGMLPY_GEMMA3_GGUF to the .gguf file")
-    path = Path(env)
-    if not path.is_file():
-        pytest.skip(f"GGMLPY_GEMMA3_GGUF={env} does not exist")
-    return read_tokenizer_metadata(path)
+def gemma_meta(gemma_gguf: Path) -> dict[str, Any]:
+    """Tokenizer metadata of the Gemma 3 270M GGUF (the ``gemma_gguf`` fixture: skips when
+    ``$GGMLPY_GEMMA3_GGUF`` is unset or names no file; its users are marked ``model``)."""
+    return read_tokenizer_metadata(gemma_gguf)

@@ -93,7 +93,6 @@ def test_missing_template_is_a_clear_error() -> None:
     assert ChatTemplate.from_tokenizer(tok, template="{{ bos_token }}").apply([]) == "<s>"
 
 
-@pytest.mark.model
 def test_gemma_file_has_no_template(gemma_meta: dict[str, Any]) -> None:
     # the Gemma 3 270M GGUF carries no tokenizer.chat_template: the error says so and a template
     # passed in renders with the file's BOS text

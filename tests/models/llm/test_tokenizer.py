@@ -85,7 +85,6 @@ def gemma_tok(gemma_meta: dict[str, Any]) -> Tokenizer:
     return Tokenizer.from_gguf_metadata(gemma_meta)
 
 
-@pytest.mark.model
 @pytest.mark.parametrize("mode", list(MODES))
 def test_gemma_ids_match_llama_cpp(gemma_tok: Tokenizer, gemma_ref: dict[str, Any], mode: str) -> None:
     assert len(gemma_ref["cases"]) >= 300
@@ -94,13 +93,11 @@ def test_gemma_ids_match_llama_cpp(gemma_tok: Tokenizer, gemma_ref: dict[str, An
         "\n".join(bad[:10])
 
 
-@pytest.mark.model
 def test_gemma_vocab_matches_llama_cpp(gemma_tok: Tokenizer, gemma_ref: dict[str, Any]) -> None:
     assert gemma_tok.vocab.model == "llama" and not gemma_tok.vocab.add_space_prefix
     _check_vocab(gemma_tok, gemma_ref)
 
 
-@pytest.mark.model
 def test_gemma_detokenize_matches_llama_cpp(gemma_tok: Tokenizer, gemma_ref: dict[str, Any]) -> None:
     _check_detok(gemma_tok, gemma_ref)
 
