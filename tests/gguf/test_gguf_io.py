@@ -86,9 +86,8 @@ def test_resave_loaded_tensors_with_types_is_identical(tmp_path, cpu):
     assert p1.read_bytes() == p2.read_bytes()
 
 
-def test_load_into_sim_buffer(tmp_path):
-    ggmlpy.register_sim_devices(1)
-    sim = ggmlpy.backend_init_by_name("SIM0")
+def test_load_into_sim_buffer(tmp_path, sim_devices):
+    sim = sim_devices(1)[0].init_backend()
     x = np.arange(512, dtype=np.float32).reshape(2, 256)
     p = tmp_path / "s.gguf"
     ggmlpy.gguf_save(p, {"a": (Type.Q6_K, x), "b": x}, {})

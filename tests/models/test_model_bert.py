@@ -5,8 +5,8 @@ The independent reference is the sentence-transformers/PyTorch fixture ``minilm_
 Configurations: CPU only; SIM0 with every layer offloaded (``n_gpu_layers=6``); split
 (``n_gpu_layers=3``: embeddings and layers 0-2 on the CPU, layers 3-5 on SIM0); split and
 pipelined (``parallel=True``) on a SIM device with 200 us latency per launch/copy, so that a
-missing synchronisation shows up as wrong numbers. SIM devices come from ``sim_reg`` directly (no
-global registry state), so ``pytest -n auto`` works. The real weights (90 MB) are loaded once per
+missing synchronisation shows up as wrong numbers. SIM devices come from
+``backend_kinds.new_sim_devices`` (no global registry state), so ``pytest -n auto`` works. The real weights (90 MB) are loaded once per
 configuration (module-scoped fixtures); tests skip when the model package or fixtures are missing.
 """
 

@@ -4,7 +4,7 @@ wrong kernels, out-of-bounds writes, unsupported ops and diverging graph nodes.
 Broken backends are built here as small subclasses of the CPU backend whose compiled plan runs
 the honest kernel and then damages the result (a wrong value, or a write past the destination),
 so the tool is checked against known faults without touching any shared kernel code. SIM devices
-are created with ``sim_reg`` directly (not through the registry), so no global state is changed.
+come from the ``sim_devices`` fixture (not the registry), so no global state is changed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The async device backend (ggmlpy.backends.device.backend) on every runtime: SIM with latency on, and CUDA
 on a GPU machine (``-m gpu``; skipped with a reason here).
 
-SIM devices are built with ``sim_reg(...)`` directly (never through the global registry or env),
-so the tests run under ``pytest -n auto``. Latency (2 ms per launch and per copy) turns a missing
+SIM devices come from the ``sim_devices`` fixture (never the global registry or env), so the
+tests run under ``pytest -n auto``. Latency (2 ms per launch and per copy) turns a missing
 synchronisation into a wrong result rather than a lucky race.
 """
 
@@ -37,7 +37,6 @@ from ggmlpy.backends.cpu.backend import HostBuffer, backend_cpu_init, cpu_buffer
 from ggmlpy.backends.cuda.runtime import cuda_reg
 from ggmlpy.backends.device.backend import AsyncBackend, AsyncDevice
 from ggmlpy.backends.plan import Plan
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.errors import ComputeError, NotAllocatedError, UnsupportedOpError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import Op
@@ -48,12 +47,12 @@ RUNTIMES = ["sim", "fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.fixture(params=RUNTIMES)
-def reg(request):
+def reg(request, sim_devices):
     """A reg with at least two devices where possible: 2 SIM devices (2 ms latency), the CUDA
     runtime over a host stand-in for CuPy (plumbing only: everything completes at once), or the
     real CUDA reg."""
     if request.param == "sim":
-        return sim_reg(2, latency_us=2000)
+        return sim_devices(2, latency_us=2000)[0].reg
     if request.param == "fakecuda":
         return fake_cuda_reg(2)
     r = cuda_reg()
