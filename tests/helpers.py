@@ -16,12 +16,19 @@ from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, backend_cpu_init
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
 
 __all__ = ["run_graph", "alloc_ctx", "GARBAGE_BYTE", "np_permute", "ggml_tile", "uniform"]
 
 #: Every byte of a test buffer starts as this value before inputs are written: as float32 it is
 #: a NaN (0xFFFFFFFF), as int32 -1, so an element a kernel forgets to write shows up at once.
 GARBAGE_BYTE = 0xFF
+
+#: every block-quantized type of the type table (ggmlpy/core/types.py), in id order: a type added
+#: there is tested by every test parametrized over this list
+BLOCK_TYPES = tuple(t for t in Type if t.is_quantized)
+#: every plain (one element per block) type of the type table, in id order
+PLAIN_TYPES = tuple(t for t in Type if not t.is_quantized)
 
 _BACKEND = None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import BLOCK_TYPES, PLAIN_TYPES
 
 from ggmlpy.core.errors import GGUFError
 from ggmlpy.core.types import Type
@@ -27,9 +28,6 @@ from ggmlpy.gguf.strings import StringArray
 gguf = pytest.importorskip("gguf")
 
 VT = gguf.GGUFValueType
-BLOCK_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q5_K,
-               Type.Q6_K]
-PLAIN_TYPES = [Type.F32, Type.F16, Type.BF16, Type.I8, Type.I16, Type.I32, Type.I64, Type.F64]
 # one block of each type as struct fields, little-endian (ggml's block_* structs, ggml-common.h);
 # 'H' for an f16 (its bits, NaN patterns included), 'I' for Q5's qh word, 'Ns' for byte arrays
 BLOCK_STRUCT = {Type.Q4_0: "H16s", Type.Q4_1: "HH16s", Type.Q5_0: "HI16s", Type.Q5_1: "HHI16s",

@@ -57,7 +57,9 @@ backend_alloc_ctx_tensors_from_buft alloc_ctx_tensors_size Scheduler graph_copy
 compare_graph_backend
 """.split()
 
-TWINS = sorted(n for n in OPS_PUBLIC_BEFORE if n.endswith("_inplace"))
+#: every in-place twin ggmlpy.ops exports (read from ``ops.__all__``, so a new twin is checked
+#: without a list edit); each must be generated from its base
+TWINS = sorted(n for n in ops.__all__ if n.endswith("_inplace"))
 OPS_DIR = Path(ops.__file__).parent
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import BLOCK_TYPES
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,8 +19,6 @@ from ggmlpy.quants import QUANTIZABLE, dequantize, quantize
 gguf = pytest.importorskip("gguf")
 
 VECTORS = Path(__file__).resolve().parents[1] / "data" / "ggml_quant_vectors.npz"
-BLOCK_TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q5_K,
-               Type.Q6_K]
 
 
 @pytest.fixture(scope="module")

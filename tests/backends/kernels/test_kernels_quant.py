@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import _backend, alloc_ctx
+from helpers import BLOCK_TYPES, _backend, alloc_ctx
 
 from ggmlpy import ops
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
@@ -23,7 +23,7 @@ from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 from ggmlpy.quants import dequantize, fp32_to_bf16, quantize
 
-QTYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q5_K, Type.Q6_K]
+QTYPES = list(BLOCK_TYPES)
 WTYPES = QTYPES + [Type.F16, Type.BF16]
 
 
