@@ -257,6 +257,20 @@ class Buffer(WriteTracked):
         """The buffer type's name (mirrors ``ggml_backend_buffer_name``)."""
         return self.buft.name
 
+    @property
+    def data_gen(self) -> int:
+        """The process-wide write generation of the buffer's bytes (read-only): raised by every
+        write (:func:`~ggmlpy.backend.write_gen.buffer_written`), never lowered; caches of
+        converted data compare it."""
+        return self._data_gen
+
+    @property
+    def async_writes(self) -> int:
+        """Writes queued on a stream and not yet known to have landed (read-only; counted up by
+        :func:`~ggmlpy.backend.write_gen.buffer_write_queued`, back to 0 when the queuing
+        backend's ``synchronize()`` returns)."""
+        return self._async_writes
+
     def free(self) -> None:
         """Release the memory (mirrors ``ggml_backend_buffer_free``). Idempotent.
 

@@ -404,6 +404,8 @@ class PlanCache:
 
     Attributes:
         builds: number of plans built (for tests and benchmarks).
+
+    ``len(cache)`` is the number of plans held; :meth:`stats` gives every counter at once.
     """
 
     def __init__(self, build: Callable[[Graph], Plan], maxsize: int = 32) -> None:
@@ -492,6 +494,15 @@ class PlanCache:
                     entries[:] = keep
                 else:
                     del self._graphs[gid]
+
+    def stats(self) -> dict[str, int]:
+        """The cache's counters (a new dict; reading them changes nothing): ``plans`` held now
+        (``len(cache)``), ``graphs`` live graphs with at least one plan, ``builds`` plans built
+        since the cache was made (each miss of :meth:`get` builds one; never reset, not even by
+        :meth:`clear`), ``maxsize`` the most plans held."""
+        with self._lock:
+            return {"plans": self._n, "graphs": len(self._graphs), "builds": self.builds,
+                    "maxsize": self._maxsize}
 
     def clear(self) -> None:
         """Forget every plan."""

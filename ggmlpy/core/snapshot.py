@@ -50,7 +50,7 @@ from operator import attrgetter
 from typing import Any
 
 __all__ = ["generation", "bump", "touch", "TrackedList", "Snapshot", "graph_state", "on_buffer_free",
-           "buffer_freed", "slot_setter"]
+           "buffer_freed", "slot_setter", "free_hook_count"]
 
 _lock = threading.Lock()
 _generation = 0
@@ -428,6 +428,15 @@ def _buffer_died(key: int) -> Callable[[weakref.ref], None]:
             if entry is not None and entry[0] is ref:
                 del _free_hooks[key]
     return died
+
+
+def free_hook_count() -> int:
+    """Buffers with at least one :func:`on_buffer_free` registration alive now (process-wide).
+
+    A buffer's registrations go when it is freed (:func:`buffer_freed`) or garbage-collected,
+    so this stays bounded by the live buffers that caches used."""
+    with _hooks_lock:
+        return len(_free_hooks)
 
 
 def on_buffer_free(buffer: Any, method: Callable[[Any], None]) -> None:

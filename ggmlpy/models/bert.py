@@ -855,6 +855,20 @@ class BertModel:
         return self._n_splits
 
     @property
+    def cached_graphs(self) -> dict[tuple[int, int], Graph]:
+        """The batch graphs cached now, ``{(n_seq, padded length): Graph}`` least recently used
+        first (a new dict; reading it changes nothing). At most ``GRAPH_CACHE_SIZE`` shapes
+        (``n_graph_builds`` counts every build, evicted ones included); emptied by
+        :meth:`close`."""
+        return {k: bg.graph for k, bg in self._graphs.items()}
+
+    @property
+    def weight_buffers(self) -> tuple[Buffer, ...]:
+        """The buffers holding the weights (one per buffer type used: the CPU's and each
+        device's), in allocation order; empty after :meth:`close`."""
+        return tuple(self._weight_bufs)
+
+    @property
     def devices(self) -> list[str]:
         """Names of the scheduler's backends, highest priority first (e.g. ``["SIM0", "CPU"]``)."""
         return [b.name for b in self._backends]

@@ -115,6 +115,15 @@ class Assigner:
         self._bid_of_buft: dict[BufferType, int] = {}  # first backend using a buffer type
         self._buft_memo: dict[tuple[int, BufferType], bool] = {}
 
+    @property
+    def op_key_memo_keys(self) -> frozenset[tuple]:
+        """The keys of the ``supports_op`` memo that lives across splits (read-only snapshot):
+        ``(backend index, the backend's memo token, node key)`` per answer remembered
+        (:func:`op_memo_token`, :func:`node_key`). Backends without a token are asked every
+        split and leave no key. Emptied when it reaches ``OP_KEY_MEMO_SIZE`` entries; kept by
+        :meth:`begin` (and so by the scheduler's ``reset``)."""
+        return frozenset(self._op_key_memo)
+
     def begin(self) -> None:
         """Start a split: forget this split's ``supports_op`` answers (a node's sources may have
         changed) and read every backend's memo token again (:func:`op_memo_token`)."""

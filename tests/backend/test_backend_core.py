@@ -350,9 +350,9 @@ def test_alloc_buffer_0_is_the_zero_size_buffer_of_every_buffer_type(buft):
     assert backend_tensor_get(t).shape == (1, 1, 3, 0)
     assert z._array(t).shape == (1, 1, 3, 0) and z._array(t).dtype == np.float32
     z.clear(5)
-    gen = z._data_gen
+    gen = z.data_gen
     buffer_written(z)
-    assert z._data_gen > gen
+    assert z.data_gen > gen
     z.free()
     assert z.freed
     with pytest.raises(NotAllocatedError, match="freed"):
@@ -368,7 +368,7 @@ def test_buffer_written_takes_every_buffer_kind_and_refuses_lookalikes(cpu):
     gens = []
     for b in bufs:
         buffer_written(b)
-        gens.append(b._data_gen)
+        gens.append(b.data_gen)
     assert gens == sorted(set(gens))  # new and strictly increasing, never reused
 
     class LooksLikeABuffer:

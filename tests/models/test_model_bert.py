@@ -199,7 +199,7 @@ def test_placement_like_ngl(cpu_model, sim_full_model, sim_split_model, public) 
 
 def test_weights_in_weight_buffers(sim_split_model) -> None:
     m = sim_split_model
-    assert all(b.usage == BufferUsage.WEIGHTS for b in m._weight_bufs)
+    assert all(b.usage == BufferUsage.WEIGHTS for b in m.weight_buffers)
     assert m.tok_embd.buffer.buft.name == "CPU"
     for i, lw in enumerate(m.layers):
         want = "CPU" if i < 3 else "SIM0"
@@ -209,17 +209,17 @@ def test_weights_in_weight_buffers(sim_split_model) -> None:
 def test_graphs_cached_and_scheduler_not_regrown(cpu_model) -> None:
     m = cpu_model
     m.encode(["one two three", "four five"])    # 5 tokens: a length of the bucket (0, 8]
-    key = next(k for k in reversed(m._graphs) if k[0] == 2)
+    key = next(k for k in reversed(m.cached_graphs) if k[0] == 2)
     assert 5 <= key[1] <= 8
-    g = m._graphs[key]
+    g = m.cached_graphs[key]
     sizes = [m.sched.get_buffer_size(b) for b in m.sched.backends]
     builds = m.n_graph_builds
     m.encode(["six seven eight", "nine ten"])   # same shape: the cached graph is reused
-    assert m._graphs[key] is g and m.n_graph_builds == builds
+    assert m.cached_graphs[key] is g and m.n_graph_builds == builds
     assert [m.sched.get_buffer_size(b) for b in m.sched.backends] == sizes
     # every batch graph has the same nodes whatever its shape
     m.encode(["a much longer sentence than the others here", "short"])
-    counts = {(bg.graph.n_nodes, bg.graph.n_leafs) for bg in m._graphs.values()}
+    counts = {(g.n_nodes, g.n_leafs) for g in m.cached_graphs.values()}
     assert len(counts) == 1
 
 
@@ -243,9 +243,9 @@ def test_encode_edge_cases(cpu_model) -> None:
     ids9 = [f"sentence number {i}" for i in range(9)]
     e9 = cpu_model.encode(ids9, batch_size=9)
     assert e9.shape == (9, cpu_model.hidden_size)
-    assert all(n_seq <= 8 for n_seq, _ in cpu_model._graphs)
+    assert all(n_seq <= 8 for n_seq, _ in cpu_model.cached_graphs)
     n5 = len(cpu_model.token_ids(ids9[:1])[0])  # 5 tokens: lengths of the bucket (0, 8]
-    assert {n for n, L in cpu_model._graphs if n5 <= L <= 8} >= {8, 1}
+    assert {n for n, L in cpu_model.cached_graphs if n5 <= L <= 8} >= {8, 1}
     with pytest.raises(ValueError, match="batch_size"):
         cpu_model.encode(["x"], batch_size=0)
 

@@ -50,14 +50,14 @@ def test_padded_equals_unpadded(models) -> None:
     assert any(n % 8 for _, n in batches)   # padding really is added somewhere below
     for n_seq, longest in batches:          # lengths at the bucket tops built before: reused
         bucketed._graph_for(n_seq, bucketed._bucket_length(longest))
-    before = dict(bucketed._graphs)
+    before = bucketed.cached_graphs
     a = bucketed.encode(sents, batch_size=4)
     b = exact.encode(sents, batch_size=4)
-    assert dict(bucketed._graphs) == before  # every batch ran padded to its bucket's top
+    assert bucketed.cached_graphs == before  # every batch ran padded to its bucket's top
     # padded keys are masked (-inf -> weight exactly 0) and padded tokens get pooling weight 0:
     # only float32 summation order over the extra zeros may differ (GEMM blocking)
     assert np.max(np.abs(a - b)) <= 2e-7
-    assert any(L % 8 for _, L in exact._graphs)  # the reference really ran unpadded lengths
+    assert any(L % 8 for _, L in exact.cached_graphs)  # the reference really ran unpadded lengths
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 4])
@@ -86,7 +86,7 @@ def test_graphs_reused_across_a_stream_of_shapes(models) -> None:
         bucketed.encode(s, batch_size=4)
         exact.encode(s, batch_size=4)
     assert (bucketed.n_graph_builds - b0, exact.n_graph_builds - e0) == (3, 4)
-    assert set(bucketed._graphs) == {(2, 27), (2, 17), (2, 24)}
+    assert set(bucketed.cached_graphs) == {(2, 27), (2, 17), (2, 24)}
     built_b = bucketed.n_graph_builds
     for s in stream:                       # second pass: every shape is cached
         bucketed.encode(s, batch_size=4)

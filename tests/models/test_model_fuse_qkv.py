@@ -38,8 +38,8 @@ def test_f32_fused_matches_separate_and_views_hold_the_weights(model_dir):
                 want = raw[f"encoder.layer.{il}.attention.self.{name}"]
                 np.testing.assert_array_equal(
                     np.asarray(backend_tensor_get(t)).reshape(want.shape), want)
-        gf = next(iter(fused._graphs.values())).graph
-        gs = next(iter(sep._graphs.values())).graph
+        gf = next(iter(fused.cached_graphs.values()))
+        gs = next(iter(sep.cached_graphs.values()))
         assert gf.n_nodes == gs.n_nodes - 4 * 6  # per layer: 3 GEMM + 3 bias adds -> 1 + 1
 
 

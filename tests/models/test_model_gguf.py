@@ -84,7 +84,7 @@ def test_embeddings_from_gguf_meet_the_accuracy_thresholds(ggufs, fixture, schem
     sentences, _, ref = fixture
     with BertModel.load(ggufs[scheme]["path"]) as m:
         emb = m.encode(sentences)
-        wbytes = sum(b.size for b in m._weight_bufs)
+        wbytes = sum(b.size for b in m.weight_buffers)
     assert emb.shape == ref.shape
     assert _cos_min(emb, ref) >= min_cos
     # the weights buffer keeps the stored types: well under the 90 MB of F32

@@ -17,7 +17,7 @@ SENTENCES = ["A short sentence.", "Another, slightly longer sentence about the w
 
 
 def _weights_per_buffer(m) -> dict[str, int]:
-    return {b.buft.name: b.size for b in m._weight_bufs}
+    return {b.buft.name: b.size for b in m.weight_buffers}
 
 
 @pytest.mark.parametrize("ngl, want", [(5, {"SIM0": 3, "SIM1": 2}), (2, {"SIM0": 1, "SIM1": 1}),

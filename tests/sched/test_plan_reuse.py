@@ -93,13 +93,13 @@ def test_unchanged_graph_reuses_plan():
         be.graph_compute(g)
         y.name = "renamed"  # names are not read by plans
         be.graph_compute(g)
-        assert be._plans.builds == 1
+        assert be.plan_cache.builds == 1
         y.op_params[0] = 2.0  # same value: no change
         be.graph_compute(g)
-        assert be._plans.builds == 1
+        assert be.plan_cache.builds == 1
         y.op_params[0] = 5.0
         be.graph_compute(g)
-        assert be._plans.builds == 2
+        assert be.plan_cache.builds == 2
     finally:
         buf.free()
 
@@ -211,7 +211,7 @@ def test_freed_buffers_are_not_kept_alive_by_plans(backend):
             del ctx, x, y, buf
             gc.collect()
             live.append(tracemalloc.get_traced_memory()[0])
-        assert len(be._plans) == 0
+        assert len(be.plan_cache) == 0
         assert max(live) < 8 * 1024 * 1024, [f"{v / 2**20:.1f} MiB" for v in live]
         # a graph that dies drops its plans even while its buffer lives
         ctx = Context()
@@ -222,10 +222,10 @@ def test_freed_buffers_are_not_kept_alive_by_plans(backend):
         buf = alloc_ctx_tensors_from_buft(ctx, be.get_default_buffer_type())
         be.graph_compute(g)
         be.synchronize()
-        assert len(be._plans) == 1
+        assert len(be.plan_cache) == 1
         del g
         gc.collect()
-        assert len(be._plans) == 0
+        assert len(be.plan_cache) == 0
         buf.free()
     finally:
         tracemalloc.stop()
@@ -409,14 +409,14 @@ def test_buffer_free_hooks_die_with_unfreed_buffers():
 
     cache = Cache()
     gc.collect()  # (unreachable buffers of earlier tests in this process must not die in between)
-    before = len(snapshot._free_hooks)
+    before = snapshot.free_hook_count()
     for _ in range(100):
         snapshot.on_buffer_free(Buf(), cache.freed)
     gc.collect()
-    assert len(snapshot._free_hooks) == before
+    assert snapshot.free_hook_count() == before
     kept = Buf()
     snapshot.on_buffer_free(kept, cache.freed)
     snapshot.on_buffer_free(kept, cache.freed)  # same bound method twice: one call
     snapshot.buffer_freed(kept)
     assert cache.seen == [kept]
-    assert len(snapshot._free_hooks) == before
+    assert snapshot.free_hook_count() == before

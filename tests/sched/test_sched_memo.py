@@ -83,11 +83,11 @@ def test_memoised_assignment_equals_asking_every_time(devs, monkeypatch, which):
     plain = Scheduler([dev, cpu])
     graphs = [_random_graph(rng, weights, int(rng.integers(2, 6))) for _ in range(12)]
     got = [_assignment(memo, g) for g, _x, _o in graphs]  # the memo fills over the graphs
-    assert len(memo.assigner._op_key_memo) > 0
+    assert len(memo.assigner.op_key_memo_keys) > 0
     with monkeypatch.context() as m:
         m.setattr(assign_mod, "op_memo_token", lambda backend: None)
         want = [_assignment(plain, g) for g, _x, _o in graphs]
-    assert len(plain.assigner._op_key_memo) == 0
+    assert len(plain.assigner.op_key_memo_keys) == 0
     assert got == want
     # and the memoised scheduler computes the right values
     g, x, out = graphs[0]
@@ -157,7 +157,7 @@ def test_overridden_supports_op_is_asked_every_split(devs, monkeypatch):
     assert n1 > 0
     _assignment(sched, g)
     assert len(asked) == 2 * n1
-    assert len(sched.assigner._op_key_memo) > 0  # the SIM device's answers are still memoised
+    assert len(sched.assigner.op_key_memo_keys) > 0  # the SIM device's answers are still memoised
     r = sched.report()
     assert all(n["backend"] == "SIM0" for n in r["nodes"] if n["op"] == "UNARY")
     sched.free()
@@ -171,7 +171,7 @@ def test_registering_an_override_changes_the_token(devs, monkeypatch):
     sched = Scheduler([sim, cpu])
     t0 = op_memo_token(cpu)
     _assignment(sched, g)
-    assert {k[1] for k in sched.assigner._op_key_memo} == {t0}
+    assert {k[1] for k in sched.assigner.op_key_memo_keys} == {t0}
     fake = KernelEntry(Op.ADD, lambda xp, node, dst, srcs: None, lambda node, xp: False)
     overrides = {k: list(v) for k, v in REGISTRY._overrides.items()}
     overrides.setdefault(Op.ADD, []).append(fake)
@@ -182,7 +182,7 @@ def test_registering_an_override_changes_the_token(devs, monkeypatch):
         calls = _counting(m)
         _assignment(sched, g)  # keys carry the token: asked again, answers kept under t1
         assert calls
-        assert {k[1] for k in sched.assigner._op_key_memo} == {t0, t1}
+        assert {k[1] for k in sched.assigner.op_key_memo_keys} == {t0, t1}
     sched.free()
 
 

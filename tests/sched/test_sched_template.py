@@ -242,13 +242,13 @@ def test_offload_answers_are_part_of_the_key(env):
     try:
         sim.device.offload_min_batch = 4
         _both(env, s, ref, v, rng)
-        assert any(c == "1.off" for c in s._state.assignment.cause.values())  # (the control: it offloads)
+        assert any(n["cause"] == "1.off" for n in s.report()["nodes"])  # (the control: it offloads)
         _both(env, s, ref, v, rng)
         assert s.templates.hits == 1
         sim.device.offload_min_batch = 32
         _both(env, s, ref, v, rng)
         assert s.templates.hits == 1
-        assert not any(c == "1.off" for c in s._state.assignment.cause.values())
+        assert not any(n["cause"] == "1.off" for n in s.report()["nodes"])
     finally:
         sim.device.offload_min_batch = old
     s.free()

@@ -230,7 +230,7 @@ def test_fake_capture_records_without_running_and_keeps_the_graph_until_the_stre
     try:
         backend_tensor_set(a, np.ones(64, np.float32))
         be.graph_compute(g)  # eager
-        plan = be._plans.get(g)
+        plan = be.plan_cache.get(g)
         pools = FakeCupy.pools_made()
         backend_tensor_set(out, np.zeros(64, np.float32))
         graph = rt.graph_capture(be.stream, list(plan.steps))

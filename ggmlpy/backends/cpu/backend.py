@@ -217,6 +217,13 @@ class CPUBackend(Backend):
         self._n_threads = cpu_threads.default_n_threads()
         self._new_pool()
 
+    @property
+    def plan_cache(self) -> PlanCache:
+        """The backend's compiled plans per graph (read-only attribute): ``len()``, ``builds``
+        and ``stats()`` count them; ``get(graph)`` is the plan the next ``graph_compute(graph)``
+        runs (built now if the graph changed). Emptied when the thread count changes."""
+        return self._plans
+
     def _new_pool(self) -> None:
         # the GEMM library (GGMLPY_BLAS) is loaded now, not in the first graph evaluation, and
         # before threadpoolctl looks for the BLAS libraries to hold

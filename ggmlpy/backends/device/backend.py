@@ -566,6 +566,13 @@ class AsyncBackend(Backend):
         device._backends.add(self)
 
     # compute ------------------------------------------------------------------------------------
+    @property
+    def plan_cache(self) -> PlanCache:
+        """The backend's compiled plans per graph (read-only attribute): ``len()``, ``builds``
+        and ``stats()`` count them; ``get(graph)`` is the plan the next ``graph_compute(graph)``
+        launches (built now if the graph changed). Emptied when the backend is freed."""
+        return self._plans
+
     def _can_read(self, t: Tensor) -> bool:
         return tensor_buffer(t).buft is self.device.buft
 

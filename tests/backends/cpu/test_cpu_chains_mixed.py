@@ -93,7 +93,7 @@ def _run(seed: int, S: int, L: int, n_threads: int):
             if t.buffer is not None:
                 backend_tensor_set(t, vals.uniform(-2, 2, t.ne[::-1]).astype(np.float32))
         backend.graph_compute(g)
-        plan = backend._plans.get(g)
+        plan = backend.plan_cache.get(g)
         steps = [s.n_nodes if isinstance(s, Split) and s.parts is not None else 0
                  for s in plan.steps]
         return [np.array(backend_tensor_get(t)) for t in outs], steps
@@ -160,7 +160,7 @@ def _attention_prefix(S: int, L: int, n_threads: int):
         backend_tensor_set(x, X)
         backend_tensor_set(b, B)
         backend.graph_compute(g)
-        plan = backend._plans.get(g)
+        plan = backend.plan_cache.get(g)
         sizes = [s.n_nodes if isinstance(s, Split) and s.parts is not None else 0
                  for s in plan.steps]
         # reference: y = X + B, V = y[:, 2H:3H] per head, transposed per (seq, head), times 2

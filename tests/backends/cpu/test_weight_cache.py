@@ -239,10 +239,10 @@ def test_async_set_on_sim_is_never_served_stale():
         s.check()
         s.raw = _weight_bytes(s.t, s.rng)
         backend_tensor_set_async(be, s.w, s.raw)
-        assert s.wbuf._async_writes == 1
+        assert s.wbuf.async_writes == 1
         be.graph_compute_async(s.graph)  # ordered after the write on the stream: no cache use
         be.synchronize()
-        assert s.wbuf._async_writes == 0
+        assert s.wbuf.async_writes == 0
         got = np.asarray(backend_tensor_get(s.y)).reshape(-1).view(np.float32).reshape(N, M)
         want = s.xv.astype(np.float64) @ _values(s.t, s.raw).T
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -468,7 +468,7 @@ def test_a_failing_synchronize_still_ends_the_pending_async_writes(monkeypatch):
         s.check()
         s.raw = _weight_bytes(s.t, s.rng)
         backend_tensor_set_async(be, s.w, s.raw)
-        gen = s.wbuf._data_gen
+        gen = s.wbuf.data_gen
         real = be._synchronize
 
         def failing() -> None:
@@ -478,7 +478,7 @@ def test_a_failing_synchronize_still_ends_the_pending_async_writes(monkeypatch):
         with pytest.raises(RuntimeError, match="queued work failed"):
             be.synchronize()
         monkeypatch.setattr(be, "_synchronize", real)
-        assert s.wbuf._async_writes == 0 and s.wbuf._data_gen > gen
+        assert s.wbuf.async_writes == 0 and s.wbuf.data_gen > gen
         s.check()
         s.check()
         assert CACHE.stats()["hits"] >= 1

@@ -44,7 +44,7 @@ def test_split_cpu_ray0_ray1_parallel_bit_identical(model_dir: Path, sentences, 
                         max_batch=4) as m:
         got = m.encode(sentences, batch_size=2)
         info = {"devices": m.devices, "splits": m.n_splits}
-        wb = {b.buft.name: b.size for b in m._weight_bufs}
+        wb = {b.buft.name: b.size for b in m.weight_buffers}
     assert info == {"devices": ["RAY0", "RAY1", "CPU"], "splits": 3}
     assert set(wb) == {"CPU", "RAY0", "RAY1"} and wb["RAY0"] == wb["RAY1"]  # 2 layers each
     assert got.dtype == np.float32 and got.shape == cpu.shape
