@@ -116,10 +116,10 @@ def backend(device):
 
 @pytest.fixture(scope="session")
 def sim_devices():
-    """``sim_devices(n=1, latency_us=None, memory_mb=None, refuse_ops=None)``: the ``n`` devices
-    of a new SIM registration (:func:`backend_kinds.new_sim_devices`: one new runtime per call,
-    never the global registry). Session-scoped: a stateless factory, usable from fixtures of any
-    scope."""
+    """``sim_devices(n=1, latency_us=None, memory_mb=None, refuse_ops=None, **options)``: the
+    ``n`` devices of a new SIM registration (:func:`backend_kinds.new_sim_devices`: one new
+    runtime per call, never the global registry). Session-scoped: a stateless factory, usable
+    from fixtures of any scope."""
     return new_sim_devices
 
 

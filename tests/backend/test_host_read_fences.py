@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_kinds import new_sim_devices
 
 import ggmlpy as gp
 from ggmlpy import Context, Type
@@ -23,7 +24,6 @@ from ggmlpy.backend.write_gen import (
     wait_host_reads_ranges,
 )
 from ggmlpy.backends.cpu.backend import cpu_buffer_type
-from ggmlpy.backends.sim import sim_reg
 
 
 class _Fence:
@@ -95,7 +95,7 @@ def test_host_read_queued_refuses_a_non_buffer():
 
 
 def _sim_pair(latency_us: float):
-    dev = sim_reg(1, latency_us=latency_us, pinned_direct_upload=True).devices[0]
+    dev = new_sim_devices(1, latency_us=latency_us, pinned_direct_upload=True)[0]
     sim = dev.init_backend()
     hctx, dctx = Context(), Context()
     src = hctx.new_tensor_1d(Type.F32, 256).set_name("src")

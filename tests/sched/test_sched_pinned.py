@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_kinds import new_sim_devices
 
 import ggmlpy as gp
 from ggmlpy import Context, Graph, Op, Type
@@ -18,7 +19,6 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get_async, backend_tensor_set
 from ggmlpy.backends.device import backend as device_backend
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.scheduler import Scheduler
 
 N_BATCHES = 20
@@ -36,8 +36,8 @@ def _pipelined_batches(direct: bool, parallel: bool) -> int:
     y = w @ h (SIM, w in SIM weights). 20 evaluations queued back to back, each output read
     asynchronously; returns the number of wrong batches."""
     rng = np.random.default_rng(7)
-    dev = sim_reg(1, latency_us=LATENCY_US, refuse_ops={Op.SOFT_MAX},
-                  pinned_direct_upload=direct).devices[0]
+    dev = new_sim_devices(1, latency_us=LATENCY_US, refuse_ops={Op.SOFT_MAX},
+                  pinned_direct_upload=direct)[0]
     sim, cpu = dev.init_backend(), gp.backend_cpu_init()
     wctx = Context()
     w = wctx.new_tensor_2d(Type.F32, 64, 48).set_name("w")
@@ -90,14 +90,14 @@ def test_pinned_source_not_overwritten_before_queued_upload_read_it(direct, para
     assert fences == ([("SIM_Host", 32 * 64 * 4)] * N_BATCHES if direct else [])
 
 
-def test_sim_pinned_direct_upload_from_environment(monkeypatch):
+def test_sim_pinned_direct_upload_from_environment(monkeypatch, sim_devices):
     monkeypatch.setenv("GGMLPY_SIM_PINNED_DIRECT", "1")
-    assert sim_reg(1).devices[0].runtime.pinned_direct_upload is True
-    assert sim_reg(1, pinned_direct_upload=False).devices[0].runtime.pinned_direct_upload is False
+    assert sim_devices(1)[0].runtime.pinned_direct_upload is True
+    assert sim_devices(1, pinned_direct_upload=False)[0].runtime.pinned_direct_upload is False
     monkeypatch.setenv("GGMLPY_SIM_PINNED_DIRECT", "0")
-    assert sim_reg(1).devices[0].runtime.pinned_direct_upload is False
+    assert sim_devices(1)[0].runtime.pinned_direct_upload is False
     monkeypatch.setenv("GGMLPY_SIM_PINNED_DIRECT", "yes")
     with pytest.raises(ValueError, match="GGMLPY_SIM_PINNED_DIRECT"):
-        sim_reg(1)
+        sim_devices(1)
     monkeypatch.delenv("GGMLPY_SIM_PINNED_DIRECT")
-    assert sim_reg(1).devices[0].runtime.pinned_direct_upload is False
+    assert sim_devices(1)[0].runtime.pinned_direct_upload is False

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from backend_kinds import new_sim_devices
 
 import ggmlpy as gp
 from ggmlpy import Context, Graph, Op, Type
@@ -15,7 +16,6 @@ from ggmlpy.alloc import gallocr
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import BufferUsage, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.sched.scheduler import Scheduler
 
 
@@ -28,7 +28,7 @@ def _model(latency_us: float = 0.0):
     """x [16, 4] (input) -> a = W x (SIM) -> s = soft_max(a) (CPU: SIM refuses it) -> y = W s
     (SIM): two split inputs crossing devices (a down, s up) plus the user input."""
     rng = np.random.default_rng(3)
-    sim = sim_reg(1, latency_us=latency_us, refuse_ops={Op.SOFT_MAX}).devices[0].init_backend()
+    sim = new_sim_devices(1, latency_us=latency_us, refuse_ops={Op.SOFT_MAX})[0].init_backend()
     cpu = gp.backend_cpu_init()
     wctx = Context()
     w = wctx.new_tensor_2d(Type.F32, 16, 16).set_name("w")
