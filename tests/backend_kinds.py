@@ -38,8 +38,9 @@ def new_sim_devices(n: int = 1, latency_us: float | None = None, memory_mb: floa
     """The ``n`` devices of a new SIM registration (:func:`ggmlpy.backends.sim.sim_reg`: one new
     runtime per call, never the global registry, so tests stay independent under ``pytest -n``).
     None options read the environment as ``sim_reg`` does (latency 0, host-sized memory when
-    unset); further keyword options (``pinned_direct_upload``) go to ``sim_reg`` as given. The ``sim_devices`` fixture is this function; helpers that run at collection time or
-    outside a test call it directly."""
+    unset); further keyword options (``pinned_direct_upload``) go to ``sim_reg`` as given. The
+    ``sim_devices`` fixture is this function; helpers that run at collection time or outside a
+    test call it directly."""
     from ggmlpy.backends.sim import sim_reg
 
     reg = sim_reg(n, latency_us=latency_us, memory_mb=memory_mb, refuse_ops=refuse_ops, **options)

@@ -1,6 +1,7 @@
 """The public read-only counters of the caches tests inspect: a backend's ``plan_cache``
 (``PlanCache.stats()``), ``Buffer.data_gen``/``async_writes``, ``snapshot.free_hook_count()`` and
-``Assigner.op_key_memo_keys`` (``Scheduler.assigner``): what each counts, when it changes, and that it cannot be set."""
+``Assigner.op_key_memo_keys`` (``Scheduler.assigner``): what each counts, when it changes, and
+that it cannot be set."""
 
 from __future__ import annotations
 
