@@ -50,14 +50,10 @@ def test_layers_shared_in_order_and_exact(model_dir: Path, ngl: int, want: dict,
 
 @pytest.mark.parametrize("device, needle", [("SIM0,CPU", "the CPU cannot be one of several"),
                                             ("SIM0,SIM0", "must not list a device twice")])
-def test_device_list_errors(model_dir: Path, device: str, needle: str) -> None:
-    from ggmlpy.backend import registry
+def test_device_list_errors(model_dir: Path, device: str, needle: str, fresh_registry) -> None:
     from ggmlpy.backends.sim import register_sim_devices
     from ggmlpy.models.bert import BertModel
 
-    register_sim_devices(1)
-    try:
-        with pytest.raises(ValueError, match=needle):
-            BertModel.load(model_dir=model_dir, device=device, n_gpu_layers=2)
-    finally:
-        registry.unregister("SIM")
+    register_sim_devices(1)  # by name, as the CLI would: into this test's fresh registry
+    with pytest.raises(ValueError, match=needle):
+        BertModel.load(model_dir=model_dir, device=device, n_gpu_layers=2)
