@@ -24,26 +24,15 @@ from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
 
-def _device(where: str):
-    if where == "cuda":
-        from ggmlpy.backends.cuda.runtime import cuda_reg  # noqa: PLC0415
-
-        reg = cuda_reg()
-        if not reg.devices:
-            pytest.skip(f"no CUDA device: {reg.unavailable_reason}")
-        return reg.devices[0]
-    return fake_cuda_reg(1).devices[0]
-
-
 def _f16_ref(x: np.ndarray, w16: np.ndarray) -> np.ndarray:
     """float64 product of src1 rounded to f16 (ggml-cuda's conversion) and the f16 weight."""
     return x.astype(np.float16).astype(np.float64) @ w16.astype(np.float64).T
 
 
-@pytest.mark.parametrize("where", ["fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.backends("FAKECUDA0", "CUDA0")
 @pytest.mark.parametrize("K,M,N,x16", [(384, 96, 7, False), (64, 40, 1, False), (128, 32, 9, True)])
-def test_f16_weight_is_one_gemmex_with_f32_compute(where, K, M, N, x16):
-    be = _device(where).init_backend()
+def test_f16_weight_is_one_gemmex_with_f32_compute(backend, backend_kind, K, M, N, x16):
+    be = backend
     rng = np.random.default_rng(K + N)
     ctx = Context(no_alloc=True)
     w = ctx.new_tensor(Type.F16, (K, M))
@@ -63,7 +52,7 @@ def test_f16_weight_is_one_gemmex_with_f32_compute(where, K, M, N, x16):
             got = np.asarray(backend_tensor_get(y)).reshape(-1).view(np.float32).reshape(N, M)
             # f32 accumulation of K products of f16 values <= 1: rounding ~K * 2**-24 relative
             np.testing.assert_allclose(got, _f16_ref(xv, w16), rtol=1e-5, atol=1e-5 * np.sqrt(K))
-        if where == "fakecuda":
+        if backend_kind == "FAKECUDA0":
             calls = fake_cupy.GEMMEX_CALLS[calls0:]
             assert len(calls) == 2  # eager + capture (the replay runs the recorded call)
             c = calls[0]
@@ -75,7 +64,6 @@ def test_f16_weight_is_one_gemmex_with_f32_compute(where, K, M, N, x16):
             assert c["stream"] == be.stream.cs.ptr  # the backend's stream, not the default one
     finally:
         buf.free()
-        be.free()
 
 
 def test_batched_weight_falls_back_to_the_f32_product():

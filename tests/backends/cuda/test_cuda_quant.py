@@ -21,7 +21,6 @@ import pytest
 pytest.importorskip("gguf")  # the CPU reference dequantizes the legacy types with gguf-py
 
 import fake_cupy_quant
-from fake_cupy import fake_cuda_reg
 
 from ggmlpy import ops  # noqa: E402
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors
@@ -131,29 +130,16 @@ def _graph_on(backend, t: Type, seed: int):
 
 
 @pytest.mark.parametrize("t", QTYPES + [Type.F16, Type.BF16])
-@pytest.mark.parametrize("where", ["sim", "fakecuda", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, where, sim_devices):
-    if where == "cuda":
-        from ggmlpy.backends.cuda.runtime import cuda_reg
-
-        reg = cuda_reg()
-        if not reg.devices:
-            pytest.skip(f"no CUDA device: {reg.unavailable_reason}")
-        dev = reg.devices[0]
-    else:
-        dev = sim_devices(1)[0] if where == "sim" else fake_cuda_reg(1).devices[0]
-    be = dev.init_backend()
+@pytest.mark.backends("SIM0", "FAKECUDA0", "CUDA0")
+def test_device_ops_on_quantized_and_bf16_match_the_cpu(t, backend, backend_kind):
     launches = fake_cupy_quant.LAUNCHES[0]
-    try:
-        got = _graph_on(be, t, int(t))
-    finally:
-        be.free()
-    if where == "fakecuda" and t.is_quantized:  # dequantized by the device kernel, not the host
+    got = _graph_on(backend, t, int(t))
+    if backend_kind == "FAKECUDA0" and t.is_quantized:  # dequantized by the device kernel, not the host
         assert fake_cupy_quant.LAUNCHES[0] >= launches + 3
     cpu = backend_cpu_init()
     want = _graph_on(cpu, t, int(t))
     # CuPy quantizing is refused (host-only quantizer): then it has one output fewer
-    if where != "sim" and t.is_quantized:
+    if backend_kind != "SIM0" and t.is_quantized:
         assert len(got) == 3 and len(want) == 4
     else:
         assert len(got) == len(want)

@@ -222,10 +222,8 @@ def test_freeing_a_device_buffer_with_live_exports_defers_its_release():
 # backend_tensor_get(out=)
 
 
-@pytest.mark.parametrize("where", ["cpu", "sim", "fakecuda"])
-def test_backend_tensor_get_into_out(where, sim_devices):
-    buft = {"cpu": cpu_buffer_type, "sim": lambda: sim_devices(1)[0].get_buffer_type(),
-            "fakecuda": lambda: fake_cuda_reg(1).devices[0].get_buffer_type()}[where]()
+def test_backend_tensor_get_into_out(device):
+    buft = device.get_buffer_type()
     ctx, buf, (t, q) = _placed(buft, (Type.F32, (4, 3)), (Type.Q8_0, (32,)))
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     backend_tensor_set(t, x)
