@@ -149,12 +149,10 @@ def test_layer_chunks_follow_llama_cpp_split():
         layer_chunks(6, 2, [1])
 
 
-@pytest.mark.model
-def test_tensor_split_places_layers_and_keeps_the_values(model_dir, public):
-    from ggmlpy.backends.sim import sim_reg
+def test_tensor_split_places_layers_and_keeps_the_values(model_dir, public, sim_devices):
     from ggmlpy.models.bert import BertModel
 
-    devs = list(sim_reg(2).devices)
+    devs = sim_devices(2)
     with BertModel.load(model_dir, device=devs, n_gpu_layers=6, tensor_split=[1, 2]) as m:
         placed = [lw.w_up.buffer.buft.name for lw in m.layers]
         assert placed == [devs[0].name] * 2 + [devs[1].name] * 4
