@@ -103,7 +103,7 @@ def over_budget(sizes: dict[str, dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     p.add_argument("--json", action="store_true", help="print JSON")
     args = p.parse_args(argv)
     sizes = measure()
