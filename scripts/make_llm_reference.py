@@ -32,7 +32,7 @@ source with ``-mno-amx-tile -mno-amx-int8 -mno-amx-bf16``, LLAVA_BUILD=OFF, GGML
 CPU only, ``n_threads = n_threads_batch = 2``, ``n_ctx = 2048``, ``n_batch = n_ubatch = 512``,
 ``flash_attn = False``, ``logits_all = False`` (Gemma) / ``True`` (tiny model), mmap on.
 
-Rerun (about 3 minutes on 2 cores)::
+Rerun::
 
     /work/refvenv/bin/python scripts/make_llm_reference.py \
         --model /work/models/gemma3-270m-q4_k_m.gguf [--out tests/data] [--copy-to DIR] \

@@ -1,0 +1,90 @@
+"""Dump llama.cpp's intermediate tensors for one prompt, to debug a graph layer by layer.
+
+Reference-tool script (run under the reference venv with llama-cpp-python; never imported by
+ggmlpy). It decodes the given token ids once with llama.cpp's low-level API and a scheduler eval
+callback (``llama_context_params.cb_eval``, ggml-backend ``ggml_backend_sched_eval_callback``)
+and saves every contiguous F32 tensor the graph computes, keyed by llama.cpp's own names
+(``inp_scaled``, ``attn_norm-0``, ``Qcur_normed-0``, ``Kcur-0``, ``kq_soft_max-0``, ``kqv_out-0``,
+``sa_out-0``, ``ffn_out-0``, ``l_out-0`` ... ``result_norm``, ``result_output``), as NumPy arrays
+of shape ne reversed (ne3, ne2, ne1, ne0). On the last layer llama.cpp keeps only the output rows
+(the last token). ``kq``/``kq_soft_max`` span the padded KV cache (n_kv >= n_tokens).
+
+Settings as in make_llm_reference.py: CPU, 2 threads, n_ctx 2048, n_batch = n_ubatch = 512,
+flash attention off, default F16 KV cache.
+
+Usage: ``/work/refvenv/bin/python scripts/dump_llamacpp_tensors.py --ids 2,818,5279 OUT.npz
+[--model PATH]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+from pathlib import Path
+
+import numpy as np
+
+
+class _Tensor(ctypes.Structure):
+    """The head of ggml.h ``struct ggml_tensor`` up to ``name`` (GGML_MAX_DIMS 4, 10 srcs)."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p),
+                ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int),
+                ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
+                ("src", ctypes.c_void_p * 10), ("view_src", ctypes.c_void_p),
+                ("view_offs", ctypes.c_size_t), ("data", ctypes.c_void_p),
+                ("name", ctypes.c_char * 64)]
+
+
+def dump(model_path: Path, ids: list[int]) -> dict[str, np.ndarray]:
+    import llama_cpp
+
+    store: dict[str, np.ndarray] = {}
+
+    @llama_cpp.ggml_backend_sched_eval_callback
+    def callback(t, ask, _user_data):
+        if ask:
+            return True
+        tt = ctypes.cast(t, ctypes.POINTER(_Tensor)).contents
+        ne, nb = list(tt.ne), list(tt.nb)
+        contiguous = nb[0] == 4 and nb[1] == 4 * ne[0] and nb[2] == nb[1] * ne[1] \
+            and nb[3] == nb[2] * ne[2]
+        if tt.type == 0 and tt.data and contiguous:  # GGML_TYPE_F32
+            n = ne[0] * ne[1] * ne[2] * ne[3]
+            buf = ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float))
+            store[tt.name.decode()] = np.ctypeslib.as_array(buf, shape=(n,)).copy().reshape(
+                ne[3], ne[2], ne[1], ne[0])
+        return True
+
+    llama_cpp.llama_backend_init()
+    model = llama_cpp.llama_model_load_from_file(str(model_path).encode(),
+                                                 llama_cpp.llama_model_default_params())
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 2048, 512, 512
+    cp.n_threads = cp.n_threads_batch = 2
+    cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.cb_eval = callback
+    ctx = llama_cpp.llama_init_from_model(model, cp)
+    arr = (llama_cpp.llama_token * len(ids))(*ids)
+    rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(ids)))
+    llama_cpp.llama_free(ctx)
+    llama_cpp.llama_model_free(model)
+    if rc != 0:
+        raise RuntimeError(f"llama_decode returned {rc}")
+    return store
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--ids", required=True, help="comma-separated token ids (include the BOS)")
+    ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))
+    args = ap.parse_args()
+    store = dump(args.model, [int(x) for x in args.ids.split(",")])
+    np.savez_compressed(args.out, **store)
+    print(f"{args.out}: {len(store)} tensors")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
