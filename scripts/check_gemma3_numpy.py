@@ -141,7 +141,7 @@ def last_logits(w, hp, ids, emulate: bool = False) -> np.ndarray:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "tests/data")
     ap.add_argument("--names", default="")

@@ -75,7 +75,7 @@ def dump(model_path: Path, ids: list[int]) -> dict[str, np.ndarray]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("out", type=Path)
     ap.add_argument("--ids", required=True, help="comma-separated token ids (include the BOS)")
     ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))

@@ -55,14 +55,17 @@ def test_devices_command_loads_no_heavy_library_without_a_cuda_driver():
 
 def test_every_argument_parser_refuses_abbreviations():
     # OneLineArgumentParser sets allow_abbrev=False; a plain argparse parser must say so itself
-    import re
+    import ast
 
     missing = []
     for folder in ("ggmlpy", "scripts"):
         for p in (ROOT / folder).rglob("*.py"):
-            for m in re.finditer(r"argparse\.ArgumentParser\(([^)]*)", p.read_text()):
-                if "allow_abbrev=False" not in m.group(1):
-                    missing.append(str(p.relative_to(ROOT)))
+            for node in ast.walk(ast.parse(p.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr == "ArgumentParser"
+                        and not any(k.arg == "allow_abbrev" and isinstance(k.value, ast.Constant)
+                                    and k.value.value is False for k in node.keywords)):
+                    missing.append(f"{p.relative_to(ROOT)}:{node.lineno}")
     assert missing == []
     from ggmlpy.core.check import OneLineArgumentParser
 
