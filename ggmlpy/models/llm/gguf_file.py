@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import GGUFError
-from ...types import Type
-from ..gguf_bert import TypedWeight
+from ggmlpy.core.errors import GGUFError
+from ggmlpy.core.types import Type
+from ggmlpy.models.gguf_bert import TypedWeight
 
 __all__ = ["TypedWeight", "read_decoder_gguf"]
 

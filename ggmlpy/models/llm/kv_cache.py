@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ... import ops
-from ...alloc import alloc_ctx_tensors_from_buft
-from ...backend import Backend, Buffer
-from ...tensor import Context, Tensor
-from ...types import Type
-from .arch import HParams
+from ggmlpy import ops
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
+from ggmlpy.backend.interface import Backend, Buffer
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.core.types import Type
+from ggmlpy.models.llm.arch import HParams
 
 __all__ = ["KVCache", "KV_PAD"]
 

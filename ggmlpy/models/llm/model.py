@@ -48,20 +48,20 @@ from typing import Any
 
 import numpy as np
 
-from ... import ops
-from ..._check import ArgumentValueError, check_bool, check_int, check_optional, check_type
-from ...alloc import alloc_ctx_tensors_from_buft
-from ...backend import Backend, Buffer, BufferUsage, Device, DeviceType, Status
-from ...errors import ComputeError
-from ...graph import Graph
-from ...opcodes import GluOp
-from ...tensor import Context, Tensor
-from ...tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
-from ...types import Type
-from ..bert import resolve_device
-from .arch import HParams, block_tensor_names
-from .gguf_file import TypedWeight, read_decoder_gguf
-from .kv_cache import KVCache
+from ggmlpy import ops
+from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
+from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
+from ggmlpy.core.errors import ComputeError
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import GluOp
+from ggmlpy.core.tensor import Context, Tensor
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
+from ggmlpy.core.types import Type
+from ggmlpy.models.bert import resolve_device
+from ggmlpy.models.llm.arch import HParams, block_tensor_names
+from ggmlpy.models.llm.gguf_file import TypedWeight, read_decoder_gguf
+from ggmlpy.models.llm.kv_cache import KVCache
 
 __all__ = ["LLM", "GRAPH_CACHE_SIZE", "GRAPH_SIZE"]
 
@@ -201,7 +201,7 @@ class LLM:
         if not 0 <= n_gpu_layers <= n_layer:
             raise ArgumentValueError("n_gpu_layers", f"must be in 0..{n_layer} (or -1 for all) "
                                      f"for this {n_layer}-layer model, got {n_gpu_layers}", where)
-        from ...backends.cpu import backend_cpu_init
+        from ggmlpy.backends.cpu.backend import backend_cpu_init
 
         names = device.split(",") if isinstance(device, str) else (
             list(device) if isinstance(device, (list, tuple)) else [device])
@@ -232,7 +232,7 @@ class LLM:
             layer_be = self._layer_backends()
             self._load_weights(tensors, layer_be)
             self.kv = KVCache(hp, n_ctx, layer_be, type_k, type_v)
-            from ...sched import Scheduler
+            from ggmlpy.sched.scheduler import Scheduler
 
             self.sched = Scheduler(self._backends, graph_size=GRAPH_SIZE, parallel=parallel,
                                    op_offload=op_offload)

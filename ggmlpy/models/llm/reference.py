@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 import numpy as np
 
-from .arch import ROPE_NEOX, HParams, block_tensor_names
+from ggmlpy.models.llm.arch import ROPE_NEOX, HParams, block_tensor_names
 
 __all__ = ["rms_norm", "rope", "gelu_tanh", "silu", "attention", "forward", "load_weights_f64"]
 
@@ -176,8 +176,8 @@ def load_weights_f64(path: str, names: Sequence[str] | None = None) -> tuple[HPa
     Raises:
         ValueError: an unsupported architecture or a missing key. ImportError: no ``gguf``.
     """
-    from ...quants import dequantize
-    from .gguf_file import read_decoder_gguf
+    from ggmlpy.quants import dequantize
+    from ggmlpy.models.llm.gguf_file import read_decoder_gguf
 
     meta, tensors = read_decoder_gguf(path)
     hp = HParams.from_metadata(meta, tensors["token_embd.weight"].ne[1], path)

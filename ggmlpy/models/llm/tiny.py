@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ...types import Type
-from .arch import arch_spec
+from ggmlpy.core.types import Type
+from ggmlpy.models.llm.arch import arch_spec
 
 __all__ = ["TinyConfig", "TINY", "QUANT_TYPES", "write_tiny_gguf"]
 
@@ -109,7 +109,7 @@ def write_tiny_gguf(path: str | os.PathLike[str], arch: str, seed: int = 0,
         ValueError: an unknown architecture, or ``n_head`` not a multiple of ``n_head_kv``.
         ImportError: the ``gguf`` package is missing.
     """
-    from ...gguf_io import gguf_save
+    from ggmlpy.gguf.weights import gguf_save
 
     spec = arch_spec(arch)
     cfg = config or TINY[arch]

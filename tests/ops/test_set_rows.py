@@ -18,11 +18,12 @@ import pytest
 
 import ggmlpy as gp
 from ggmlpy import Context, Graph, Op, Type, ops
-from ggmlpy.alloc import alloc_ctx_tensors_from_buft
-from ggmlpy.backend import Status, backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.sim_runtime import sim_reg
-from ggmlpy.errors import ComputeError
-from ggmlpy.sched import Scheduler
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
+from ggmlpy.backend.interface import Status
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.sim import sim_reg
+from ggmlpy.core.errors import ComputeError
+from ggmlpy.sched.scheduler import Scheduler
 
 
 def test_set_rows_is_a_view_of_a_with_ggml_source_order():
