@@ -170,3 +170,18 @@ def test_load_and_eval_errors(files):
             m.eval(list(range(200)) + list(range(57)))
     with pytest.raises(ValueError, match="closed"):
         m.eval([1])
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")
+def test_ray_offload_matches_the_reference(files, ray_reg2):
+    """The last block and its KV cache on a RAY device (a Ray actor): the cache's SET_ROWS
+    writes and the attention's reads of it happen in the actor's memory across steps."""
+    path, ref = files["llama"]
+    with LLM.load(path, device=ray_reg2.devices[0], n_gpu_layers=1, n_ubatch=8,
+                  n_ctx=64) as m:
+        assert m.devices[0].startswith("RAY")
+        lg = m.eval(TOKENS[:10], all_logits=True)
+        np.testing.assert_allclose(lg, ref[:10], rtol=0, atol=ATOL)
+        for i in range(10, 13):
+            np.testing.assert_allclose(m.eval([TOKENS[i]]), ref[i], rtol=0, atol=ATOL)
