@@ -280,7 +280,7 @@ def _k_set_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     b, c = srcs[0], srcs[1]             # b (B3, B2, R, n) f32; c (1, C2, C1, R) i64/i32
     td = node.type
     d = bf16_bits(xp, dst) if td == Type.BF16 else dst
-    B3, B2, R = b.shape[0], b.shape[1], b.shape[2]
+    B3, B2 = b.shape[0], b.shape[1]
     C2, C1 = c.shape[1], c.shape[2]
     if td == Type.F32:
         conv = None

@@ -49,14 +49,14 @@ from typing import Any
 import numpy as np
 
 from ggmlpy import ops
-from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
+from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import GluOp
 from ggmlpy.core.tensor import Context, Tensor
-from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ggmlpy.core.types import Type
 from ggmlpy.models.bert import resolve_device
 from ggmlpy.models.llm.arch import HParams, block_tensor_names

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+
 import numpy as np
 
 from ggmlpy.models.llm.arch import ROPE_NEOX, HParams, block_tensor_names
@@ -176,8 +177,8 @@ def load_weights_f64(path: str, names: Sequence[str] | None = None) -> tuple[HPa
     Raises:
         ValueError: an unsupported architecture or a missing key. ImportError: no ``gguf``.
     """
-    from ggmlpy.quants import dequantize
     from ggmlpy.models.llm.gguf_file import read_decoder_gguf
+    from ggmlpy.quants import dequantize
 
     meta, tensors = read_decoder_gguf(path)
     hp = HParams.from_metadata(meta, tensors["token_embd.weight"].ne[1], path)
