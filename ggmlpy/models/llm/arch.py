@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = ["ARCHS", "ArchSpec", "HParams", "arch_spec", "block_tensor_names"]
 
 #: ggml's rope modes (``GGML_ROPE_TYPE_NEOX``), as ``ggmlpy.ops.ROPE_TYPE_*``
@@ -171,7 +173,9 @@ class HParams:
             full = f"{name}.{key}"
             if full in metadata:
                 v = metadata[full]
-                return v[0] if isinstance(v, (list, tuple)) else v  # per-layer arrays: layer 0
+                if isinstance(v, (list, tuple, np.ndarray)):  # per-layer arrays: layer 0's
+                    return v[0]
+                return v
             if required:
                 raise ValueError(f"{where}: missing key {full!r}")
             return default

@@ -115,7 +115,8 @@ class LLM:
     ``llama_model`` + ``llama_context`` for one sequence: ``llama_decode`` with a KV cache).
 
     Build it with :meth:`load`. Attributes: ``hp`` (:class:`~.arch.HParams`), ``path``,
-    ``metadata`` (the file's scalar keys), ``n_gpu_layers``, ``n_ubatch``, ``parallel``,
+    ``metadata`` (the file's key/value pairs, e.g. for the tokenizer), ``n_gpu_layers``,
+    ``n_ubatch``, ``parallel``,
     ``kv`` (:class:`~.kv_cache.KVCache`), ``n_graph_builds``, ``sched``
     (:class:`~ggmlpy.sched.Scheduler`), ``tokenizer`` (None until set; :meth:`generate` encodes
     a str prompt with its ``encode(text)`` and stops at ``is_eog(id)``).
