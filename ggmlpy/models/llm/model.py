@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ from ggmlpy.models.bert import resolve_device
 from ggmlpy.models.llm.arch import HParams, block_tensor_names
 from ggmlpy.models.llm.gguf_file import TypedWeight, read_decoder_gguf
 from ggmlpy.models.llm.kv_cache import KVCache
+from ggmlpy.models.llm.sampling import greedy
+from ggmlpy.models.llm.tokenizer import Tokenizer
 
 __all__ = ["LLM", "GRAPH_CACHE_SIZE", "GRAPH_SIZE"]
 
@@ -118,8 +120,9 @@ class LLM:
     ``metadata`` (the file's key/value pairs, e.g. for the tokenizer), ``n_gpu_layers``,
     ``n_ubatch``, ``parallel``,
     ``kv`` (:class:`~.kv_cache.KVCache`), ``n_graph_builds``, ``sched``
-    (:class:`~ggmlpy.sched.Scheduler`), ``tokenizer`` (None until set; :meth:`generate` encodes
-    a str prompt with its ``encode(text)`` and stops at ``is_eog(id)``).
+    (:class:`~ggmlpy.sched.Scheduler`), ``tokenizer`` (the file's
+    :class:`~ggmlpy.models.llm.tokenizer.Tokenizer`, None when it has no ``tokenizer.ggml.model``;
+    :meth:`generate` encodes a str prompt with it and stops at its end-of-generation ids).
     Not thread-safe. Call :meth:`close` (or use it as a context manager) to free its buffers.
     """
 
@@ -218,6 +221,8 @@ class LLM:
         self.path = Path(path)
         self.metadata = meta
         self.hp = hp
+        if "tokenizer.ggml.model" in meta:
+            self.tokenizer = Tokenizer.from_gguf_metadata(meta, str(path))
         self.n_ubatch = n_ubatch
         self.parallel = parallel
         try:
@@ -513,21 +518,23 @@ class LLM:
         return out if all_logits else out[0]
 
     def generate(self, prompt: str | Sequence[int], n_predict: int,
-                 sampler: Callable[[np.ndarray], int] | None = None,
-                 stop: Collection[int] | None = None) -> Iterator[int]:
-        """Generate up to ``n_predict`` tokens after ``prompt``, one id at a time.
+                 sampler: Any = None, stop: Collection[int] | None = None) -> Iterator[int]:
+        """Generate up to ``n_predict`` tokens after ``prompt``, one id at a time (llama.cpp's
+        ``llama-simple`` loop: decode the prompt, then sample and decode one token per step).
 
         The prompt is appended to the current sequence (call :meth:`clear` first for a new one);
         each generated token is evaluated as a one-token step.
 
         Args:
-            prompt: token ids, or a str when ``tokenizer`` is set (encoded with its
-                ``encode(text)``, which adds BOS as the file says).
+            prompt: token ids, or a str encoded with :attr:`tokenizer` (BOS added when the file
+                says so, special-token text not parsed).
             n_predict: the most tokens to generate (>= 0).
-            sampler: ``sampler(logits) -> id`` on the float32 ``[n_vocab]`` logits; None: greedy
-                (the arg max, the lowest id on ties, as llama.cpp's greedy sampler).
+            sampler: a :class:`~ggmlpy.models.llm.sampling.Sampler` (its ``sample(logits,
+                history)`` sees every token so far, for the penalties), a callable
+                ``f(logits) -> id``, or None: greedy (the arg max, the lowest id on ties, as
+                llama.cpp's greedy sampler). ``logits`` are float32 ``[n_vocab]``.
             stop: ids that end generation (yielded, then stop); None: the tokenizer's
-                end-of-generation ids when a tokenizer is set, else none.
+                end-of-generation ids (none without a tokenizer).
 
         Yields:
             The generated token ids.
@@ -536,25 +543,34 @@ class LLM:
             TypeError: a str prompt without a tokenizer. ValueError: as :meth:`eval`.
         """
         check_int("n_predict", n_predict, 0, None, "LLM.generate")
+        tok = self.tokenizer
         if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise TypeError("LLM.generate: a str prompt needs a tokenizer (set "
-                                "model.tokenizer), or pass token ids")
-            ids = list(self.tokenizer.encode(prompt))
+            if tok is None:
+                raise TypeError("LLM.generate: a str prompt needs a tokenizer (this file has none);"
+                                " pass token ids")
+            ids = list(tok.encode(prompt))
         else:
             ids = [int(t) for t in prompt]
         if stop is None:
-            tok = self.tokenizer
             is_stop = (lambda t: bool(tok.is_eog(t))) if tok is not None else (lambda t: False)
         else:
-            stops = frozenset(int(s) for s in stop)
-            is_stop = stops.__contains__
-        pick = sampler if sampler is not None else (lambda lg: int(np.argmax(lg)))
+            is_stop = frozenset(int(s) for s in stop).__contains__
+        history = list(ids)
+        if sampler is None:
+            pick = greedy
+        elif hasattr(sampler, "sample"):
+            pick = lambda lg: sampler.sample(lg, history)  # noqa: E731
+        elif callable(sampler):
+            pick = sampler
+        else:
+            raise TypeError(f"LLM.generate: sampler must be a Sampler, a callable or None, got "
+                            f"{type(sampler).__name__}")
         if n_predict == 0:
             return
         logits = self.eval(ids)
         for i in range(n_predict):
             t = int(pick(logits))
+            history.append(t)
             yield t
             if is_stop(t) or i == n_predict - 1:
                 return

@@ -2,8 +2,9 @@
 
 :func:`write_tiny_gguf` writes a complete llama.cpp-style file with :func:`ggmlpy.gguf_save`:
 the ``{arch}.*`` hyperparameters, a minimal tokenizer section (``tokenizer.ggml.model``
-``"llama"`` with ``n_vocab`` tokens ``<pad> <eos> <bos> <unk>`` then byte-like pieces, scores and
-token types; bos/eos/unk/pad ids) and the tensors, quantized to the types the real models use
+``"llama"`` with ``n_vocab`` tokens: ``<pad> <eos> <bos> <unk>``, the 256 byte tokens ``<0x00>``..
+``<0xFF>`` (so any text encodes, through byte fallback), then ``\u2581`` and ``\u2581t<i>``
+pieces; scores and token types; bos/eos/unk/pad ids) and the tensors, quantized to the types the real models use
 (:data:`QUANT_TYPES`) or all F32. The weights are N(0, 1/fan_in) matrices and ``1 + 0.1 N(0, 1)``
 norm weights from ``numpy.random.default_rng(seed)``, so the same call writes the same file.
 """
@@ -36,7 +37,7 @@ class TinyConfig:
     n_head_kv: int
     head_dim: int
     n_ff: int
-    n_vocab: int = 256
+    n_vocab: int = 320
     n_ctx_train: int = 512
     n_swa: int = 0
     tied: bool = True
@@ -77,12 +78,16 @@ def _type_for(name: str, ne0: int, quantized: bool) -> Type:
 
 def _tokenizer_metadata(n_vocab: int) -> dict[str, Any]:
     specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
-    tokens = specials + [f"\u2581t{i}" for i in range(n_vocab - len(specials))]
+    n_bytes = min(256, n_vocab - len(specials))
+    n_words = n_vocab - len(specials) - n_bytes
+    tokens = (specials + [f"<0x{b:02X}>" for b in range(n_bytes)]
+              + ["\u2581"] + [f"\u2581t{i}" for i in range(n_words - 1)])[:n_vocab]
     return {
         "tokenizer.ggml.model": "llama",
         "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": [0.0] * 4 + [-float(i) for i in range(n_vocab - 4)],
-        "tokenizer.ggml.token_type": [3, 3, 3, 2] + [1] * (n_vocab - 4),
+        "tokenizer.ggml.scores": [0.0] * (4 + n_bytes) + [-float(i) for i in range(n_words)],
+        # llama.cpp's token types: 1 normal, 2 unknown, 3 control, 6 byte
+        "tokenizer.ggml.token_type": [3, 3, 3, 2] + [6] * n_bytes + [1] * n_words,
         "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
         "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0,
         "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,

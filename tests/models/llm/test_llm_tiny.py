@@ -114,9 +114,17 @@ def test_generate_greedy_is_the_arg_max_chain(files):
     with LLM.load(path, n_ctx=64) as m:
         assert list(m.generate(prompt, 5)) == want
         m.clear()
-        assert list(m.generate(prompt, 5, stop={want[1]})) == want[:2]
-        with pytest.raises(TypeError, match="tokenizer"):
-            next(m.generate("hello", 3))
+        s = want[2]
+        assert list(m.generate(prompt, 5, stop={s})) == want[:want.index(s) + 1]
+        # a str prompt goes through the file's tokenizer (BOS + byte-fallback ids here)
+        ids = m.tokenizer.encode("hi!")
+        assert ids[0] == 2 and len(ids) > 1
+        m.clear()
+        from_text = list(m.generate("hi!", 3))
+        m.clear()
+        assert from_text == list(m.generate(ids, 3))
+        with pytest.raises(TypeError, match="sampler"):
+            next(m.generate(prompt, 3, sampler=5))
 
 
 @pytest.mark.parametrize("ngl, parallel", [(3, False), (-1, False), (3, True), (-1, True)])
@@ -160,8 +168,8 @@ def test_load_and_eval_errors(files):
     with pytest.raises(ValueError, match="type_k"):
         LLM.load(path, type_k=Type.Q8_0)
     with LLM.load(path, n_ctx=256) as m:
-        with pytest.raises(ValueError, match="0..255"):
-            m.eval([256])
+        with pytest.raises(ValueError, match="0..319"):
+            m.eval([320])
         with pytest.raises(ValueError, match="non-empty"):
             m.eval([])
         with pytest.raises(TypeError, match="ints"):
