@@ -30,6 +30,10 @@ import numpy as np
 
 __all__ = ["ARCHS", "ArchSpec", "HParams", "arch_spec", "block_tensor_names"]
 
+#: RoPE base when a file has no ``{arch}.rope.freq_base`` (llama.cpp's ``rope_freq_base_train``
+#: default)
+DEFAULT_ROPE_BASE = 10000.0
+
 #: ggml's rope modes (``GGML_ROPE_TYPE_NEOX``), as ``ggmlpy.ops.ROPE_TYPE_*``
 ROPE_NORMAL, ROPE_NEOX = 0, 2
 
@@ -51,7 +55,6 @@ class ArchSpec:
         swa_pattern: every ``swa_pattern``-th layer (``il % swa_pattern == swa_pattern - 1``) is
             global, the others use the sliding window; 0: no sliding window.
         rope_base_swa: RoPE base of the sliding-window layers (None: the global base).
-        default_rope_base: RoPE base when the file has no ``{arch}.rope.freq_base``.
         block_tensors: per-block tensor suffixes that must exist (``blk.{il}.<suffix>.weight``).
         optional_block_tensors: per-block suffixes that may exist (biases).
     """
@@ -65,7 +68,6 @@ class ArchSpec:
     qkv_bias: bool = False
     swa_pattern: int = 0
     rope_base_swa: float | None = None
-    default_rope_base: float = 10000.0
     block_tensors: tuple[str, ...] = ()
     optional_block_tensors: tuple[str, ...] = ()
 
@@ -85,13 +87,13 @@ _QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 ARCHS: dict[str, ArchSpec] = {
     "gemma3": ArchSpec(
         name="gemma3", ffn="geglu", rope_mode=ROPE_NEOX, embd_scale=True, qk_norm=True,
-        post_norms=True, swa_pattern=6, rope_base_swa=10000.0, default_rope_base=1e6,
+        post_norms=True, swa_pattern=6, rope_base_swa=10000.0,
         block_tensors=_LLAMA_BLOCK + ("attn_q_norm.weight", "attn_k_norm.weight",
                                       "post_attention_norm.weight", "post_ffw_norm.weight")),
     "llama": ArchSpec(name="llama", ffn="swiglu", rope_mode=ROPE_NORMAL,
                       block_tensors=_LLAMA_BLOCK, optional_block_tensors=_QKV_BIAS),
     "qwen2": ArchSpec(name="qwen2", ffn="swiglu", rope_mode=ROPE_NEOX, qkv_bias=True,
-                      default_rope_base=1e6, block_tensors=_LLAMA_BLOCK + _QKV_BIAS),
+                      block_tensors=_LLAMA_BLOCK + _QKV_BIAS),
 }
 
 
@@ -192,7 +194,7 @@ class HParams:
                              f"{n_head_kv}")
         head_k = int(get("attention.key_length", n_embd // n_head))
         head_v = int(get("attention.value_length", head_k))
-        rope_base = float(get("rope.freq_base", spec.default_rope_base))
+        rope_base = float(get("rope.freq_base", DEFAULT_ROPE_BASE))
         n_rot = int(get("rope.dimension_count", head_k))
         if n_rot % 2 or not 0 < n_rot <= head_k:
             raise ValueError(f"{where}: rope.dimension_count {n_rot} must be even and in "

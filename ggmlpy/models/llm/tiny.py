@@ -56,6 +56,9 @@ TINY: dict[str, TinyConfig] = {
                         tied=True),
 }
 
+#: RoPE base written per architecture (the real models' values: Gemma 3 and Qwen2 1e6)
+ROPE_BASE: dict[str, float] = {"gemma3": 1e6, "llama": 10000.0, "qwen2": 1e6}
+
 #: Tensor types of the quantized tiny files (by suffix; the real gemma3 270M Q4_K_M file's mix).
 #: A type whose block does not divide ``ne[0]`` falls back to Q8_0, then F16.
 QUANT_TYPES: dict[str, Type] = {
@@ -164,7 +167,7 @@ def write_tiny_gguf(path: str | os.PathLike[str], arch: str, seed: int = 0,
         f"{arch}.attention.head_count": cfg.n_head, f"{arch}.attention.head_count_kv": cfg.n_head_kv,
         f"{arch}.attention.key_length": hd, f"{arch}.attention.value_length": hd,
         f"{arch}.attention.layer_norm_rms_epsilon": 1e-6 if arch == "gemma3" else 1e-5,
-        f"{arch}.rope.freq_base": spec.default_rope_base,
+        f"{arch}.rope.freq_base": ROPE_BASE[arch],
     }
     if arch == "llama":
         meta[f"{arch}.rope.dimension_count"] = hd
