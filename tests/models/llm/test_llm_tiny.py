@@ -127,6 +127,19 @@ def test_generate_greedy_is_the_arg_max_chain(files):
             next(m.generate(prompt, 3, sampler=5))
 
 
+def test_two_sim_devices_share_the_blocks(files):
+    """Two devices: the 7 offloaded blocks in chunks of 4 and 3 (llama.cpp's layer split), the
+    output layer on the last device; pipelined micro-batches cross both."""
+    path, ref = files["gemma3"]
+    reg = sim_reg(2, latency_us=0.0)
+    with LLM.load(path, device=list(reg.devices), n_gpu_layers=-1, n_ubatch=8, n_ctx=64,
+                  parallel=True) as m:
+        bufts = [b.get_default_buffer_type() for b in m._backends[:2]]
+        assert [bufts.index(m.kv.k[il].buffer.buft) for il in range(7)] == [0] * 4 + [1] * 3
+        assert m.output.buffer.buft is bufts[1]
+        np.testing.assert_allclose(m.eval(TOKENS, all_logits=True), ref, rtol=0, atol=ATOL)
+
+
 @pytest.mark.parametrize("ngl, parallel", [(3, False), (-1, False), (3, True), (-1, True)])
 def test_sim_offload_matches_the_reference(files, sim0, ngl, parallel):
     """``-ngl 3``: blocks 4-6 and their KV cache on SIM0, the output layer on the CPU; ``-1``:
