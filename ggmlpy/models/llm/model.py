@@ -52,6 +52,7 @@ from ggmlpy import ops
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
+from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
@@ -170,12 +171,13 @@ class LLM:
             op_offload: the scheduler's ``op_offload`` (off: ``n_gpu_layers`` alone decides).
 
         Returns:
-            The model, weights uploaded and the scheduler reserved for a one-token step.
+            The model, weights uploaded, the scheduler reserved for a one-token step and the
+            compiled CPU kernels loaded (:func:`ggmlpy.backends.cpu.jit.warm_up`, with Numba).
 
         Raises:
             FileNotFoundError: no such file. GGUFError: not a readable GGUF file.
             ValueError: an unsupported architecture, a missing key or tensor, arguments out of
-                range (an :class:`~ggmlpy._check.ArgumentValueError` naming the argument).
+                range (an :class:`~ggmlpy.core.check.ArgumentValueError` naming the argument).
             BackendUnavailableError: ``device`` does not exist here.
             OutOfMemoryError: a weight, cache or compute buffer could not be allocated.
             TypeError: an argument of the wrong type (named).
@@ -246,6 +248,7 @@ class LLM:
             if not self.sched.reserve(first.graph):
                 raise ComputeError(f"out of memory reserving the compute buffers of a one-token "
                                    f"step on {', '.join(self.devices)}")
+            cpu_jit.warm_up()  # compiled CPU kernels loaded now, not in the first eval
         except BaseException:
             self.close()
             raise
