@@ -2,6 +2,7 @@
 
     python scripts/bench_llm.py --model gemma3-270m-q4_k_m.gguf [--threads 2] [--prompt 128]
         [--gen 32] [--rounds 3] [--device CPU] [--ngl 0] [--llama-python /path/to/python]
+        [--llama-env OMP_WAIT_POLICY=PASSIVE ...]
 
 Each round evaluates one ``--prompt``-token prompt (BOS then seeded ids; one ``eval``, micro-
 batches of 512) and then ``--gen`` greedy one-token steps, and reports tokens per second of each
@@ -10,6 +11,9 @@ over rounds is reported too). With ``--llama-python`` (an interpreter that has
 llama-cpp-python, e.g. the reference venv) every round also runs the same token ids through
 ``llama_cpp.Llama`` (same thread count, F32 KV cache as ggmlpy's default, flash attention off) in
 a child process, interleaved with ggmlpy's round, and the ratios ggmlpy / llama.cpp are printed.
+``--llama-env`` sets environment variables of that child (recorded in the output): on a machine
+whose cores are shared with other work, llama.cpp's OpenMP threads spin-wait by default and
+lose most of their time to it; ``OMP_WAIT_POLICY=PASSIVE`` makes them sleep instead.
 
 ``GGMLPY_WEIGHT_CACHE_MB`` defaults to 2048 here (float32 copies of every weight stay cached:
 the Gemma 3 270M output matrix alone is 671 MB as float32); the value used is in the output.
@@ -48,9 +52,10 @@ print(json.dumps({"pp_s": pp, "tg_s": tg}))
 
 
 def _llama_cpp_round(python: str, model: str, ids: list[int], gen: int, threads: int,
-                     n_ctx: int) -> dict:
+                     n_ctx: int, env: dict[str, str]) -> dict:
     arg = json.dumps({"model": model, "ids": ids, "gen": gen, "threads": threads, "n_ctx": n_ctx})
-    out = subprocess.run([python, "-c", _CHILD, arg], capture_output=True, text=True, check=True)
+    out = subprocess.run([python, "-c", _CHILD, arg], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -64,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="CPU")
     p.add_argument("--ngl", type=int, default=0)
     p.add_argument("--llama-python", default=None)
+    p.add_argument("--llama-env", action="append", default=[], metavar="KEY=VALUE")
     a = p.parse_args(argv)
+    llama_env = dict(kv.split("=", 1) for kv in a.llama_env)
     os.environ.setdefault("GGMLPY_WEIGHT_CACHE_MB", "2048")
     from ggmlpy.models.llm.model import LLM
 
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         tg = time.perf_counter() - t
         row = {"ggmlpy_pp_tok_s": a.prompt / pp, "ggmlpy_tg_tok_s": a.gen / tg}
         if a.llama_python:
-            r = _llama_cpp_round(a.llama_python, a.model, ids, a.gen, a.threads, n_ctx)
+            r = _llama_cpp_round(a.llama_python, a.model, ids, a.gen, a.threads, n_ctx, llama_env)
             row["llama_cpp_pp_tok_s"] = a.prompt / r["pp_s"]
             row["llama_cpp_tg_tok_s"] = a.gen / r["tg_s"]
         rows.append(row)
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                       "prompt_tokens": a.prompt, "gen_tokens": a.gen, "device": a.device,
                       "ngl": a.ngl, "load_s": load_s,
                       "weight_cache_mb": os.environ["GGMLPY_WEIGHT_CACHE_MB"],
+                      "llama_env": llama_env, "load_average": os.getloadavg(),
                       "rounds": rows, "median": med}, indent=1))
     return 0
 
