@@ -70,7 +70,7 @@ QUANT_TYPES: dict[str, Type] = {
 
 
 def _type_for(name: str, ne0: int, quantized: bool) -> Type:
-    if not quantized or name.endswith("norm.weight") or name.endswith(".bias"):
+    if not quantized or name.endswith(("norm.weight", ".bias")):
         return Type.F32
     t = QUANT_TYPES.get(name.split(".", 2)[-1] if name.startswith("blk.") else name, Type.F16)
     for cand in (t, Type.Q8_0, Type.F16):
