@@ -60,7 +60,7 @@ def _llama_cpp_round(python: str, model: str, ids: list[int], gen: int, threads:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt", type=int, default=128)
