@@ -52,6 +52,7 @@ class Op(IntEnum):
     PERMUTE = 38
     TRANSPOSE = 39
     GET_ROWS = 40
+    SET_ROWS = 42
     DIAG_MASK_INF = 44
     DIAG_MASK_ZERO = 45
     SOFT_MAX = 46

@@ -73,7 +73,7 @@ __all__ = [
     # layout ops
     "repeat", "repeat_4d", "concat", "cpy", "cast", "cont", "cont_1d", "cont_2d", "cont_3d",
     "cont_4d", "reshape", "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d",
-    "view_1d", "view_2d", "view_3d", "view_4d", "permute", "transpose", "get_rows",
+    "view_1d", "view_2d", "view_3d", "view_4d", "permute", "transpose", "get_rows", "set_rows",
     "pad", "pad_ext", "arange", "timestep_embedding",
     # normalisation
     "norm", "norm_inplace", "rms_norm", "rms_norm_inplace", "group_norm", "group_norm_inplace",

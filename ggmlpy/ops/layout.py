@@ -20,6 +20,7 @@ from ggmlpy.ops._base import (
     _args,
     _check_ctx,
     _desc,
+    _divides,
     _dup_or_view,
     _f32,
     _int,
@@ -38,7 +39,7 @@ __all__ = [
     "set_2d_inplace", "sum", "sum_rows", "mean", "argmax", "argsort", "repeat",
     "repeat_4d", "concat", "cpy", "cast", "cont", "cont_1d", "cont_2d", "cont_3d",
     "cont_4d", "reshape", "reshape_1d", "reshape_2d", "reshape_3d", "reshape_4d",
-    "view_1d", "view_2d", "view_3d", "view_4d", "permute", "transpose", "get_rows",
+    "view_1d", "view_2d", "view_3d", "view_4d", "permute", "transpose", "get_rows", "set_rows",
     "pad", "pad_ext", "arange", "timestep_embedding",
 ]
 
@@ -592,6 +593,37 @@ def get_rows(ctx: Context, a: Tensor, b: Tensor) -> Tensor:
     _require_type(b.type == Type.I32, fn, "b of type I32", b)
     t = Type.I32 if a.type == Type.I32 else Type.F32
     return _op(ctx.new_tensor(t, (a.ne[0], b.ne[0], b.ne[1], b.ne[2])), Op.GET_ROWS, [], [a, b])
+
+
+@checked_args
+def set_rows(ctx: Context, a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """Write the rows of b into a at the row indices c, op SET_ROWS (mirrors ``ggml_set_rows``).
+
+    a ``[n, ne1, ne2, ne3]`` (NumPy ``(ne3, ne2, ne1, n)``; any type with whole blocks per row),
+    b **F32** ``[n, r, ne2, ne3]``, c **I64 or I32** ``[r, ne11, ne12, 1]`` with ``ne2 % ne11 ==
+    0`` and ``ne3 % ne12 == 0``; a and b need contiguous rows (``nb0`` = element size). Semantics:
+    ``a[:, c[i, i2 % ne11, i3 % ne12], i2, i3] = convert(b[:, i, i2, i3])`` (whole rows converted
+    or quantized to a's type); rows c names twice are undefined, an index outside ``0..ne1-1``
+    is a compute error. Result: **a view of a** (a's type, ne, nb; it writes a's memory, so the
+    scheduler runs it where a's memory is), src ``[b, c, a]`` in ggml's order, no params. Raises
+    ValueError for the shape/layout rules, TypeError if b is not F32 or c not I64/I32.
+    """
+    fn = "set_rows"
+    _args(ctx, fn, a=a, b=b, c=c)
+    _require(a.ne[0] == b.ne[0], fn, "a.ne0 == b.ne0", a, b)
+    _require(a.ne[2] == b.ne[2], fn, "a.ne2 == b.ne2", a, b)
+    _require(a.ne[3] == b.ne[3], fn, "a.ne3 == b.ne3", a, b)
+    _require(b.ne[1] == c.ne[0], fn, "b.ne1 == c.ne0 (one index per row of b)", b, c)
+    _require(_divides(c.ne[1], b.ne[2]), fn, "b.ne2 % c.ne1 == 0", b, c)
+    _require(_divides(c.ne[2], b.ne[3]), fn, "b.ne3 % c.ne2 == 0", b, c)
+    _require(c.ne[3] == 1, fn, "c.ne3 == 1", c)
+    _require_type(b.type == Type.F32, fn, "b of type F32", b)
+    _require_type(c.type in (Type.I64, Type.I32), fn, "c of type I64 or I32", c)
+    _require(a.nb[0] == a.type.type_size, fn, "a to have contiguous rows", a)
+    _require(b.nb[0] == b.type.type_size, fn, "b to have contiguous rows", b)
+    result = ctx.new_view(a, a.type, a.ne, a.nb, 0)
+    result.set_name(f"{a.name} (view)" if a.name else "")
+    return _op(result, Op.SET_ROWS, [], [b, c, a])
 
 
 @checked_args

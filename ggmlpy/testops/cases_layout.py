@@ -1,16 +1,18 @@
 """Case tables of the layout and reduction families: DUP, CONT, CPY, REPEAT, CONCAT, SET, ACC,
-GET_ROWS, PAD, ARANGE, TIMESTEP_EMBEDDING, SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT."""
+GET_ROWS, SET_ROWS, PAD, ARANGE, TIMESTEP_EMBEDDING, SUM, SUM_ROWS, MEAN, ARGMAX, ARGSORT."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ggmlpy import ops
 from ggmlpy.core.tensor import Tensor
 from ggmlpy.core.types import Type
 from ggmlpy.testops.case import Builder, TestCase, init_ints, init_uniform, init_unique_rows
 
-__all__ = ["layout_cases"]
+__all__ = ["layout_cases", "init_row_ids", "set_rows_case"]
 
-F32, F16, I32 = Type.F32, Type.F16, Type.I32
+F32, F16, I32, I64 = Type.F32, Type.F16, Type.I32, Type.I64
 
 _PERMS = ([0, 1, 2, 3], [0, 2, 1, 3], [1, 0, 2, 3], [2, 1, 0, 3], [1, 2, 0, 3])
 
@@ -151,6 +153,48 @@ def _get_rows_cases() -> list[TestCase]:
     return cases
 
 
+def init_row_ids(n_rows: int):
+    """Index initialiser for SET_ROWS: each index row (``ne0`` values) starts with a random
+    permutation of ``0..n_rows-1`` (repeated when ``ne0 > n_rows``), so the first ``n_rows``
+    indices of a row never name a destination row twice (ggml leaves that undefined; its
+    test-backend-ops draws distinct rows the same way)."""
+    def init(rng: np.random.Generator, t: Tensor) -> np.ndarray:
+        rows = [np.resize(rng.permutation(n_rows), t.ne[0]) for _ in range(t.nrows)]
+        return np.stack(rows).astype(t.type.dtype).reshape(t.ne[::-1])
+    return init
+
+
+def set_rows_case(type: Type, type_idx: Type, ne: list[int], nr23: tuple[int, int], r: int,
+                  v: int, max_nmse: float = 0.0) -> TestCase:
+    """ggml's ``test_set_rows``: destination ``[ne0, ne1, ne2*nr23[0], ne3*nr23[1]]`` of
+    ``type``, ``r`` F32 source rows per (i2, i3), indices ``[r, ne2, ne3]`` of ``type_idx``
+    broadcast over ``nr23``; ``v`` takes the indices as a strided view (the first ``r`` of
+    ``2r`` per row)."""
+    def build(b: Builder) -> Tensor:
+        ne2, ne3 = ne[2] * nr23[0], ne[3] * nr23[1]
+        a = b.new(type, [ne[0], ne[1], ne2, ne3])
+        src = b.new(F32, [ne[0], r, ne2, ne3])
+        n_idx = 2 * r if v else r
+        idx = b.new(type_idx, [n_idx, ne[2], ne[3]], init=init_row_ids(ne[1]))
+        if v:
+            idx = ops.view_3d(b.ctx, idx, r, ne[2], ne[3], idx.nb[1], idx.nb[2], 0)
+        return ops.set_rows(b.ctx, a, src, idx)
+    return TestCase("SET_ROWS", {"type": type, "type_idx": type_idx, "ne": ne,
+                                 "nr23": list(nr23), "r": r, "v": v}, build, max_nmse=max_nmse)
+
+
+def _set_rows_cases() -> list[TestCase]:
+    cases = []
+    for type in (F32, F16):
+        for type_idx in (I64, I32):
+            for ne, nr23, r in (([256, 5, 1, 3], (1, 1), 1), ([256, 11, 1, 1], (2, 3), 7),
+                                ([3, 7, 1, 1], (1, 1), 2), ([31, 3, 3, 1], (2, 3), 2)):
+                for v in (0, 1):
+                    cases.append(set_rows_case(type, type_idx, ne, nr23, r, v,
+                                               0.0 if type == F32 else 1e-7))
+    return cases
+
+
 def _misc_cases() -> list[TestCase]:
     cases = []
     for ne, p in (([512, 34, 2, 1], [1, 1, 0, 0]), ([11, 22, 33, 4], [1, 2, 3, 4]),
@@ -217,4 +261,4 @@ def _reduce_cases() -> list[TestCase]:
 def layout_cases() -> list[TestCase]:
     """Every layout, index and reduction case."""
     return (_copy_cases() + _repeat_concat_cases() + _set_acc_cases() + _get_rows_cases()
-            + _misc_cases() + _reduce_cases())
+            + _set_rows_cases() + _misc_cases() + _reduce_cases())

@@ -1,12 +1,13 @@
 """test-backend-ops cases over ggml's element types: MUL_MAT with an F16, BF16
-or block-quantized ``src0`` and F32 ``src1``, GET_ROWS from every type, and CPY/DUP between
-F32/F16/BF16 and every block type, with ggml's thresholds:
+or block-quantized ``src0`` and F32 ``src1``, GET_ROWS from every type, SET_ROWS into every
+type, and CPY/DUP between F32/F16/BF16 and every block type, with ggml's thresholds:
 
 * MUL_MAT: NMSE 5e-4 (ggml's ``max_nmse_err`` for MUL_MAT).
 * GET_ROWS: ggml's default 1e-7 (a dequantization is exact, so backends agree bit for bit).
 * CPY into Q4_0/Q4_1/Q5_0/Q5_1/Q8_0: ggml's "one quantization step" estimate
   ``(base**2) / (0.25 * 150**2 * nelements)`` with ``base = 150/8`` (Q4), ``/2`` for Q5, ``/8``
   for Q8 (ggml's ``test_cpy::max_nmse_err``); into the same type: 0; into anything else: 1e-6.
+  SET_ROWS from F32 takes CPY's threshold for the same destination type.
 
 Inputs of block types hold quantized uniform values (see :func:`~.case.TestCase.initial_data`).
 BF16 arithmetic (ADD, MUL, GELU) is listed too, as ggml lists every type; the NumPy kernels do
@@ -19,6 +20,7 @@ from ggmlpy import ops
 from ggmlpy.core.tensor import Tensor
 from ggmlpy.core.types import Type
 from ggmlpy.testops.case import Builder, TestCase, init_ints
+from ggmlpy.testops.cases_layout import set_rows_case
 from ggmlpy.testops.cases_nn import _mm_case
 
 __all__ = ["type_cases", "BLOCK_TYPES", "cpy_nmse"]
@@ -69,6 +71,8 @@ def type_cases() -> list[TestCase]:
             cases.append(_get_rows_case(t, 256, 10, 5, be1))
         for src, dst in ((_F32, t), (t, _F32), (_F16, t), (t, _F16)):
             cases.append(_cpy_case(src, dst, [256, 4, 1, 1]))
+        cases.append(set_rows_case(t, Type.I64, [256, 5, 1, 3], (1, 1), 2, 0,
+                                   cpy_nmse(_F32, t, 256 * 2 * 3)))
     cases.append(_cpy_case(_BF16, Type.Q8_0, [256, 2, 1, 1]))
     cases.append(_cpy_case(Type.Q4_K, Type.Q8_0, [256, 2, 1, 1]))
     for name, fn in (("ADD", ops.add), ("MUL", ops.mul)):

@@ -201,6 +201,14 @@ def _get_rows(n: Tensor, s: list) -> np.ndarray:
     return out
 
 
+def _set_rows(n: Tensor, s: list) -> np.ndarray:
+    b, idx, out = s[0], s[1].astype(np.int64), s[2].copy()  # idx NumPy (1, C2, C1, r)
+    for i3 in range(b.shape[0]):
+        for i2 in range(b.shape[1]):
+            out[i3, i2, idx[0, i3 % idx.shape[1], i2 % idx.shape[2]]] = b[i3, i2]
+    return out
+
+
 def _diag_mask(value: float) -> Callable:
     def f(n: Tensor, s: list) -> np.ndarray:
         x = s[0].copy()
@@ -417,6 +425,7 @@ _REF: dict[Op, Callable[[Tensor, list[Any]], np.ndarray]] = {
     Op.REPEAT: lambda n, s: _tile(s[0], n.ne[::-1]), Op.CONCAT: _concat,
     Op.NORM: _norm, Op.RMS_NORM: _rms_norm, Op.L2_NORM: _l2_norm, Op.GROUP_NORM: _group_norm,
     Op.MUL_MAT: _mul_mat, Op.OUT_PROD: _out_prod, Op.SCALE: _scale, Op.GET_ROWS: _get_rows,
+    Op.SET_ROWS: _set_rows,
     Op.DIAG_MASK_INF: _diag_mask(-math.inf), Op.DIAG_MASK_ZERO: _diag_mask(0.0),
     Op.SOFT_MAX: _soft_max, Op.ROPE: _rope, Op.CLAMP: _clamp, Op.LEAKY_RELU: _leaky,
     Op.ARANGE: _arange, Op.TIMESTEP_EMBEDDING: _timestep, Op.PAD: _pad,

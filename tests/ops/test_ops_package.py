@@ -30,7 +30,7 @@ mul_inplace div div_inplace sqr sqr_inplace sqrt sqrt_inplace log log_inplace si
 cos_inplace scale scale_inplace scale_bias scale_bias_inplace clamp leaky_relu acc acc_inplace set
 set_inplace set_1d set_1d_inplace set_2d set_2d_inplace sum sum_rows mean argmax argsort repeat
 repeat_4d concat cpy cast cont cont_1d cont_2d cont_3d cont_4d reshape reshape_1d reshape_2d
-reshape_3d reshape_4d view_1d view_2d view_3d view_4d permute transpose get_rows pad pad_ext arange
+reshape_3d reshape_4d view_1d view_2d view_3d view_4d permute transpose get_rows set_rows pad pad_ext arange
 timestep_embedding norm norm_inplace rms_norm rms_norm_inplace group_norm group_norm_inplace
 l2_norm l2_norm_inplace mul_mat mul_mat_set_prec out_prod diag_mask_inf diag_mask_inf_inplace
 diag_mask_zero diag_mask_zero_inplace soft_max soft_max_inplace soft_max_ext soft_max_ext_inplace

@@ -1,11 +1,12 @@
-"""Index bounds checks wrapped around index kernels: GET_ROWS.
+"""Index bounds checks wrapped around index kernels: GET_ROWS and SET_ROWS.
 
-ggml aborts on an out-of-range GET_ROWS index; NumPy would read a negative index from the end
+ggml aborts on an out-of-range GET_ROWS or SET_ROWS index; NumPy would read a negative index from the end
 (``-1`` = last row) and CuPy's ``take`` wraps every index silently. Here every backend raises
 :class:`~ggmlpy.core.errors.ComputeError` naming the op, the node, the source and the bad index:
 
 * host arrays (``xp is numpy``: CPU, SIM): the min and max of the index tensor are checked
-  before the rows are gathered (O(number of indices), no copy); nothing is written on failure.
+  before the rows are gathered or scattered (O(number of indices), no copy); nothing is
+  written on failure.
   On a SIM device the error is raised by the stream and re-raised by ``synchronize``.
 * device arrays (CuPy): no host sync per evaluation. Two reductions fold the indices' min and
   max into a 2-element ``int64`` device array owned by the step; the step carries a ``check``
@@ -31,14 +32,17 @@ from ggmlpy.core.tensor import Tensor
 
 Step = Callable[[], None]
 
-__all__ = ["WRAPPERS", "checked_get_rows", "bad_index_message"]
+__all__ = ["WRAPPERS", "checked_get_rows", "checked_set_rows", "bad_index_message"]
 
 
 def bad_index_message(node: Tensor, bad: int, n_rows: int) -> str:
-    """One-line message for a GET_ROWS index ``bad`` outside ``0..n_rows-1`` in ``node``."""
-    a = node.src[0]
+    """One-line message for a GET_ROWS/SET_ROWS index ``bad`` outside ``0..n_rows-1`` in
+    ``node`` (the indices are ``src[1]`` of both; the rows are GET_ROWS' ``src[0]`` and
+    SET_ROWS' destination ``src[2]``)."""
+    a = node.src[2] if node.op == Op.SET_ROWS and len(node.src) > 2 else node.src[0]
     idx = node.src[1]
-    return (f"GET_ROWS node '{node.name}': index {bad} in '{idx.name if idx is not None else '?'}'"
+    return (f"{node.op.name} node '{node.name}': index {bad} in "
+            f"'{idx.name if idx is not None else '?'}'"
             f" is out of range for the {n_rows} rows of '{a.name if a is not None else '?'}' "
             f"(valid 0..{n_rows - 1})")
 
@@ -55,8 +59,16 @@ def checked_get_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any], step: Ste
     """Wrap GET_ROWS ``step`` with a bounds check of ``srcs[1]`` (I32 indices, NumPy shape
     ``node.src[1].ne[::-1]``) against ``node.src[0].ne[1]`` rows. See the module docstring for
     the host (eager) and device (flag read at synchronize) variants."""
-    idx = srcs[1]
-    n_rows = int(node.src[0].ne[1])
+    return _checked(xp, node, srcs[1], int(node.src[0].ne[1]), step)
+
+
+def checked_set_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any], step: Step) -> Step:
+    """Wrap SET_ROWS ``step`` with a bounds check of ``srcs[1]`` (I64/I32 row indices) against
+    the destination's ``node.ne[1]`` rows; as :func:`checked_get_rows` otherwise."""
+    return _checked(xp, node, srcs[1], int(node.ne[1]), step)
+
+
+def _checked(xp: Any, node: Tensor, idx: Any, n_rows: int, step: Step) -> Step:
     if idx.size == 0:
         return step
     if xp is np:
@@ -101,4 +113,5 @@ def checked_get_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any], step: Ste
 #: op -> wrapper(xp, node, dst, srcs, step) -> step, applied to every compiled kernel of that op.
 WRAPPERS: dict[Op, Callable[[Any, Tensor, Any, list[Any], Step], Step]] = {
     Op.GET_ROWS: checked_get_rows,
+    Op.SET_ROWS: checked_set_rows,
 }

@@ -1,9 +1,11 @@
 """Copy and layout kernels: DUP/CPY/CONT (with type conversion), REPEAT, CONCAT, SET, ACC,
-GET_ROWS, PAD, and the generators ARANGE and TIMESTEP_EMBEDDING.
+GET_ROWS, SET_ROWS, PAD, and the generators ARANGE and TIMESTEP_EMBEDDING.
 
 DUP/CPY/CONT convert between F32, F16, BF16 and every block-quantized type (through float32;
 into a block type with ggml's reference quantizers, bit-exact, host only); GET_ROWS gathers rows
-of an F32/F16/BF16/quantized tensor and dequantizes only those rows (:mod:`.typeconv`).
+of an F32/F16/BF16/quantized tensor and dequantizes only those rows (:mod:`.typeconv`);
+SET_ROWS scatters F32 rows into an F32/F16/BF16 destination (any array module) or a block type
+(quantized per row with ggml's reference quantizers, host only).
 """
 
 from __future__ import annotations
@@ -94,6 +96,18 @@ def _sup_get_rows(node: Tensor, xp: Any) -> bool:
     else:
         return False
     return ok_t and a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1
+
+
+def _sup_set_rows(node: Tensor, xp: Any) -> bool:
+    b, c = src_of(node, 0), src_of(node, 1)
+    t = node.type
+    if b is None or c is None or b.type != Type.F32 or c.type not in (Type.I64, Type.I32):
+        return False
+    if t not in CONVERTIBLE or not host_quantizable(t, xp) or not rows_ok(node):
+        return False
+    return (node.ne[0] == b.ne[0] and node.ne[2] == b.ne[2] and node.ne[3] == b.ne[3]
+            and b.ne[1] == c.ne[0] and b.ne[2] % c.ne[1] == 0 and b.ne[3] % c.ne[2] == 0
+            and c.ne[3] == 1 and node.nb[0] == t.type_size and b.nb[0] == 4)
 
 
 def _sup_arange(node: Tensor, xp: Any) -> bool:
@@ -257,6 +271,37 @@ def _k_get_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     i2 = xp.arange(A2).reshape(1, A2, 1)
     ii = idx[0]
     return lambda: copyto(dst, a[i3, i2, ii], casting="unsafe")
+
+
+@kernel(Op.SET_ROWS, supports=_sup_set_rows, any_type=True)
+def _k_set_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    """SET_ROWS: ``dst[i3, i2, c[i3 % C2, i2 % C1, i]] = convert(b[i3, i2, i])`` (NumPy indices;
+    dst is the node's view of its destination ``a``, converted with :func:`from_f32`)."""
+    b, c = srcs[0], srcs[1]             # b (B3, B2, R, n) f32; c (1, C2, C1, R) i64/i32
+    td = node.type
+    d = bf16_bits(xp, dst) if td == Type.BF16 else dst
+    B3, B2 = b.shape[0], b.shape[1]
+    C2, C1 = c.shape[1], c.shape[2]
+    if td == Type.F32:
+        conv = None
+    else:
+        conv = partial(from_f32, xp, td)
+    if B3 == 1 and B2 == 1:
+        d2, b2, c1 = d[0, 0], b[0, 0], c[0, 0, 0]
+
+        def run_2d() -> None:
+            d2[c1] = b2 if conv is None else conv(b2)
+        return run_2d
+    j3 = xp.arange(B3).reshape(B3, 1, 1)
+    j2 = xp.arange(B2).reshape(1, B2, 1)
+    i3 = xp.asarray(np.arange(B3) % C2).reshape(B3, 1)
+    i2 = xp.asarray(np.arange(B2) % C1).reshape(1, B2)
+    c3 = c[0]                            # (C2, C1, R)
+
+    def run() -> None:
+        rows = c3[i3, i2]                # (B3, B2, R)
+        d[j3, j2, rows] = b if conv is None else conv(b)
+    return run
 
 
 @kernel(Op.PAD, supports=sup_f32)

@@ -158,6 +158,21 @@ def _get_rows(type_):
     return build
 
 
+def _set_rows(type_, type_idx):
+    """Rows 5, 0 and 3 of an [8, 7, 2] destination written from an F32 [8, 3, 2] source whose
+    index rows broadcast over dim 2 (c is [3, 1]); the other rows keep their values."""
+    def build(ctx, rng):
+        a, b = _t(ctx, type_, 8, 7, 2), _t(ctx, Type.F32, 8, 3, 2)
+        c = _t(ctx, type_idx, 3, 1)
+        x = _f32(rng, 2, 7, 8).astype(type_.dtype)
+        y = _f32(rng, 2, 3, 8)
+        idx = np.array([[5, 0, 3]], type_idx.dtype)
+        want = x.astype(np.float64)
+        want[:, idx[0]] = y.astype(type_.dtype).astype(np.float64)
+        return {a: x, b: y, c: idx}, ops.set_rows(ctx, a, b, c), want
+    return build
+
+
 def _cont_permuted(ctx, rng):
     a = _t(ctx, Type.F32, 4, 3, 2, 5)
     x = _f32(rng, 5, 2, 3, 4)
@@ -189,6 +204,9 @@ CASES = {
     "rms_norm": Case(_rms_norm, 1e-5, 1e-6, F32_ROUND + " through a mean of 32 squares"),
     "get_rows_f32": Case(_get_rows(Type.F32), 0, 0, "rows are copied"),
     "get_rows_f16": Case(_get_rows(Type.F16), 0, 0, "f16 -> f32 widening is exact"),
+    "set_rows_f32_i64": Case(_set_rows(Type.F32, Type.I64), 0, 0, "rows are copied"),
+    "set_rows_f16_i32": Case(_set_rows(Type.F16, Type.I32), 0, 0,
+                             "f32 -> f16 rounding to nearest even, as NumPy's astype"),
     "cont_permuted": Case(_cont_permuted, 0, 0, "values are copied"),
     "cpy_transposed_to_f16": Case(_cpy_transposed_f16, 0, 0,
                                   "f32 -> f16 rounding to nearest even, as NumPy's astype"),
