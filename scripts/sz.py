@@ -34,7 +34,7 @@ BUDGET: dict[str, int] = {
     "ggmlpy/backends/ray": 910,  # 805
     "ggmlpy/core": 1640,  # 1460
     "ggmlpy/gguf": 820,  # 732
-    "ggmlpy/models": 1650,  # 1465
+    "ggmlpy/models": 2220,  # 1982 (the embedding CLI with llama-embedding's flags and sentence-transformers' encode options)
     "ggmlpy/models/llm": 2010,  # 1796
     "ggmlpy/ops": 1120,  # 993
     "ggmlpy/quants": 350,  # 312
