@@ -101,7 +101,8 @@ def jit_arrays(*arrays: Any, min_elements: int = 0) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------
-# predicates (node and settings) and fits (arrays)
+# predicates (node and settings) and fits (arrays); the compiled variants ask jit_ready() last,
+# in their fits, so Numba is imported only once an array a compiled kernel takes is compiled
 
 
 def _unary_f32(node: Tensor, xp: Any, op: UnaryOp) -> bool:
@@ -111,7 +112,7 @@ def _unary_f32(node: Tensor, xp: Any, op: UnaryOp) -> bool:
 
 
 def _sup_gelu_erf_jit(node: Tensor, xp: Any) -> bool:
-    return _unary_f32(node, xp, UnaryOp.GELU_ERF) and not env.precise_kernels() and jit_ready()
+    return _unary_f32(node, xp, UnaryOp.GELU_ERF) and not env.precise_kernels()
 
 
 def _sup_gelu_erf_f32(node: Tensor, xp: Any) -> bool:
@@ -127,15 +128,15 @@ def _fits_contig(dst: Any, srcs: list[Any]) -> bool:
 
 
 def _fits_jit_unary(dst: Any, srcs: list[Any]) -> bool:
-    return c_contig(srcs[0]) and c_contig(dst) and jit_arrays(srcs[0], dst)
+    return c_contig(srcs[0]) and c_contig(dst) and jit_arrays(srcs[0], dst) and jit_ready()
 
 
 def _sup_jit(node: Tensor, xp: Any) -> bool:
-    return xp is np and jit_ready()
+    return xp is np
 
 
 def _sup_jit_not_precise(node: Tensor, xp: Any) -> bool:
-    return xp is np and not env.precise_kernels() and jit_ready()
+    return xp is np and not env.precise_kernels()
 
 
 def _sup_not_precise(node: Tensor, xp: Any) -> bool:
@@ -157,11 +158,11 @@ def _jit_rows(a: Any, b: Any, dst: Any) -> tuple[Any, Any, Any] | None:
 
 
 def _fits_jit_binary(dst: Any, srcs: list[Any]) -> bool:
-    return _jit_rows(srcs[0], srcs[1], dst) is not None
+    return _jit_rows(srcs[0], srcs[1], dst) is not None and jit_ready()
 
 
 def _fits_jit_norm(dst: Any, srcs: list[Any]) -> bool:
-    return jit_arrays(srcs[0], dst)
+    return jit_arrays(srcs[0], dst) and jit_ready()
 
 
 def _no_alibi(node: Tensor) -> bool:
@@ -170,7 +171,7 @@ def _no_alibi(node: Tensor) -> bool:
 
 
 def _sup_soft_max_jit(node: Tensor, xp: Any) -> bool:
-    return xp is np and _no_alibi(node) and jit_ready()
+    return xp is np and _no_alibi(node)
 
 
 def _sup_soft_max_fast(node: Tensor, xp: Any) -> bool:
@@ -183,12 +184,12 @@ def _mask(srcs: list[Any]) -> Any:
 
 def _fits_jit_soft_max(dst: Any, srcs: list[Any]) -> bool:
     mask = _mask(srcs)
-    return jit_arrays(srcs[0], dst, *(() if mask is None else (mask,)))
+    return jit_arrays(srcs[0], dst, *(() if mask is None else (mask,))) and jit_ready()
 
 
 def _fits_jit_soft_max_f16(dst: Any, srcs: list[Any]) -> bool:
     mask = _mask(srcs)
-    return mask is not None and mask.dtype != F32 and jit_arrays(srcs[0], dst)
+    return mask is not None and mask.dtype != F32 and jit_arrays(srcs[0], dst) and jit_ready()
 
 
 # ---------------------------------------------------------------------------------------------

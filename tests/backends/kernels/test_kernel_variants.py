@@ -104,11 +104,30 @@ def test_soft_max_and_norm_variants(settings) -> None:
 
 
 def test_bad_jit_setting_is_an_error_not_a_fallback(settings) -> None:
+    # the setting is read once a compiled kernel would take the node's arrays (a node this large)
     settings.setenv(env.JIT, "sometimes")
     ctx = Context()
-    node = ops.add(ctx, ctx.new_tensor(Type.F32, (8,)), ctx.new_tensor(Type.F32, (8,)))
+    n = 1 << 16
+    node = ops.add(ctx, ctx.new_tensor(Type.F32, (n,)), ctx.new_tensor(Type.F32, (n,)))
     with pytest.raises(env.EnvError, match="GGMLPY_JIT"):
         REGISTRY.select(node, np)
+
+
+def test_small_nodes_do_not_load_numba() -> None:
+    # a graph of nodes too small for the compiled kernels never imports Numba (first-call cost)
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, ggmlpy as gp\n"
+            "be = gp.backend_cpu_init(); ctx = gp.Context()\n"
+            "a = ctx.new_tensor_1d(gp.Type.F32, 16).set_input(); x = gp.add(ctx, a, a)\n"
+            "g = gp.Graph(); g.build_forward_expand(x)\n"
+            "gp.GraphAllocator(be.get_default_buffer_type()).alloc_graph(g)\n"
+            "gp.backend_tensor_set(a, np.ones(16, np.float32)); be.graph_compute(g)\n"
+            "assert (gp.backend_tensor_get(x) == 2).all()\n"
+            "print('numba' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def test_supports_op_does_not_ask_narrowing_variants() -> None:
