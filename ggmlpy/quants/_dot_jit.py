@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._dot_ir import acc_k, dot_h16, dot_q4, dot_q5, dot_q8
+
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
 _SUB = F32(5.9604645e-08)  # 2**-24: an f16 subnormal's unit
@@ -40,138 +42,48 @@ def f16(lo, hi):
     return -v if h & 0x8000 else v
 
 
+@njit(inline="always", **_OPTS)
+def _u32(wr, o):
+    return (np.uint32(wr[o]) | (np.uint32(wr[o + 1]) << np.uint32(8))
+            | (np.uint32(wr[o + 2]) << np.uint32(16)) | (np.uint32(wr[o + 3]) << np.uint32(24)))
+
+
 @njit(**_OPTS)
-def q4_0(w, yq, yd, yx, out, m0, m1, dx):
+def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind):
+    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
+    bsz = (18, 20, 22, 24, 34)[kind]
     for m in range(m0, m1):
         wr = w[m]
         for b in range(nb):
-            dx[b] = f16(wr[b * 18], wr[b * 18 + 1])
+            dx[b] = f16(wr[b * bsz], wr[b * bsz + 1])
+            if kind == 1 or kind == 3:
+                mx[b] = f16(wr[b * bsz + 2], wr[b * bsz + 3])
         for n in range(N):
             yr = yq[n]
             sumf = F32(0)
             for b in range(nb):
-                o = b * 18 + 2
+                o = b * bsz
                 p = b * 32
-                s0 = np.int32(0)
-                s1 = np.int32(0)
-                for j in range(16):
-                    q = np.int32(wr[o + j])
-                    s0 += ((q & 15) - 8) * np.int32(yr[p + j])
-                    s1 += ((q >> 4) - 8) * np.int32(yr[p + 16 + j])
-                sumf += (F32(s0 + s1) * dx[b]) * yd[n, b]
-            out[n, m] = sumf
-
-
-@njit(**_OPTS)
-def q4_1(w, yq, yd, yx, out, m0, m1, dx):
-    N = yq.shape[0]
-    nb = yq.shape[1] // 32
-    mx = np.empty(nb, np.float32)
-    for m in range(m0, m1):
-        wr = w[m]
-        for b in range(nb):
-            dx[b] = f16(wr[b * 20], wr[b * 20 + 1])
-            mx[b] = f16(wr[b * 20 + 2], wr[b * 20 + 3])
-        for n in range(N):
-            yr = yq[n]
-            sumf = F32(0)
-            for b in range(nb):
-                o = b * 20 + 4
-                p = b * 32
-                s0 = np.int32(0)
-                s1 = np.int32(0)
-                for j in range(16):
-                    q = np.int32(wr[o + j])
-                    s0 += (q & 15) * np.int32(yr[p + j])
-                    s1 += (q >> 4) * np.int32(yr[p + 16 + j])
-                sumf += (dx[b] * yd[n, b]) * F32(s0 + s1) + mx[b] * yx[n, b]
-            out[n, m] = sumf
-
-
-@njit(**_OPTS)
-def q5_0(w, yq, yd, yx, out, m0, m1, dx):
-    N = yq.shape[0]
-    nb = yq.shape[1] // 32
-    for m in range(m0, m1):
-        wr = w[m]
-        for b in range(nb):
-            dx[b] = f16(wr[b * 22], wr[b * 22 + 1])
-        for n in range(N):
-            yr = yq[n]
-            sumf = F32(0)
-            for b in range(nb):
-                o = b * 22
-                qh = (np.uint32(wr[o + 2]) | (np.uint32(wr[o + 3]) << 8)
-                      | (np.uint32(wr[o + 4]) << 16) | (np.uint32(wr[o + 5]) << 24))
-                p = b * 32
-                s0 = np.int32(0)
-                s1 = np.int32(0)
-                for j in range(16):
-                    q = np.int32(wr[o + 6 + j])
-                    h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-                    h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-                    s0 += (((q & 15) | h0) - 16) * np.int32(yr[p + j])
-                    s1 += (((q >> 4) | h1) - 16) * np.int32(yr[p + 16 + j])
-                sumf += (dx[b] * yd[n, b]) * F32(s0 + s1)
-            out[n, m] = sumf
-
-
-@njit(**_OPTS)
-def q5_1(w, yq, yd, yx, out, m0, m1, dx):
-    N = yq.shape[0]
-    nb = yq.shape[1] // 32
-    mx = np.empty(nb, np.float32)
-    for m in range(m0, m1):
-        wr = w[m]
-        for b in range(nb):
-            dx[b] = f16(wr[b * 24], wr[b * 24 + 1])
-            mx[b] = f16(wr[b * 24 + 2], wr[b * 24 + 3])
-        for n in range(N):
-            yr = yq[n]
-            sumf = F32(0)
-            for b in range(nb):
-                o = b * 24
-                qh = (np.uint32(wr[o + 4]) | (np.uint32(wr[o + 5]) << 8)
-                      | (np.uint32(wr[o + 6]) << 16) | (np.uint32(wr[o + 7]) << 24))
-                p = b * 32
-                s0 = np.int32(0)
-                s1 = np.int32(0)
-                for j in range(16):
-                    q = np.int32(wr[o + 8 + j])
-                    h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-                    h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-                    s0 += ((q & 15) | h0) * np.int32(yr[p + j])
-                    s1 += ((q >> 4) | h1) * np.int32(yr[p + 16 + j])
-                sumf += (dx[b] * yd[n, b]) * F32(s0 + s1) + mx[b] * yx[n, b]
-            out[n, m] = sumf
-
-
-@njit(**_OPTS)
-def q8_0(w, yq, yd, yx, out, m0, m1, dx):
-    N = yq.shape[0]
-    nb = yq.shape[1] // 32
-    for m in range(m0, m1):
-        wr = w[m]
-        for b in range(nb):
-            dx[b] = f16(wr[b * 34], wr[b * 34 + 1])
-        for n in range(N):
-            yr = yq[n]
-            sumf = F32(0)
-            for b in range(nb):
-                o = b * 34 + 2
-                p = b * 32
-                s = np.int32(0)
-                for j in range(32):
-                    s += np.int32(np.int8(wr[o + j])) * np.int32(yr[p + j])
-                sumf += F32(s) * (dx[b] * yd[n, b])
+                if kind == 0:
+                    sumf += (F32(dot_q4(wr, o + 2, 8, yr, p)) * dx[b]) * yd[n, b]
+                elif kind == 1:
+                    sumf += (dx[b] * yd[n, b]) * F32(dot_q4(wr, o + 4, 0, yr, p)) + mx[b] * yx[n, b]
+                elif kind == 2:
+                    sumf += (dx[b] * yd[n, b]) * F32(dot_q5(wr, o + 6, _u32(wr, o + 2), 16, yr, p))
+                elif kind == 3:
+                    sumf += ((dx[b] * yd[n, b]) * F32(dot_q5(wr, o + 8, _u32(wr, o + 4), 0, yr, p))
+                             + mx[b] * yx[n, b])
+                else:
+                    sumf += F32(dot_q8(wr, o + 2, yr, p)) * (dx[b] * yd[n, b])
             out[n, m] = sumf
 
 
 @njit(inline="always", **_OPTS)
 def _k4_scales(wr, o, sc, mn):
-    """Q4_K/Q5_K's eight 6-bit scales and mins of the super-block at byte ``o + 4``."""
+    """Q4_K/Q5_K's eight 6-bit scales and mins of the super-block at byte ``o`` (``scales`` at
+    ``o + 4``; ``get_scale_min_k4`` in ggml-quants.c)."""
     for j in range(4):
         sc[j] = np.int32(wr[o + 4 + j]) & 63
         mn[j] = np.int32(wr[o + 8 + j]) & 63
@@ -181,108 +93,59 @@ def _k4_scales(wr, o, sc, mn):
 
 
 @njit(**_OPTS)
-def qk_45(w, yq, yd, yx, out, m0, m1, dx, five):
-    """Q4_K (``five`` False, 144-byte blocks) and Q5_K (True, 176) against Q8_K."""
+def kquant(w, yq, yd, yx, out, m0, m1, dx, kind):
+    """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) against Q8_K."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
-    bsz = 176 if five else 144
-    qo = 48 if five else 16
+    bsz = (144, 176, 210)[kind]
+    qo = 48 if kind == 1 else 16
     dmin = np.empty(nb, np.float32)
-    sc = np.empty((nb, 8), np.int32)
+    sc = np.empty((nb, 16), np.int32)
     mn = np.empty((nb, 8), np.int32)
-    a = np.empty((nb, 256), np.int32)
     aux = np.empty(8, np.int32)
     sums = np.empty(8, np.float32)
     for m in range(m0, m1):
         wr = w[m]
         for b in range(nb):
             o = b * bsz
-            dx[b] = f16(wr[o], wr[o + 1])
-            dmin[b] = f16(wr[o + 2], wr[o + 3])
-            _k4_scales(wr, o, sc[b], mn[b])
-            for c in range(4):
-                for l in range(32):
-                    q = np.int32(wr[o + qo + 32 * c + l])
-                    a[b, 64 * c + l] = q & 15
-                    a[b, 64 * c + 32 + l] = q >> 4
-            if five:
-                for c in range(4):
-                    for l in range(32):
-                        h = np.int32(wr[o + 16 + l])
-                        a[b, 64 * c + l] |= ((h >> (2 * c)) & 1) << 4
-                        a[b, 64 * c + 32 + l] |= ((h >> (2 * c + 1)) & 1) << 4
+            if kind == 2:
+                dx[b] = f16(wr[o + 208], wr[o + 209])
+                for j in range(16):
+                    sc[b, j] = np.int32(np.int8(wr[o + 192 + j]))
+            else:
+                dx[b] = f16(wr[o], wr[o + 1])
+                dmin[b] = f16(wr[o + 2], wr[o + 3])
+                _k4_scales(wr, o, sc[b], mn[b])
         for n in range(N):
             yr = yq[n]
             sumf = F32(0)
             for l in range(8):
                 sums[l] = F32(0)
             for b in range(nb):
+                o = b * bsz
                 p = b * 256
                 for l in range(8):
                     aux[l] = 0
-                for j in range(8):
-                    s = sc[b, j]
-                    for g in range(4):
-                        e = 32 * j + 8 * g
-                        for l in range(8):
-                            aux[l] += s * (np.int32(yr[p + e + l]) * a[b, e + l])
-                sumi = np.int32(0)
-                for j in range(16):
-                    sumi += yx[n, b * 16 + j] * mn[b, j >> 1]
+                if kind == 2:
+                    for h in range(2):
+                        for g in range(4):
+                            acc_k(wr, o + 64 * h + 32 * (g & 1), g >> 1, o + 128 + 32 * h, 2 * g,
+                                  3, 32, yr, p + 128 * h + 32 * g, sc[b, 8 * h + 2 * g],
+                                  sc[b, 8 * h + 2 * g + 1], aux)
+                else:
+                    for c in range(4):
+                        for nib in range(2):
+                            s = sc[b, 2 * c + nib]
+                            acc_k(wr, o + qo + 32 * c, nib, o + 16, 2 * c + nib,
+                                  1 if kind == 1 else 0, 0, yr, p + 64 * c + 32 * nib, s, s, aux)
+                    sumi = np.int32(0)
+                    for j in range(16):
+                        sumi += yx[n, b * 16 + j] * mn[b, j >> 1]
                 d = dx[b] * yd[n, b]
                 for l in range(8):
                     sums[l] += d * F32(aux[l])
-                sumf -= (dmin[b] * yd[n, b]) * F32(sumi)
-            for l in range(8):
-                sumf += sums[l]
-            out[n, m] = sumf
-
-
-@njit(**_OPTS)
-def q6_k(w, yq, yd, yx, out, m0, m1, dx):
-    N = yq.shape[0]
-    nb = yq.shape[1] // 256
-    sc = np.empty((nb, 16), np.int32)
-    a = np.empty((nb, 256), np.int32)
-    aux = np.empty(8, np.int32)
-    sums = np.empty(8, np.float32)
-    for m in range(m0, m1):
-        wr = w[m]
-        for b in range(nb):
-            o = b * 210
-            dx[b] = f16(wr[o + 208], wr[o + 209])
-            for j in range(16):
-                sc[b, j] = np.int32(np.int8(wr[o + 192 + j]))
-            for h in range(2):
-                ql = o + 64 * h
-                qh = o + 128 + 32 * h
-                e = 128 * h
-                for l in range(32):
-                    lo = np.int32(wr[ql + l])
-                    lo2 = np.int32(wr[ql + 32 + l])
-                    hh = np.int32(wr[qh + l])
-                    a[b, e + l] = ((lo & 15) | ((hh & 3) << 4)) - 32
-                    a[b, e + 32 + l] = ((lo2 & 15) | (((hh >> 2) & 3) << 4)) - 32
-                    a[b, e + 64 + l] = ((lo >> 4) | (((hh >> 4) & 3) << 4)) - 32
-                    a[b, e + 96 + l] = ((lo2 >> 4) | (((hh >> 6) & 3) << 4)) - 32
-        for n in range(N):
-            yr = yq[n]
-            sumf = F32(0)
-            for l in range(8):
-                sums[l] = F32(0)
-            for b in range(nb):
-                p = b * 256
-                for l in range(8):
-                    aux[l] = 0
-                for j in range(16):
-                    s = sc[b, j]
-                    for g in range(2):
-                        e = 16 * j + 8 * g
-                        for l in range(8):
-                            aux[l] += s * (np.int32(yr[p + e + l]) * a[b, e + l])
-                d = dx[b] * yd[n, b]
-                for l in range(8):
-                    sums[l] += d * F32(aux[l])
+                if kind != 2:
+                    sumf -= (dmin[b] * yd[n, b]) * F32(sumi)
             for l in range(8):
                 sumf += sums[l]
             out[n, m] = sumf
@@ -301,32 +164,24 @@ def _f16v(h):
     return np.int32(np.float32(v).view(np.int32) | ((h & 0x8000) << 16)).view(np.float32)
 
 
-@njit(fastmath={"reassoc"}, **_OPTS)
-def f16_dot(w, y, out, m0, m1):
-    """F16 weight rows (uint16 bits ``(M, K)``) against f16-rounded activations held as float32
-    ``(N, K)``: float32 products summed in float64 (reassociated: lanes)."""
+@njit(**_OPTS)
+def half_dot(w, y, out, m0, m1, bf):
+    """F16 (``bf`` False) or BF16 (True) weight rows (uint16 bits ``(M, K)``) against activations
+    rounded to that type, held as float32 ``(N, K)``: float32 products summed in float64, 16 at
+    a time in a fixed tree (:func:`._dot_ir.dot_h16`), the 16-sums in order."""
     N, K = y.shape
+    K16 = K - K % 16
     for m in range(m0, m1):
         wr = w[m]
         for n in range(N):
             yr = y[n]
             s = 0.0
-            for k in range(K):
-                s += np.float64(_f16v(np.int32(wr[k])) * yr[k])
-            out[n, m] = F32(s)
-
-
-@njit(fastmath={"reassoc"}, **_OPTS)
-def bf16_dot(w, y, out, m0, m1):
-    """BF16 weight rows (uint16 bits ``(M, K)``) against bf16-rounded activations as float32."""
-    N, K = y.shape
-    for m in range(m0, m1):
-        wr = w[m]
-        for n in range(N):
-            yr = y[n]
-            s = 0.0
-            for k in range(K):
-                s += np.float64(np.int32(np.int32(wr[k]) << 16).view(np.float32) * yr[k])
+            for k in range(0, K16, 16):
+                s += dot_h16(wr, k, yr, k, bf)
+            for k in range(K16, K):
+                h = np.int32(wr[k])
+                v = np.int32(h << 16).view(np.float32) if bf else _f16v(h)
+                s += np.float64(v * yr[k])
             out[n, m] = F32(s)
 
 

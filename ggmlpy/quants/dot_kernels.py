@@ -282,24 +282,20 @@ def _w_rows(t: Type, w: Any, K: int) -> np.ndarray:
     return v
 
 
+_LEGACY = {Type.Q4_0: 0, Type.Q4_1: 1, Type.Q5_0: 2, Type.Q5_1: 3, Type.Q8_0: 4}
+_KQUANT = {Type.Q4_K: 0, Type.Q5_K: 1, Type.Q6_K: 2}
+
+
 def _rows_jit(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
-    if t == Type.F16:
-        k.f16_dot(w, act.q, out, m0, m1)
-        return
-    if t == Type.BF16:
-        k.bf16_dot(w, act.q, out, m0, m1)
+    if t in (Type.F16, Type.BF16):
+        k.half_dot(w, act.q, out, m0, m1, t == Type.BF16)
         return
     nb = act.d.shape[1]
     dx = np.empty(nb, F32)
-    if t in (Type.Q4_K, Type.Q5_K):
-        k.qk_45(w, act.q, act.d, act.x, out, m0, m1, dx, t == Type.Q5_K)
-        return
-    _jit_fns(k)[t](w, act.q, act.d, act.x, out, m0, m1, dx)
-
-
-def _jit_fns(k: Any) -> dict[Type, Any]:
-    return {Type.Q4_0: k.q4_0, Type.Q4_1: k.q4_1, Type.Q5_0: k.q5_0, Type.Q5_1: k.q5_1,
-            Type.Q8_0: k.q8_0, Type.Q6_K: k.q6_k}
+    if t in _KQUANT:
+        k.kquant(w, act.q, act.d, act.x, out, m0, m1, dx, _KQUANT[t])
+    else:
+        k.legacy(w, act.q, act.d, act.x, out, m0, m1, dx, np.empty(nb, F32), _LEGACY[t])
 
 
 def _rows_numpy(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
