@@ -20,11 +20,15 @@ scalar loops in their order (:mod:`ggmlpy.quants.vec_dot`): their results are bi
 the referee's, whatever the thread count or row split (each output is computed by one thread in
 one fixed order). For F16/BF16 the float32 products are summed in float64 in an order LLVM picks
 (vectorized lanes) instead of the referee's sequential one: ``|y - y_ref| <= ulp32(y_ref) +
-K * 2**-53 * sum_k |x_k w_k|``. Against ggml's SIMD kernels (float32 lanes, fused multiply-adds)
+K * 2**-53 * sum_k |x_k w_k|``; its BF16 dot on AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126``
+more). Against ggml's SIMD kernels (float32 lanes, fused multiply-adds)
 the difference is their reordering: ``|y - y_ggml| <= nb * 2**-23 * sum_b |term_b|`` (``nb``
 blocks, ``term_b`` the per-block float terms of :mod:`ggmlpy.quants.vec_dot`), plus ggml's
 activation quantizer on AVX2 rounding ties to even where the reference rounds them away from
-zero (one quant step in rare elements).
+zero (one quant step in rare elements). ggml's F16 dot on CPUs with AVX512-FP16 accumulates in
+f16 lanes (ggml-cpu/simd-mappings.h): there ``|y - y_ggml| <= (K/32 + 5) * 2**-10 * sum_k |x_k
+w_k|``; its BF16 dot on AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126``
+more).
 
 Threads: the weight rows are split into ``n_threads`` contiguous ranges (ggml splits ``src0``'s
 rows among its threads the same way when ``src1`` has few rows), each computed by one part; the
