@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._common import F32, nearest_int
+from ggmlpy.quants._common import F32, nearest_int
 
 __all__ = ["QK8_0", "QK8_1", "QK_K", "Q8_0_BYTES", "Q8_1_BYTES", "Q8_K_BYTES",
            "quantize_row_q8_0", "quantize_row_q8_1", "quantize_row_q8_K", "q8_row_bytes"]

@@ -7,7 +7,7 @@ ggml-cpu/quants.c (``ggml_vec_dot_<w>_<a>_generic``) and vec.cpp (``ggml_vec_dot
 float32 scale products grouped as the C expression groups them (no fused multiply-add), and the
 float32 (F16/BF16: float64) accumulation in block order. They are vectorized over all (n, m)
 pairs; the only Python loop runs over the blocks of a row. They are the tests' referee and the
-definition the compiled kernels (:mod:`ggmlpy.quants.dot_kernels`) are held to.
+definition the compiled kernels (:mod:`ggmlpy.backends.cpu.qmatmul`) are held to.
 
 ==========  =========  ===================================================================
 weight      vec_dot    per block ``b`` (``sumf`` float32 starts at 0)
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..types import Type
-from .q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES
+from ggmlpy.core.types import Type
+from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES
 
 __all__ = ["VEC_DOT_TYPE", "vec_dot", "dot_unpacked", "unpack_weight", "unpack_act"]
 

@@ -14,11 +14,12 @@ import warnings
 import numpy as np
 import pytest
 
-from ggmlpy import env
-from ggmlpy.quants import dequantize, dot_kernels as dk, q8, quantize, vec_dot
-from ggmlpy.types import Type
+from ggmlpy.backends.cpu import qmatmul as dk
+from ggmlpy.core import env
+from ggmlpy.core.types import Type
+from ggmlpy.quants import dequantize, q8, quantize, vec_dot
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "ggml_q8_reference.npz")
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "ggml_q8_reference.npz")
 PAIRS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K", "f16", "bf16"]
 EPS32 = float(np.finfo(np.float32).eps)
 EPS64 = float(np.finfo(np.float64).eps)

@@ -10,7 +10,7 @@ matrix-vector product reads each weight byte once.
 
 Two implementations with the same numerics:
 
-* Numba kernels (:mod:`._dot_jit`, the ``jit`` extra; ``GGMLPY_JIT=0`` turns them off), one per
+* Numba kernels (:mod:`ggmlpy.backends.cpu.qmatmul_kernels`, the ``jit`` extra; ``GGMLPY_JIT=0`` turns them off), one per
   weight type, compiled on first use and cached on disk.
 * A NumPy fallback: :func:`ggmlpy.quants.vec_dot.dot_unpacked` (the referee itself) over chunks
   of weight rows.
@@ -44,10 +44,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import env
-from ..types import BF16_DTYPE, Type
-from .q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
-from .vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
+from ggmlpy.core import env
+from ggmlpy.core.types import BF16_DTYPE, Type
+from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
+from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
 __all__ = ["DOT_TYPES", "ActQ", "jit_available", "quantize_act", "act_bytes", "mul_mat",
            "mul_mat_parts", "warm_up"]
@@ -66,7 +66,7 @@ def _jit() -> Any:
     k = _state.get("k")
     if k is None:
         try:
-            from . import _dot_jit as k
+            from ggmlpy.backends.cpu import qmatmul_kernels as k
         except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
             k = f"numba is not importable ({type(e).__name__}: {e})"
         _state["k"] = k
@@ -108,7 +108,7 @@ def _f16_value(v: np.ndarray) -> np.ndarray:
 
 
 def _bf16_value(x: np.ndarray) -> np.ndarray:
-    from . import fp32_to_bf16  # noqa: PLC0415 - the package imports this module's siblings
+    from ggmlpy.quants import fp32_to_bf16  # noqa: PLC0415 - the optional gguf extra
 
     return (fp32_to_bf16(x).view(np.uint16).astype(np.uint32) << 16).view(F32)
 
@@ -144,7 +144,7 @@ def _quant_rows(act: ActQ, x: np.ndarray, n0: int, n1: int, jit: bool) -> None:
         if kind == "q8_1":
             act.x[n0:n1] = _f16_value(act.x[n0:n1])
         return
-    from . import q8  # noqa: PLC0415
+    from ggmlpy.quants import q8  # noqa: PLC0415
 
     fn = {"q8_0": q8.quantize_row_q8_0, "q8_1": q8.quantize_row_q8_1,
           "q8_K": q8.quantize_row_q8_K}[kind]
@@ -397,7 +397,7 @@ def warm_up() -> bool:
         return False
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 256)).astype(F32)
-    from . import quantize  # noqa: PLC0415
+    from ggmlpy.quants import quantize  # noqa: PLC0415
 
     for t in DOT_TYPES:
         wq = quantize(x, t)

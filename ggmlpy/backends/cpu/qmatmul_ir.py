@@ -1,4 +1,4 @@
-"""Numba intrinsics for the block dot products of :mod:`._dot_jit`: each decodes one block of a
+"""Numba intrinsics for the block dot products of :mod:`ggmlpy.backends.cpu.qmatmul_kernels`: each decodes one block of a
 weight row from its bytes and multiplies it with 32 activation quants as LLVM vector IR.
 
 Numba types every integer expression as int64, so a plain loop over int8 products vectorizes

@@ -1,4 +1,4 @@
-"""The Numba kernels behind :mod:`ggmlpy.quants.dot_kernels` (imported by it on first use only;
+"""The Numba kernels behind :mod:`ggmlpy.backends.cpu.qmatmul` (imported by it on first use only;
 importing this module imports Numba). Module-level functions so that Numba's on-disk cache
 (``cache=True``) finds them again in a later process. Shapes and layouts are checked by the
 caller, not here.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._dot_ir import acc_k, dot_h16, dot_q4, dot_q5, dot_q8
+from ggmlpy.backends.cpu.qmatmul_ir import acc_k, dot_h16, dot_q4, dot_q5, dot_q8
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
@@ -168,7 +168,7 @@ def _f16v(h):
 def half_dot(w, y, out, m0, m1, bf):
     """F16 (``bf`` False) or BF16 (True) weight rows (uint16 bits ``(M, K)``) against activations
     rounded to that type, held as float32 ``(N, K)``: float32 products summed in float64, 16 at
-    a time in a fixed tree (:func:`._dot_ir.dot_h16`), the 16-sums in order."""
+    a time in a fixed tree (:func:`ggmlpy.backends.cpu.qmatmul_ir.dot_h16`), the 16-sums in order."""
     N, K = y.shape
     K16 = K - K % 16
     for m in range(m0, m1):
