@@ -49,7 +49,7 @@ from ggmlpy.core.types import BF16_DTYPE, Type
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "ActQ", "jit_available", "quantize_act", "act_bytes", "mul_mat",
+__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "quantize_act", "act_bytes", "mul_mat",
            "mul_mat_parts", "warm_up"]
 
 F32 = np.float32
@@ -59,7 +59,27 @@ DOT_TYPES = frozenset(VEC_DOT_TYPE)
 #: weight elements per chunk of the NumPy fallback's int32 temporaries
 _NP_CHUNK = 1 << 20
 
+#: activation rows (``src1``'s ``ne[1]``) from which a MUL_MAT with this weight type dequantizes
+#: row blocks for a BLAS GEMM instead of running the dot kernel: the crossover measured on the
+#: Gemma 3 270M shapes with 2 threads (scripts/bench_qmatmul.py --crossover, docs/quant_matmul.md)
+CROSSOVER = {Type.Q4_0: 16, Type.Q4_1: 16, Type.Q5_0: 16, Type.Q5_1: 16, Type.Q8_0: 16,
+             Type.Q4_K: 16, Type.Q5_K: 16, Type.Q6_K: 16, Type.F16: 16, Type.BF16: 16}
+
 _state: dict[str, Any] = {}
+
+
+def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
+    """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` activation rows of type
+    ``src1_type`` runs the dot kernels: ``GGMLPY_QUANT_MATMUL`` is ``ggml`` (the default), ``t``
+    has a kernel, the activations are F32 and ``n_rows < CROSSOVER[t]`` (larger batches: the
+    dequantized GEMM is faster). Depends on nothing else (not on buffers, caches or Numba), so one
+    graph always takes one numeric path.
+
+    Raises:
+        EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
+    """
+    return (t in DOT_TYPES and src1_type == Type.F32 and n_rows < CROSSOVER[t]
+            and env.quant_matmul() == "ggml")
 
 
 def _jit() -> Any:
