@@ -5,8 +5,8 @@ Numba types every integer expression as int64, so a plain loop over int8 product
 with 64-bit lanes (or not at all); these intrinsics build the vectors at the widths the data
 has (``<32 x i8>`` loaded, sign-extended, multiplied and reduced in ``i32``), which LLVM lowers
 to the target's widening multiply-add instructions (x86: ``pmaddwd``). Everything here is
-generic LLVM IR (no target intrinsics). Integer results are exact; the F16/BF16 helper sums its
-16 float32 products in float64 in a fixed tree order.
+generic LLVM IR (no target intrinsics). Integer results are exact; the F16/BF16 helper adds its
+16 float32 products to 16 float64 lanes.
 
 Arguments named ``w``/``y``/``aux`` are 1-D NumPy arrays (uint8/int8 bytes, int32 ``aux``),
 ``i*`` element offsets into them; callers guarantee the bounds.
@@ -139,25 +139,100 @@ def acc_k(typingctx, w, iq, nib, ih, hshift, hmask, sub, y, iy, s0, s1, aux):
     return types.none(w, iq, nib, ih, hshift, hmask, sub, y, iy, s0, s1, aux), codegen
 
 
-@intrinsic
-def dot_h16(typingctx, w, iw, y, iy, bf):
-    """float64 sum of 16 float32 products ``f(w[iw + j]) * y[iy + j]`` (``w`` uint16 F16 bits, or
-    BF16 bits when ``bf``; ``y`` float32), the products widened to float64 and added as the tree
-    ((0+8)+(4+12))... (halves folded four times): a fixed order."""
+def _block_vals(context, builder, aty, w, off, kind: int, qh=None, sub=None) -> ir.Value:
+    """One legacy block's 32 weight values as <32 x i8>: ``kind`` 0 Q8_0 (32 int8 at ``off``),
+    1 4-bit (16 bytes of nibbles), 2 5-bit (nibbles and the uint32 ``qh``); ``sub`` subtracted
+    (kinds 1, 2)."""
+    if kind == 0:
+        return _load(context, builder, aty, w, off, I8, 32)
+    v = _nibbles(builder, _load(context, builder, aty, w, off, I8, 16))
+    if kind == 2:
+        q = qh if qh.type.width == 32 else builder.trunc(qh, I32)
+        bits = builder.lshr(_splat(builder, q, 32), ir.Constant(_vec(I32, 32), list(range(32))))
+        bits = builder.and_(bits, ir.Constant(_vec(I32, 32), [1] * 32))
+        hb = builder.shl(builder.trunc(bits, _vec(I8, 32)), ir.Constant(_vec(I8, 32), [4] * 32))
+        v = builder.or_(v, hb)
+    return builder.sub(v, _splat(builder, sub, 32))
+
+
+def _pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value) -> ir.Value:
+    """<16 x i32>: sums of the adjacent products of two <32 x i8> (the ``pmaddwd`` shape)."""
+    p = builder.mul(builder.sext(v, _vec(I32, 32)), builder.sext(y, _vec(I32, 32)))
+    return builder.add(_shuf(builder, p, p, list(range(0, 32, 2))),
+                       _shuf(builder, p, p, list(range(1, 32, 2))))
+
+
+def _sum4(builder: ir.IRBuilder, q: list[ir.Value]) -> ir.Value:
+    """<4 x i32> of the sums of four <16 x i32> (a transposing tree: 15 shuffles and adds for
+    the four, instead of four full reductions)."""
+    def half(a, b, lo, hi):
+        return builder.add(_shuf(builder, a, b, lo), _shuf(builder, a, b, hi))
+    p01 = half(q[0], q[1], list(range(0, 8)) + list(range(16, 24)),
+               list(range(8, 16)) + list(range(24, 32)))
+    p23 = half(q[2], q[3], list(range(0, 8)) + list(range(16, 24)),
+               list(range(8, 16)) + list(range(24, 32)))
+    lo = [i + o for o in (0, 8, 16, 24) for i in range(4)]
+    r = half(p01, p23, lo, [i + 4 for i in lo])
+    s = half(r, r, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
+    return half(s, s, [0, 2, 4, 6], [1, 3, 5, 7])
+
+
+def _dot4_codegen(kind: int):
     def codegen(context, builder, sig, args):
-        aw, aiw, ay, aiy, abf = args
+        w, iw, bsz, y, iy, qo, qhs, sub, out, io = args
+        aty = sig.args[0]
+        q = []
+        for k in range(4):
+            ko = ir.Constant(iw.type, k)
+            off = builder.add(builder.add(iw, builder.mul(ko, bsz)), qo)
+            qh = None
+            if kind == 2:
+                ho = builder.add(builder.add(iw, builder.mul(ko, bsz)), qhs)
+                b4 = _load(context, builder, aty, w, ho, I8, 4)
+                qh = builder.bitcast(b4, I32)
+            v = _block_vals(context, builder, aty, w, off, kind, qh, _i8(builder, sub))
+            yo = builder.add(iy, ir.Constant(iy.type, 32 * k))
+            yv = _load(context, builder, sig.args[3], y, yo, I8, 32)
+            q.append(_pairs(builder, v, yv))
+        u = _sum4(builder, q)
+        a = context.make_array(sig.args[8])(context, builder, out)
+        p = builder.gep(a.data, [io])
+        builder.store(u, builder.bitcast(p, _vec(I32, 4).as_pointer()), align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _dot4(kind: int):
+    def typer(typingctx, w, iw, bsz, y, iy, qo, qhs, sub, out, io):
+        return types.none(w, iw, bsz, y, iy, qo, qhs, sub, out, io), _dot4_codegen(kind)
+    return typer
+
+
+# dot4_q8 / dot4_q4 / dot4_q5(w, iw, bsz, y, iy, qo, qhs, sub, out, io): integer sums of four
+# consecutive legacy blocks with the activation quants. Block k (k < 4) starts at byte
+# iw + k * bsz of w, its quants at + qo (5-bit: its qh word at + qhs), values minus sub;
+# activations y[iy + 32 k:]; the four int32 sums are stored at out[io:io + 4].
+dot4_q8 = intrinsic(_dot4(0))
+dot4_q4 = intrinsic(_dot4(1))
+dot4_q5 = intrinsic(_dot4(2))
+
+
+@intrinsic
+def acc_h16(typingctx, w, iw, y, iy, bf, acc):
+    """``acc[0:16] += float64(f(w[iw + j]) * y[iy + j])`` for 16 F16 (``bf`` False) or BF16 bits
+    ``w`` and float32 ``y`` (float32 products, float64 lanes)."""
+    def codegen(context, builder, sig, args):
+        aw, aiw, ay, aiy, abf, aacc = args
         bits = _load(context, builder, sig.args[0], aw, aiw, I16, 16)
         xf = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 16)), _vec(ir.FloatType(), 16))
         xb = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 16)),
                                          ir.Constant(_vec(I32, 16), [16] * 16)),
                              _vec(ir.FloatType(), 16))
-        x = builder.select(builder.trunc(abf, ir.IntType(1)) if abf.type.width > 1 else abf, xb, xf)
+        x = builder.select(abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1)), xb, xf)
         yv = _load(context, builder, sig.args[2], ay, aiy, ir.FloatType(), 16)
         p = builder.fpext(builder.fmul(x, yv), _vec(ir.DoubleType(), 16))
-        n = 16
-        while n > 1:
-            n //= 2
-            p = builder.fadd(_shuf(builder, p, p, list(range(n))),
-                             _shuf(builder, p, p, list(range(n, 2 * n))))
-        return builder.extract_element(p, ir.Constant(I32, 0))
-    return types.float64(w, iw, y, iy, bf), codegen
+        a = context.make_array(sig.args[5])(context, builder, aacc)
+        pa = builder.bitcast(a.data, _vec(ir.DoubleType(), 16).as_pointer())
+        builder.store(builder.fadd(builder.load(pa, align=8), p), pa, align=8)
+        return context.get_dummy_value()
+    return types.none(w, iw, y, iy, bf, acc), codegen

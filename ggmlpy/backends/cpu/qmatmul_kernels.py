@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggmlpy.backends.cpu.qmatmul_ir import acc_k, dot_h16, dot_q4, dot_q5, dot_q8
+from ggmlpy.backends.cpu.qmatmul_ir import (acc_h16, acc_k, dot4_q4, dot4_q5, dot4_q8, dot_q4,
+                                            dot_q5, dot_q8)
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
@@ -48,12 +49,40 @@ def _u32(wr, o):
             | (np.uint32(wr[o + 2]) << np.uint32(16)) | (np.uint32(wr[o + 3]) << np.uint32(24)))
 
 
+@njit(inline="always", **_OPTS)
+def _isums(wr, yr, nb, bsz, kind, isum):
+    """The int32 sums of every block of weight row ``wr`` with activation row ``yr``."""
+    nb4 = nb - nb % 4
+    if kind == 4:
+        for b in range(0, nb4, 4):
+            dot4_q8(wr, b * bsz, bsz, yr, b * 32, 2, 0, 0, isum, b)
+        for b in range(nb4, nb):
+            isum[b] = dot_q8(wr, b * bsz + 2, yr, b * 32)
+    elif kind <= 1:
+        qo = 2 if kind == 0 else 4
+        sub = 8 if kind == 0 else 0
+        for b in range(0, nb4, 4):
+            dot4_q4(wr, b * bsz, bsz, yr, b * 32, qo, 0, sub, isum, b)
+        for b in range(nb4, nb):
+            isum[b] = dot_q4(wr, b * bsz + qo, sub, yr, b * 32)
+    else:
+        qhs = 2 if kind == 2 else 4
+        sub = 16 if kind == 2 else 0
+        for b in range(0, nb4, 4):
+            dot4_q5(wr, b * bsz, bsz, yr, b * 32, qhs + 4, qhs, sub, isum, b)
+        for b in range(nb4, nb):
+            isum[b] = dot_q5(wr, b * bsz + qhs + 4, _u32(wr, b * bsz + qhs), sub, yr, b * 32)
+
+
 @njit(**_OPTS)
 def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind):
-    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1."""
+    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1: the block
+    sums four at a time (:mod:`ggmlpy.backends.cpu.qmatmul_ir`), then the float32 terms in block
+    order."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     bsz = (18, 20, 22, 24, 34)[kind]
+    isum = np.empty(nb + 4, np.int32)
     for m in range(m0, m1):
         wr = w[m]
         for b in range(nb):
@@ -61,22 +90,20 @@ def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind):
             if kind == 1 or kind == 3:
                 mx[b] = f16(wr[b * bsz + 2], wr[b * bsz + 3])
         for n in range(N):
-            yr = yq[n]
+            _isums(wr, yq[n], nb, bsz, kind, isum)
             sumf = F32(0)
-            for b in range(nb):
-                o = b * bsz
-                p = b * 32
-                if kind == 0:
-                    sumf += (F32(dot_q4(wr, o + 2, 8, yr, p)) * dx[b]) * yd[n, b]
-                elif kind == 1:
-                    sumf += (dx[b] * yd[n, b]) * F32(dot_q4(wr, o + 4, 0, yr, p)) + mx[b] * yx[n, b]
-                elif kind == 2:
-                    sumf += (dx[b] * yd[n, b]) * F32(dot_q5(wr, o + 6, _u32(wr, o + 2), 16, yr, p))
-                elif kind == 3:
-                    sumf += ((dx[b] * yd[n, b]) * F32(dot_q5(wr, o + 8, _u32(wr, o + 4), 0, yr, p))
-                             + mx[b] * yx[n, b])
-                else:
-                    sumf += F32(dot_q8(wr, o + 2, yr, p)) * (dx[b] * yd[n, b])
+            if kind == 0:
+                for b in range(nb):
+                    sumf += (F32(isum[b]) * dx[b]) * yd[n, b]
+            elif kind == 2:
+                for b in range(nb):
+                    sumf += (dx[b] * yd[n, b]) * F32(isum[b])
+            elif kind == 4:
+                for b in range(nb):
+                    sumf += F32(isum[b]) * (dx[b] * yd[n, b])
+            else:
+                for b in range(nb):
+                    sumf += (dx[b] * yd[n, b]) * F32(isum[b]) + mx[b] * yx[n, b]
             out[n, m] = sumf
 
 
@@ -167,17 +194,23 @@ def _f16v(h):
 @njit(**_OPTS)
 def half_dot(w, y, out, m0, m1, bf):
     """F16 (``bf`` False) or BF16 (True) weight rows (uint16 bits ``(M, K)``) against activations
-    rounded to that type, held as float32 ``(N, K)``: float32 products summed in float64, 16 at
-    a time in a fixed tree (:func:`ggmlpy.backends.cpu.qmatmul_ir.dot_h16`), the 16-sums in order."""
+    rounded to that type, held as float32 ``(N, K)``: float32 products summed in 16 float64
+    lanes (:func:`ggmlpy.backends.cpu.qmatmul_ir.acc_h16`, element ``k`` in lane ``k mod 16``
+    for ``k < K - K mod 16``), the lanes then added in order, then the tail elements."""
     N, K = y.shape
     K16 = K - K % 16
+    acc = np.empty(16, np.float64)
     for m in range(m0, m1):
         wr = w[m]
         for n in range(N):
             yr = y[n]
-            s = 0.0
+            for j in range(16):
+                acc[j] = 0.0
             for k in range(0, K16, 16):
-                s += dot_h16(wr, k, yr, k, bf)
+                acc_h16(wr, k, yr, k, bf, acc)
+            s = 0.0
+            for j in range(16):
+                s += acc[j]
             for k in range(K16, K):
                 h = np.int32(wr[k])
                 v = np.int32(h << 16).view(np.float32) if bf else _f16v(h)
