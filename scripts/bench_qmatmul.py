@@ -23,9 +23,9 @@ the weight bandwidth both reach, as JSON on stdout.
   bandwidth measured in the same run: ``read_gbps`` a NumPy sum over a 512 MiB float32 array by
   ``--threads`` threads (each its half), ``copy_gbps`` a 512 MiB ``np.copyto`` (bytes read +
   written). ``bw_frac`` = weight_gbps / read_gbps (matrix-vector targets: >= 0.6).
-* ``--crossover``: ggmlpy alone, per type, the dot kernels (forced at any batch) against the
-  dequantize-then-GEMM path (``GGMLPY_QUANT_MATMUL=dequant``) for 1..256 tokens; ``crossover``
-  is the first batch where the GEMM path wins.
+* ``--crossover``: ggmlpy alone, per type (shapes :data:`XCASES`), the dot kernels (forced at
+  any batch) against the dequantize-then-GEMM path (``GGMLPY_QUANT_MATMUL=dequant``) for 1..256
+  tokens; ``crossover`` is the first batch where the GEMM path wins.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = [("Q8_0", 640, 262144), ("Q5_0", 640, 1024), ("Q5_0", 640, 2048), ("Q4_K", 2048, 640),
          ("Q6_K", 2048, 640), ("Q5_K", 2048, 640), ("F16", 640, 2048), ("BF16", 640, 2048),
          ("Q4_0", 640, 2048), ("Q4_1", 640, 2048), ("Q5_1", 640, 2048)]
+#: the crossover runs: one shape per type (the first of CASES with M <= 8192; Q8_0 on 640 x 2048)
+XCASES = [("Q5_0", 640, 1024), ("Q4_K", 2048, 640), ("Q6_K", 2048, 640), ("Q5_K", 2048, 640),
+          ("F16", 640, 2048), ("BF16", 640, 2048), ("Q4_0", 640, 2048), ("Q4_1", 640, 2048),
+          ("Q5_1", 640, 2048), ("Q8_0", 640, 2048)]
 MIN_S = 0.2
 
 
@@ -248,11 +252,9 @@ def bench(args, cpu) -> dict:
 def crossover(args, cpu) -> dict:
     from ggmlpy.backends.cpu import qmatmul
     out = {}
-    seen = set()
-    for tname, K, M in CASES:
-        if tname in seen or (args.types and tname not in args.types) or M > 8192:
+    for tname, K, M in XCASES:
+        if args.types and tname not in args.types:
             continue
-        seen.add(tname)
         t = Type[tname]
         wq = _weights(tname, K, M, 7)
         res = []

@@ -30,6 +30,11 @@ f16 lanes (ggml-cpu/simd-mappings.h): there ``|y - y_ggml| <= (K/32 + 5) * 2**-1
 w_k|``; its BF16 dot on AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126``
 more).
 
+Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer activation rows than
+:data:`CROSSOVER` ``[type]`` (token generation, small batches), where reading the weight once in
+its own type is the cost; from the crossover on (prompt processing), dequantized row blocks of
+the weight and a BLAS GEMM, whose float32 throughput then wins over the integer dot products.
+
 Threads: the weight rows are split into ``n_threads`` contiguous ranges (ggml splits ``src0``'s
 rows among its threads the same way when ``src1`` has few rows), each computed by one part; the
 activation quantization is split by activation rows. Calls are synchronous.
@@ -60,10 +65,12 @@ DOT_TYPES = frozenset(VEC_DOT_TYPE)
 _NP_CHUNK = 1 << 20
 
 #: activation rows (``src1``'s ``ne[1]``) from which a MUL_MAT with this weight type dequantizes
-#: row blocks for a BLAS GEMM instead of running the dot kernel: the crossover measured on the
-#: Gemma 3 270M shapes with 2 threads (scripts/bench_qmatmul.py --crossover, docs/quant_matmul.md)
-CROSSOVER = {Type.Q4_0: 16, Type.Q4_1: 16, Type.Q5_0: 16, Type.Q5_1: 16, Type.Q8_0: 16,
-             Type.Q4_K: 16, Type.Q5_K: 16, Type.Q6_K: 16, Type.F16: 16, Type.BF16: 16}
+#: row blocks for a BLAS GEMM instead of running the dot kernel (the crossover, measured per type
+#: with ``scripts/bench_qmatmul.py --crossover`` on the Gemma 3 270M shapes with 2 threads; the
+#: figures are in docs/quant_matmul.md). F16/BF16 weights take the float32 path from 2 and 4 rows:
+#: there the float32 GEMM wins as soon as the batch is more than a matrix-vector product.
+CROSSOVER = {Type.Q4_0: 64, Type.Q4_1: 32, Type.Q5_0: 48, Type.Q5_1: 48, Type.Q8_0: 48,
+             Type.Q4_K: 64, Type.Q5_K: 64, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
 
 _state: dict[str, Any] = {}
 

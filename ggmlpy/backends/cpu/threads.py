@@ -588,17 +588,19 @@ def compile_pending(steps: list[Step]) -> None:
 
 def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
                compile_node: Compile, whole: Step | None) -> Split | None:
-    """A MUL_MAT on the dot kernels (:func:`~ggmlpy.backends.kernels.matmul.uses_dot_kernel`)
-    cut along the weight's rows, as ggml splits ``src0``'s rows among its threads: slice ``i``
-    computes ``dst[..., lo:hi]`` from ``src0[..., lo:hi, :]`` and all of ``src1`` (each slice
-    quantizes ``src1`` itself: a batch below the crossover is small next to the weight). Every
-    output is computed by one fixed sequence of operations whatever the cut, so the result does
-    not depend on ``n_threads``."""
+    """A MUL_MAT with a block-quantized weight
+    (:func:`~ggmlpy.backends.kernels.matmul.splits_weight_rows`) cut along the weight's rows, as
+    ggml splits ``src0``'s rows among its threads: slice ``i`` computes ``dst[..., lo:hi]`` from
+    ``src0[..., lo:hi, :]`` and all of ``src1``. On the dot kernels each slice quantizes ``src1``
+    itself (a batch below the crossover is small next to the weight) and every output is computed
+    by one fixed sequence of operations whatever the cut, so the result does not depend on
+    ``n_threads``; on the dequantizing path each slice converts only its rows of the weight (a
+    cut along ``src1``'s rows would convert the whole weight on every thread)."""
     a, b = srcs[0], srcs[1]
     M = dst.shape[3]
     if M < 2:
         return None
-    big = dst.size * b.shape[-1] >= MIN_DOT_MACS
+    big = dst.size * b.shape[-1] >= (MIN_DOT_MACS if matmul.uses_dot_kernel(node) else MIN_MACS)
     bounds = _bounds(M, min(M, pool.n_threads))
 
     def compile_parts() -> list[Step] | None:
@@ -644,7 +646,7 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     whole_dst = dst  # (a copy may see its dst in the source's shape below)
     if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4 or n_parts < 2:
         return None
-    if op == Op.MUL_MAT and matmul.uses_dot_kernel(node):
+    if op == Op.MUL_MAT and matmul.splits_weight_rows(node):
         return _dot_split(xp, node, dst, srcs, pool, compile_node, whole)
     # which operand is cut along ``ax`` (True), or read whole by every slice (False)
     if op == Op.MUL_MAT:

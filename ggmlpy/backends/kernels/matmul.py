@@ -10,12 +10,19 @@ below go to the same library.
 MUL_MAT also takes a BF16 or block-quantized ``src0`` (the weight, NumPy shape ``(A3, A2, M, K)``)
 with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 
-* NumPy (CPU, SIM), weight in a buffer of usage WEIGHTS: the weight's float32 copy comes from
-  :mod:`.weight_cache` (converted on first use, reused until any write to the weight's buffer;
-  LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM. Measured on the
-  2-core machine (``scripts/bench_quant.py``, MiniLM shapes, interleaved): F16 and Q8_0 weights
-  take 1.0-1.2x the F32 time at 1, 32 and 1024 tokens; converted per call they took 17-60x
-  at 1 token, 3.2-5.2x at 32 and 1.2-1.4x at 1024.
+* NumPy (CPU, SIM), ``GGMLPY_QUANT_MATMUL=ggml`` (the default), F32 ``src1`` of fewer rows than
+  the weight type's crossover (:data:`ggmlpy.backends.cpu.qmatmul.CROSSOVER`): ggml's own
+  method (ggml-cpu.c ``ggml_compute_forward_mul_mat``): ``src1`` is quantized to the type's
+  ``vec_dot_type`` once per call and every output is one block dot product read from the
+  weight's bytes in place (:mod:`ggmlpy.backends.cpu.qmatmul`); no float32 copy of the weight
+  exists. Threaded plans cut the weight's rows. The choice depends on the types, the batch and
+  the variable only, never on where the weight lies or on the cache below.
+* NumPy, larger batches (prompt processing) and ``GGMLPY_QUANT_MATMUL=dequant``: the weight's
+  float32 values, then BLAS, in one of the two ways below.
+* NumPy, F16/BF16 weight in a buffer of usage WEIGHTS (block-quantized ones only when
+  ``GGMLPY_WEIGHT_CACHE_MB`` is set: the cache trades memory for speed): the weight's float32
+  copy comes from :mod:`.weight_cache` (converted on first use, reused until any write to the
+  weight's buffer; LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM.
 * NumPy, other weights (activations, compute buffers, cache off or weight over budget, async
   writes queued): converted per call in row blocks of 2-4 MiB of float32
   (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
@@ -319,6 +326,15 @@ def uses_dot_kernel(node: Tensor) -> bool:
     a, b = node.src[0], node.src[1]
     return (node.op == Op.MUL_MAT and a is not None and b is not None
             and qmatmul.chooses_dot(a.type, b.type, b.ne[1]))
+
+
+def splits_weight_rows(node: Tensor) -> bool:
+    """Whether a threaded CPU plan cuts MUL_MAT ``node`` along its weight's rows
+    (:func:`ggmlpy.backends.cpu.threads.split_step`): on the dot kernels, and for every
+    block-quantized weight (its per-call dequantization is then shared out, not repeated)."""
+    a, b = node.src[0], node.src[1]
+    return (node.op == Op.MUL_MAT and a is not None and b is not None
+            and (a.type in QUANT_TYPES or uses_dot_kernel(node)))
 
 
 def _dot_step(ta: Type, a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> Step:

@@ -114,7 +114,8 @@ def _check_mm(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray, do
 @pytest.mark.parametrize("mode", ["ggml", "dequant"])
 @pytest.mark.parametrize("t", WTYPES)
 @pytest.mark.parametrize("m,n,bs,nr", [(7, 1, (1, 1), (1, 1)), (300, 5, (1, 1), (1, 1)),
-                                       (5, 3, (2, 3), (2, 1)), (9, 40, (1, 1), (1, 1))])
+                                       (5, 3, (2, 3), (2, 1)), (9, 40, (1, 1), (1, 1)),
+                                       (9, 70, (1, 1), (1, 1))])
 def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr, mode, monkeypatch):
     monkeypatch.setenv(env.QUANT_MATMUL, mode)
     k = 512 if t.blck_size == 256 else 96
