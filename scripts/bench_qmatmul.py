@@ -109,7 +109,7 @@ def _worker() -> None:
         elif cmd["op"] == "time":
             gf, plan, tp = state["gf"], state["plan"], state["tp"]
             ggml.ggml_threadpool_resume(tp)
-            dt = _mean_time(lambda: ggml.ggml_graph_compute(gf, ctypes.byref(plan)))
+            dt = _mean_time(lambda gf=gf, plan=plan: ggml.ggml_graph_compute(gf, ctypes.byref(plan)))
             ggml.ggml_threadpool_pause(tp)
             print(json.dumps({"s": dt}), flush=True)
         elif cmd["op"] == "result":

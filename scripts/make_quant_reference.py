@@ -35,9 +35,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-import numpy as np
-
 import ggml
+import numpy as np
 
 K = 512
 M = 8

@@ -10,25 +10,26 @@ matrix-vector product reads each weight byte once.
 
 Two implementations with the same numerics:
 
-* Numba kernels (:mod:`ggmlpy.backends.cpu.qmatmul_kernels`, the ``jit`` extra; ``GGMLPY_JIT=0`` turns them off), one per
-  weight type, compiled on first use and cached on disk.
+* Numba kernels (:mod:`ggmlpy.backends.cpu.qmatmul_kernels`, the ``jit`` extra; ``GGMLPY_JIT=0``
+  turns them off), one per weight type, compiled on first use and cached on disk.
 * A NumPy fallback: :func:`ggmlpy.quants.vec_dot.dot_unpacked` (the referee itself) over chunks
-  of weight rows.
+  of weight rows (F16/BF16: float64 sums of the float32 products).
 
-Numerics. For the block types both compute exactly the float32 operations of ggml's generic
-scalar loops in their order (:mod:`ggmlpy.quants.vec_dot`): their results are bit-identical to
-the referee's, whatever the thread count or row split (each output is computed by one thread in
-one fixed order). For F16/BF16 the float32 products are summed in float64 in an order LLVM picks
-(vectorized lanes) instead of the referee's sequential one: ``|y - y_ref| <= ulp32(y_ref) +
-K * 2**-53 * sum_k |x_k w_k|``; its BF16 dot on AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126``
-more). Against ggml's SIMD kernels (float32 lanes, fused multiply-adds)
-the difference is their reordering: ``|y - y_ggml| <= nb * 2**-23 * sum_b |term_b|`` (``nb``
-blocks, ``term_b`` the per-block float terms of :mod:`ggmlpy.quants.vec_dot`), plus ggml's
-activation quantizer on AVX2 rounding ties to even where the reference rounds them away from
-zero (one quant step in rare elements). ggml's F16 dot on CPUs with AVX512-FP16 accumulates in
-f16 lanes (ggml-cpu/simd-mappings.h): there ``|y - y_ggml| <= (K/32 + 5) * 2**-10 * sum_k |x_k
-w_k|``; its BF16 dot on AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126``
-more).
+Numerics, against the referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic scalar loops): for the
+block types both compute exactly its float32 operations in its order, so their results are
+bit-identical to it whatever the thread count or row split (each output is computed by one thread
+in one fixed order). For F16/BF16 the float32 products are summed in float64 in another fixed
+order (16 lanes, then the lanes in order; the fallback: NumPy's pairwise sum) instead of the
+referee's sequential one: ``|y - y_ref| <= ulp32(y_ref) + K * 2**-53 * sum_k |x_k w_k|``.
+
+Against ggml's own SIMD kernels the difference is their reordering (float32 lanes, fused
+multiply-adds): ``|y - y_ggml| <= T * 2**-23 * sum_b |term_b|`` with ``T = 4 * nb`` roundings
+(``nb`` blocks; ``+ 16`` for the K-quants' lane sums) and ``term_b`` the per-block float terms;
+ggml's activation quantizer on AVX2 also rounds ties to even where the reference rounds them away
+from zero (one quant step in rare elements; this module follows the reference). Two ggml kernels
+are less precise on this kind of CPU: its F16 dot with AVX512-FP16 accumulates in f16 lanes
+(ggml-cpu/simd-mappings.h), ``|y - y_ggml| <= (K/32 + 5) * 2**-10 * sum_k |x_k w_k|``, and its BF16
+dot with AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126`` more).
 
 Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer activation rows than
 :data:`CROSSOVER` ``[type]`` (token generation, small batches), where reading the weight once in
@@ -54,8 +55,8 @@ from ggmlpy.core.types import BF16_DTYPE, Type
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "quantize_act", "act_bytes", "mul_mat",
-           "mul_mat_parts", "warm_up"]
+__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available",
+           "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "warm_up"]
 
 F32 = np.float32
 Step = Callable[[], None]

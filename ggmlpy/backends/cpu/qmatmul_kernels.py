@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggmlpy.backends.cpu.qmatmul_ir import (acc_h16, acc_k, dot4_q4, dot4_q5, dot4_q8, dot_q4,
-                                            dot_q5, dot_q8)
+from ggmlpy.backends.cpu.qmatmul_ir import acc_h16, acc_k, dot4_q4, dot4_q5, dot4_q8, dot_q4, dot_q5, dot_q8
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
