@@ -3,6 +3,7 @@ the weight bandwidth both reach, as JSON on stdout.
 
     python scripts/bench_qmatmul.py [--threads 2] [--repeat 5] [--tokens 1,512]
         [--ggml-python /work/refvenv/bin/python] [--crossover] [--types Q8_0,Q4_K]
+        [--max-gmacs 10] [--ggml-poll 0]
 
 * Cases: the Gemma 3 270M matrix shapes ``K x M`` (ggml ``ne = [K, M]`` of the weight):
   640 x 262144 Q8_0 (the token embedding as output projection), 640 x 1024 and 640 x 2048 Q5_0,
@@ -14,8 +15,9 @@ the weight bandwidth both reach, as JSON on stdout.
   ggml, the weight cache off for block types).
 * ggml: the same product through ggml-python (a worker process running ``--ggml-python``, which
   must import ``ggml``): a context holding the tensors, ``ggml_graph_plan`` with a persistent
-  ``ggml_threadpool`` of ``--threads`` threads, ``ggml_graph_compute``; the threadpool is
-  paused between its timing rounds so that its polling threads do not run while ggmlpy is timed.
+  ``ggml_threadpool`` of ``--threads`` threads (``poll`` = ``--ggml-poll``, default 0: waiting
+  threads sleep instead of spinning), ``ggml_graph_compute``; the threadpool is paused between its
+  timing rounds so that its threads do not run while ggmlpy is timed.
   A plain ggml context: no weight repacking (llama.cpp's CPU_REPACK buffers) for either side.
 * Timing: per case, ``--repeat`` rounds alternate ggml and ggmlpy; each round is the mean over
   enough calls to last 0.2 s; the best round is reported. ``ratio`` = ggmlpy / ggml time.
@@ -98,6 +100,7 @@ def _worker() -> None:
             x = np.random.default_rng(cmd["seed"]).standard_normal((N, K)).astype(np.float32)
             ctypes.memmove(ggml.ggml_get_data(b), x.ctypes.data, x.nbytes)
             params = ggml.ggml_threadpool_params_default(nt)
+            params.poll = cmd["poll"]
             tp = ggml.ggml_threadpool_new(ctypes.byref(params))
             plan = ggml.ggml_graph_plan(gf, nt, tp)
             work = np.zeros(max(plan.work_size, 1), np.uint8)
@@ -224,8 +227,10 @@ def bench(args, cpu) -> dict:
                 path = os.path.join(tmp, "w.npy")
                 np.save(path, wq.view(np.uint8))
                 for N in args.tokens:
+                    if args.max_gmacs and K * M * N > args.max_gmacs * 1e9:
+                        continue
                     ggml_w.ask(op="setup", type=tname, K=K, M=M, N=N, threads=args.threads,
-                               weight=path, seed=11)
+                               weight=path, seed=11, poll=args.ggml_poll)
                     case = _Case(cpu, Type[tname], wq, K, M, N, 11)
                     tg, tp = float("inf"), float("inf")
                     for _ in range(args.repeat):
@@ -289,17 +294,24 @@ def main() -> None:
     ap.add_argument("--types", default="")
     ap.add_argument("--ggml-python", default="/work/refvenv/bin/python")
     ap.add_argument("--crossover", action="store_true")
+    ap.add_argument("--max-gmacs", type=float, default=0.0,
+                    help="skip cases of more multiply-adds (GMAC) than this (0: none)")
+    ap.add_argument("--ggml-poll", type=int, default=0,
+                    help="ggml_threadpool_params.poll (ggml's default 50 busy-waits, which on an "
+                         "oversubscribed machine stalls its barriers for milliseconds)")
     args = ap.parse_args()
     args.tokens = [int(x) for x in args.tokens.split(",")]
     args.types = [x for x in args.types.split(",") if x]
     from ggmlpy.backends.cpu.backend import backend_cpu_init
     cpu = backend_cpu_init()
     cpu.set_n_threads(args.threads)
-    res = {"threads": args.threads, "numpy": np.__version__}
+    res = {"threads": args.threads, "numpy": np.__version__, "ggml_poll": args.ggml_poll,
+           "loadavg_start": os.getloadavg()}
     if args.crossover:
         res["crossover"] = crossover(args, cpu)
     else:
         res.update(bench(args, cpu))
+    res["loadavg_end"] = os.getloadavg()
     print(json.dumps(res, indent=1))
 
 

@@ -71,7 +71,7 @@ _NP_CHUNK = 1 << 20
 #: figures are in docs/quant_matmul.md). F16/BF16 weights take the float32 path from 2 and 4 rows:
 #: there the float32 GEMM wins as soon as the batch is more than a matrix-vector product.
 CROSSOVER = {Type.Q4_0: 64, Type.Q4_1: 32, Type.Q5_0: 48, Type.Q5_1: 48, Type.Q8_0: 48,
-             Type.Q4_K: 64, Type.Q5_K: 64, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
+             Type.Q4_K: 64, Type.Q5_K: 128, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
 
 _state: dict[str, Any] = {}
 
