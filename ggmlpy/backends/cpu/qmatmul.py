@@ -56,7 +56,7 @@ from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
 __all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available",
-           "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "warm_up"]
+           "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
 Step = Callable[[], None]
@@ -318,16 +318,18 @@ _LEGACY = {Type.Q4_0: 0, Type.Q4_1: 1, Type.Q5_0: 2, Type.Q5_1: 3, Type.Q8_0: 4}
 _KQUANT = {Type.Q4_K: 0, Type.Q5_K: 1, Type.Q6_K: 2}
 
 
-def _rows_jit(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
+def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int,
+              m1: int) -> Step:
+    """The compiled kernel call for weight rows ``m0:m1``, its arguments and scratch bound once
+    (a step is called per token: per-call Python work is the cost to keep small)."""
     if t in (Type.F16, Type.BF16):
-        k.half_dot(w, act.q, out, m0, m1, t == Type.BF16)
-        return
+        return partial(k.half_dot, w, act.q, out, m0, m1, t == Type.BF16)
     nb = act.d.shape[1]
     dx = np.empty(nb, F32)
     if t in _KQUANT:
-        k.kquant(w, act.q, act.d, act.x, out, m0, m1, dx, _KQUANT[t])
-    else:
-        k.legacy(w, act.q, act.d, act.x, out, m0, m1, dx, np.empty(nb, F32), _LEGACY[t])
+        return partial(k.kquant, w, act.q, act.d, act.x, out, m0, m1, dx, _KQUANT[t])
+    return partial(k.legacy, w, act.q, act.d, act.x, out, m0, m1, dx, np.empty(nb, F32),
+                   _LEGACY[t])
 
 
 def _rows_numpy(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
@@ -385,10 +387,64 @@ def mul_mat_parts(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray,
         if hi <= lo:
             continue
         if k is not None:
-            parts.append(partial(_rows_jit, k, t, wv, act, out, lo, hi))
+            parts.append(_jit_part(k, t, wv, act, out, lo, hi))
         else:
             parts.append(partial(_rows_numpy, t, wv, act, out, lo, hi))
     return parts
+
+
+def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
+    """A step computing ``out = x @ W^T`` (as :func:`mul_mat`, one thread) whose checks, buffers
+    and kernel arguments are set up now, for a plan that calls it once per evaluation: each call
+    quantizes the current contents of ``x`` into buffers owned by the step, then runs the kernel.
+
+    Args:
+        t: weight type (:data:`DOT_TYPES`). w: the weight rows (see :func:`mul_mat_parts`).
+        x: float32 ``(N, K)``, any strides (copied per call when not C-contiguous).
+        out: float32 ``(N, M)``, any strides.
+
+    Returns:
+        A synchronous zero-argument step (not reentrant: one caller at a time).
+
+    Raises:
+        ValueError: as :func:`quantize_act` and :func:`mul_mat_parts`.
+    """
+    if t not in DOT_TYPES:
+        raise ValueError(f"mul_mat: type {t.type_name} has no dot kernel")
+    kind = VEC_DOT_TYPE[t]
+    if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
+        _check_x(x, kind, "prepare")
+    _check_x(np.empty((1, x.shape[1]), F32), kind, "prepare")
+    N, K = x.shape
+    act = _alloc_act(kind, N, K)
+    (part,) = mul_mat_parts(t, w, act, out, 1)
+    jit = jit_available()
+    k = _jit() if jit else None
+    contiguous = x.flags.c_contiguous
+    if k is not None and kind in ("q8_0", "q8_1"):
+        ys = act.x if kind == "q8_1" else _DUMMY
+        code = 1 if kind == "q8_1" else 0
+        quant = k.quant_q8
+
+        def run() -> None:
+            quant(x if contiguous else np.ascontiguousarray(x), act.q, act.d, ys, code)
+            act.d[...] = _f16_value(act.d)
+            if code:
+                ys[...] = _f16_value(ys)
+            part()
+        return run
+    if k is not None and kind == "q8_K":
+        quant_k = k.quant_q8_k
+
+        def run_k() -> None:
+            quant_k(x if contiguous else np.ascontiguousarray(x), act.q, act.d, act.x)
+            part()
+        return run_k
+
+    def run_other() -> None:
+        _quant_rows(act, np.ascontiguousarray(x), 0, N, jit)
+        part()
+    return run_other
 
 
 def mul_mat(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None,

@@ -339,21 +339,22 @@ def splits_weight_rows(node: Tensor) -> bool:
 
 def _dot_step(ta: Type, a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> Step:
     """``dst = b @ a^T`` per batch matrix with the weight read in place: ``b`` (B3, B2, N, K)
-    float32 quantized to ``ta``'s ``vec_dot_type`` once per call, then one dot kernel call per
+    float32 quantized to ``ta``'s ``vec_dot_type`` on every call, then one dot kernel call per
     (i3, i2) over all of ``a``'s rows ``(M, row_bytes)`` (ggml's broadcast: ``a[i3 // r3,
-    i2 // r2]``). Single-threaded; the CPU backend's split cuts the weight rows
+    i2 // r2]``), each prepared once (:func:`ggmlpy.backends.cpu.qmatmul.prepare`).
+    Single-threaded; the CPU backend's split cuts the weight rows
     (:func:`ggmlpy.backends.cpu.threads.split_step`)."""
     A3, A2 = a.shape[0], a.shape[1]
     B3, B2 = b.shape[0], b.shape[1]
     r3, r2 = B3 // A3, B2 // A2
-    kind = qmatmul.VEC_DOT_TYPE[ta]
-    jobs = [(a[i3 // r3, i2 // r2], b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
+    steps = [qmatmul.prepare(ta, a[i3 // r3, i2 // r2], b[i3, i2], dst[i3, i2])
+             for i3 in range(B3) for i2 in range(B2)]
+    if len(steps) == 1:
+        return steps[0]
 
     def run() -> None:
-        for w, x, d in jobs:
-            act = qmatmul.quantize_act(kind, x)
-            for p in qmatmul.mul_mat_parts(ta, w, act, d):
-                p()
+        for s in steps:
+            s()
     return run
 
 

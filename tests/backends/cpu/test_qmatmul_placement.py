@@ -121,3 +121,17 @@ def test_quant_matmul_env_selects_the_path(monkeypatch):
     assert not uses_dot_kernel(big)
     f16_act = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (256, 4)), ctx.new_tensor(Type.F16, (256, 1)))
     assert not uses_dot_kernel(f16_act)
+
+
+@pytest.mark.parametrize("t", [Type.Q4_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K])
+def test_graph_without_numba_gives_the_same_bits(t, monkeypatch):
+    """GGMLPY_JIT=0 (the NumPy fallback, what a machine without Numba runs) takes the same path
+    with the same numerics: the referee's bits."""
+    K, M, n = 512, 96, 3
+    rng = np.random.default_rng(int(t))
+    raw = quantize(rng.standard_normal((M, K)).astype(np.float32), t).reshape(-1)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    monkeypatch.setenv("GGMLPY_JIT", "0")
+    (got,) = _evaluate(t, raw, x, K, M, BufferUsage.WEIGHTS, 2, times=1)
+    act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
+    np.testing.assert_array_equal(got, vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act)))
