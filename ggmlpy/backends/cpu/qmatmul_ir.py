@@ -123,9 +123,12 @@ def acc_k(typingctx, w, iq, nib, ih, hshift, hmask, sub, y, iy, s0, s1, aux):
         v = builder.or_(q, builder.shl(h, ir.Constant(_vec(I8, 32), [4] * 32)))
         v = builder.sub(v, _splat(builder, _i8(builder, asub), 32))
         yv = _load(context, builder, sig.args[7], ay, aiy, I8, 32)
-        p = builder.mul(builder.sext(v, _vec(I32, 32)), builder.sext(yv, _vec(I32, 32)))
+        # int16 products and pair sums: |q8 * v| <= 128 * 63 and two of them fit int16
+        p = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(yv, _vec(I16, 32)))
         la = builder.add(_shuf(builder, p, p, list(range(0, 8))), _shuf(builder, p, p, list(range(8, 16))))
         lb = builder.add(_shuf(builder, p, p, list(range(16, 24))), _shuf(builder, p, p, list(range(24, 32))))
+        la = builder.sext(la, _vec(I32, 8))
+        lb = builder.sext(lb, _vec(I32, 8))
 
         def i32(x):
             return builder.trunc(x, I32) if x.type.width > 32 else x
