@@ -318,6 +318,16 @@ _LEGACY = {Type.Q4_0: 0, Type.Q4_1: 1, Type.Q5_0: 2, Type.Q5_1: 3, Type.Q8_0: 4}
 _KQUANT = {Type.Q4_K: 0, Type.Q5_K: 1, Type.Q6_K: 2}
 
 
+def _f16_table() -> np.ndarray:
+    """float32 value of every f16 bit pattern (256 KiB, made once; ggml's
+    ``ggml_table_f32_f16``): the legacy kernels read each block's scale from it."""
+    tbl = _state.get("f16_table")
+    if tbl is None:
+        tbl = _state["f16_table"] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(F32)
+    return tbl
+
+
 def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int,
               m1: int) -> Step:
     """The compiled kernel call for weight rows ``m0:m1``, its arguments and scratch bound once
@@ -329,7 +339,7 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
     if t in _KQUANT:
         return partial(k.kquant, w, act.q, act.d, act.x, out, m0, m1, dx, _KQUANT[t])
     return partial(k.legacy, w, act.q, act.d, act.x, out, m0, m1, dx, np.empty(nb, F32),
-                   _LEGACY[t])
+                   _LEGACY[t], _f16_table())
 
 
 def _rows_numpy(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:

@@ -93,13 +93,10 @@ def dot_q5(typingctx, w, iw, qh, sub, y, iy):
     element j (Q5_0/Q5_1 layout)."""
     def codegen(context, builder, sig, args):
         b = _load(context, builder, sig.args[0], args[0], args[1], I8, 16)
-        v = _nibbles(builder, b)
-        q = builder.trunc(args[2], I32) if args[2].type.width > 32 else builder.zext(args[2], I32) \
-            if args[2].type.width < 32 else args[2]
-        bits = builder.lshr(_splat(builder, q, 32), ir.Constant(_vec(I32, 32), list(range(32))))
-        bits = builder.and_(bits, ir.Constant(_vec(I32, 32), [1] * 32))
-        hb = builder.shl(builder.trunc(bits, _vec(I8, 32)), ir.Constant(_vec(I8, 32), [4] * 32))
-        v = builder.sub(builder.or_(v, hb), _splat(builder, _i8(builder, args[3]), 32))
+        q = args[2] if args[2].type.width <= 32 else builder.trunc(args[2], I32)
+        q = q if q.type.width == 32 else builder.zext(q, I32)
+        v = builder.or_(_nibbles(builder, b), _fifth_bits(builder, q))
+        v = builder.sub(v, _splat(builder, _i8(builder, args[3]), 32))
         yv = _load(context, builder, sig.args[4], args[4], args[5], I8, 32)
         return _dot32(builder, v, yv)
     return types.int32(w, iw, qh, sub, y, iy), codegen
@@ -150,12 +147,21 @@ def _block_vals(context, builder, aty, w, off, kind: int, qh=None, sub=None) -> 
         return _load(context, builder, aty, w, off, I8, 32)
     v = _nibbles(builder, _load(context, builder, aty, w, off, I8, 16))
     if kind == 2:
-        q = qh if qh.type.width == 32 else builder.trunc(qh, I32)
-        bits = builder.lshr(_splat(builder, q, 32), ir.Constant(_vec(I32, 32), list(range(32))))
-        bits = builder.and_(bits, ir.Constant(_vec(I32, 32), [1] * 32))
-        hb = builder.shl(builder.trunc(bits, _vec(I8, 32)), ir.Constant(_vec(I8, 32), [4] * 32))
-        v = builder.or_(v, hb)
+        v = builder.or_(v, _fifth_bits(builder, qh))
     return builder.sub(v, _splat(builder, sub, 32))
+
+
+def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
+    """<32 x i8>: 16 where bit j of the 32-bit ``qh`` (an i32, or its 4 little-endian bytes as
+    <4 x i8>) is set, else 0: each byte spread over 8 lanes, tested against its lane's bit (byte
+    operations only)."""
+    b4 = qh if isinstance(qh.type, ir.VectorType) else builder.bitcast(
+        qh if qh.type.width == 32 else builder.trunc(qh, I32), _vec(I8, 4))
+    spread = _shuf(builder, b4, b4, [j // 8 for j in range(32)])
+    hit = builder.and_(spread, ir.Constant(_vec(I8, 32), [1 << (j % 8) for j in range(32)]))
+    set_ = builder.icmp_unsigned("!=", hit, ir.Constant(_vec(I8, 32), [0] * 32))
+    return builder.select(set_, ir.Constant(_vec(I8, 32), [16] * 32),
+                          ir.Constant(_vec(I8, 32), [0] * 32))
 
 
 def _pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value) -> ir.Value:
@@ -191,8 +197,7 @@ def _dot4_codegen(kind: int):
             qh = None
             if kind == 2:
                 ho = builder.add(builder.add(iw, builder.mul(ko, bsz)), qhs)
-                b4 = _load(context, builder, aty, w, ho, I8, 4)
-                qh = builder.bitcast(b4, I32)
+                qh = _load(context, builder, aty, w, ho, I8, 4)
             v = _block_vals(context, builder, aty, w, off, kind, qh, _i8(builder, sub))
             yo = builder.add(iy, ir.Constant(iy.type, 32 * k))
             yv = _load(context, builder, sig.args[3], y, yo, I8, 32)

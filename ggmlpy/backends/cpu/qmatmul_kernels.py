@@ -74,10 +74,11 @@ def _isums(wr, yr, nb, bsz, kind, isum):
 
 
 @njit(**_OPTS)
-def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind):
+def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind, tbl):
     """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1: the block
     sums four at a time (:mod:`ggmlpy.backends.cpu.qmatmul_ir`), then the float32 terms in block
-    order."""
+    order. ``tbl``: float32 ``(65536,)``, the value of every f16 bit pattern (ggml's
+    ``ggml_table_f32_f16``)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     bsz = (18, 20, 22, 24, 34)[kind]
@@ -85,9 +86,12 @@ def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind):
     for m in range(m0, m1):
         wr = w[m]
         for b in range(nb):
-            dx[b] = f16(wr[b * bsz], wr[b * bsz + 1])
-            if kind == 1 or kind == 3:
-                mx[b] = f16(wr[b * bsz + 2], wr[b * bsz + 3])
+            o = b * bsz
+            dx[b] = tbl[np.int32(wr[o]) | (np.int32(wr[o + 1]) << 8)]
+        if kind == 1 or kind == 3:
+            for b in range(nb):
+                o = b * bsz
+                mx[b] = tbl[np.int32(wr[o + 2]) | (np.int32(wr[o + 3]) << 8)]
         for n in range(N):
             _isums(wr, yq[n], nb, bsz, kind, isum)
             sumf = F32(0)
