@@ -102,43 +102,6 @@ def dot_q5(typingctx, w, iw, qh, sub, y, iy):
     return types.int32(w, iw, qh, sub, y, iy), codegen
 
 
-@intrinsic
-def acc_k(typingctx, w, iq, nib, ih, hshift, hmask, sub, y, iy, s0, s1, aux):
-    """K-quant lanes: 32 weight values ``v[j] = (((w[iq + j] >> 4 * nib) & 15) | (((w[ih + j]
-    >> hshift) & hmask) << 4)) - sub`` times ``y[iy + j]``; the products of elements 0-15 times
-    ``s0`` and of 16-31 times ``s1`` are added to ``aux[l]`` for ``l = j mod 8`` (ggml's
-    ``aux32`` lanes of ``ggml_vec_dot_q{4,5,6}_K_q8_K_generic``). Returns nothing."""
-    def codegen(context, builder, sig, args):
-        (aw, aiq, anib, aih, ahs, ahm, asub, ay, aiy, as0, as1, aaux) = args
-        q = _load(context, builder, sig.args[0], aw, aiq, I8, 32)
-        sh = builder.mul(_i8(builder, anib), ir.Constant(I8, 4))
-        q = builder.and_(builder.lshr(q, _splat(builder, sh, 32)),
-                         ir.Constant(_vec(I8, 32), [15] * 32))
-        h = _load(context, builder, sig.args[0], aw, aih, I8, 32)
-        h = builder.and_(builder.lshr(h, _splat(builder, _i8(builder, ahs), 32)),
-                         _splat(builder, _i8(builder, ahm), 32))
-        v = builder.or_(q, builder.shl(h, ir.Constant(_vec(I8, 32), [4] * 32)))
-        v = builder.sub(v, _splat(builder, _i8(builder, asub), 32))
-        yv = _load(context, builder, sig.args[7], ay, aiy, I8, 32)
-        # int16 products and pair sums: |q8 * v| <= 128 * 63 and two of them fit int16
-        p = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(yv, _vec(I16, 32)))
-        la = builder.add(_shuf(builder, p, p, list(range(0, 8))), _shuf(builder, p, p, list(range(8, 16))))
-        lb = builder.add(_shuf(builder, p, p, list(range(16, 24))), _shuf(builder, p, p, list(range(24, 32))))
-        la = builder.sext(la, _vec(I32, 8))
-        lb = builder.sext(lb, _vec(I32, 8))
-
-        def i32(x):
-            return builder.trunc(x, I32) if x.type.width > 32 else x
-        la = builder.mul(la, _splat(builder, i32(as0), 8))
-        lb = builder.mul(lb, _splat(builder, i32(as1), 8))
-        a = context.make_array(sig.args[11])(context, builder, aaux)
-        pa = builder.bitcast(a.data, _vec(I32, 8).as_pointer())
-        cur = builder.load(pa, align=4)
-        builder.store(builder.add(cur, builder.add(la, lb)), pa, align=4)
-        return context.get_dummy_value()
-    return types.none(w, iq, nib, ih, hshift, hmask, sub, y, iy, s0, s1, aux), codegen
-
-
 def _block_vals(context, builder, aty, w, off, kind: int, qh=None, sub=None) -> ir.Value:
     """One legacy block's 32 weight values as <32 x i8>: ``kind`` 0 Q8_0 (32 int8 at ``off``),
     1 4-bit (16 bytes of nibbles), 2 5-bit (nibbles and the uint32 ``qh``); ``sub`` subtracted
@@ -244,3 +207,78 @@ def acc_h16(typingctx, w, iw, y, iy, bf, acc):
         builder.store(builder.fadd(builder.load(pa, align=8), p), pa, align=8)
         return context.get_dummy_value()
     return types.none(w, iw, y, iy, bf, acc), codegen
+
+
+def _kblock_codegen(kind: int):
+    """One K-quant super-block's eight ``aux32`` lanes, kept in registers: ``kind`` 0 Q4_K,
+    1 Q5_K, 2 Q6_K (the byte layouts of ggml-common.h's ``block_q{4,5,6}_K``)."""
+    def codegen(context, builder, sig, args):
+        w, o, y, p, sc, isc, aux = args
+        aty, yty = sig.args[0], sig.args[2]
+        scarr = context.make_array(sig.args[4])(context, builder, sc)
+
+        def c64(v):
+            return ir.Constant(o.type, v)
+
+        def scale(j):
+            ptr = builder.gep(scarr.data, [builder.add(isc, ir.Constant(isc.type, j))])
+            return _splat(builder, builder.load(ptr), 8)
+
+        def const8(v):
+            return ir.Constant(_vec(I8, 32), [v] * 32)
+
+        acc = ir.Constant(_vec(I32, 8), [0] * 8)
+        groups = []
+        if kind < 2:
+            qo = 48 if kind == 1 else 16
+            for c in range(4):
+                q = _load(context, builder, aty, w, builder.add(o, c64(qo + 32 * c)), I8, 32)
+                for nib in range(2):
+                    v = builder.and_(builder.lshr(q, const8(4 * nib)), const8(15)) if nib else \
+                        builder.and_(q, const8(15))
+                    if kind == 1:
+                        h = _load(context, builder, aty, w, builder.add(o, c64(16)), I8, 32)
+                        h = builder.and_(builder.lshr(h, const8(2 * c + nib)), const8(1))
+                        v = builder.or_(v, builder.shl(h, const8(4)))
+                    groups.append((v, 64 * c + 32 * nib, 2 * c + nib, 2 * c + nib))
+        else:
+            for hh in range(2):
+                qh = _load(context, builder, aty, w, builder.add(o, c64(128 + 32 * hh)), I8, 32)
+                for g in range(4):
+                    ql = _load(context, builder, aty, w, builder.add(o, c64(64 * hh + 32 * (g & 1))),
+                               I8, 32)
+                    lo = builder.lshr(ql, const8(4)) if g >> 1 else ql
+                    v = builder.and_(lo, const8(15))
+                    hb = builder.and_(builder.lshr(qh, const8(2 * g)), const8(3)) if g else \
+                        builder.and_(qh, const8(3))
+                    v = builder.sub(builder.or_(v, builder.shl(hb, const8(4))), const8(32))
+                    groups.append((v, 128 * hh + 32 * g, 8 * hh + 2 * g, 8 * hh + 2 * g + 1))
+        for v, e, j0, j1 in groups:
+            yv = _load(context, builder, yty, y, builder.add(p, ir.Constant(p.type, e)), I8, 32)
+            # int16 products and pair sums: |q8 * v| <= 128 * 63 and two of them fit int16
+            prod = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(yv, _vec(I16, 32)))
+            la = builder.add(_shuf(builder, prod, prod, list(range(0, 8))),
+                             _shuf(builder, prod, prod, list(range(8, 16))))
+            lb = builder.add(_shuf(builder, prod, prod, list(range(16, 24))),
+                             _shuf(builder, prod, prod, list(range(24, 32))))
+            la = builder.mul(builder.sext(la, _vec(I32, 8)), scale(j0))
+            lb = builder.mul(builder.sext(lb, _vec(I32, 8)), scale(j1))
+            acc = builder.add(acc, builder.add(la, lb))
+        a = context.make_array(sig.args[6])(context, builder, aux)
+        builder.store(acc, builder.bitcast(a.data, _vec(I32, 8).as_pointer()), align=4)
+        return context.get_dummy_value()
+    return codegen
+
+
+def _kblock(kind: int):
+    def typer(typingctx, w, o, y, p, sc, isc, aux):
+        return types.none(w, o, y, p, sc, isc, aux), _kblock_codegen(kind)
+    return typer
+
+
+# kblock_q4/q5/q6(w, o, y, p, sc, isc, aux): aux[0:8] = the super-block's aux32 lanes (ggml's
+# ggml_vec_dot_q{4,5,6}_K_q8_K_generic) for the block at byte o of w and the activation quants
+# y[p:p + 256]; sc: int32 scales, the block's first at flat index isc (8 for Q4_K/Q5_K, 16 Q6_K).
+kblock_q4 = intrinsic(_kblock(0))
+kblock_q5 = intrinsic(_kblock(1))
+kblock_q6 = intrinsic(_kblock(2))

@@ -20,7 +20,18 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ggmlpy.backends.cpu.qmatmul_ir import acc_h16, acc_k, dot4_q4, dot4_q5, dot4_q8, dot_q4, dot_q5, dot_q8
+from ggmlpy.backends.cpu.qmatmul_ir import (
+    acc_h16,
+    dot4_q4,
+    dot4_q5,
+    dot4_q8,
+    dot_q4,
+    dot_q5,
+    dot_q8,
+    kblock_q4,
+    kblock_q5,
+    kblock_q6,
+)
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
@@ -128,7 +139,6 @@ def kquant(w, yq, yd, yx, out, m0, m1, dx, kind):
     N = yq.shape[0]
     nb = yq.shape[1] // 256
     bsz = (144, 176, 210)[kind]
-    qo = 48 if kind == 1 else 16
     dmin = np.empty(nb, np.float32)
     sc = np.empty((nb, 16), np.int32)
     mn = np.empty((nb, 8), np.int32)
@@ -154,20 +164,13 @@ def kquant(w, yq, yd, yx, out, m0, m1, dx, kind):
             for b in range(nb):
                 o = b * bsz
                 p = b * 256
-                for l in range(8):
-                    aux[l] = 0
                 if kind == 2:
-                    for h in range(2):
-                        for g in range(4):
-                            acc_k(wr, o + 64 * h + 32 * (g & 1), g >> 1, o + 128 + 32 * h, 2 * g,
-                                  3, 32, yr, p + 128 * h + 32 * g, sc[b, 8 * h + 2 * g],
-                                  sc[b, 8 * h + 2 * g + 1], aux)
+                    kblock_q6(wr, o, yr, p, sc, b * 16, aux)
                 else:
-                    for c in range(4):
-                        for nib in range(2):
-                            s = sc[b, 2 * c + nib]
-                            acc_k(wr, o + qo + 32 * c, nib, o + 16, 2 * c + nib,
-                                  1 if kind == 1 else 0, 0, yr, p + 64 * c + 32 * nib, s, s, aux)
+                    if kind == 1:
+                        kblock_q5(wr, o, yr, p, sc, b * 16, aux)
+                    else:
+                        kblock_q4(wr, o, yr, p, sc, b * 16, aux)
                     sumi = np.int32(0)
                     for j in range(16):
                         sumi += yx[n, b * 16 + j] * mn[b, j >> 1]
