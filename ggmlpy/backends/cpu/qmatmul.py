@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.core import env
-from ggmlpy.core.types import BF16_DTYPE, Type
+from ggmlpy.core.types import Type
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
@@ -300,7 +300,7 @@ def _w_rows(t: Type, w: Any, K: int) -> np.ndarray:
         raise ValueError(f"mul_mat: the weight must be a 2-D ndarray of rows, got "
                          f"{getattr(w, 'shape', type(w).__name__)}")
     if t in (Type.F16, Type.BF16):
-        if w.dtype not in (np.float16, BF16_DTYPE, np.uint16) or w.shape[1] != K:
+        if w.dtype not in (np.float16, np.uint16) and w.dtype.name != "bfloat16" or w.shape[1] != K:
             raise ValueError(f"mul_mat: a {t.type_name} weight must be (M, {K}) of 16-bit "
                              f"values, got {w.dtype} {w.shape}")
         v = w.view(np.uint16)
