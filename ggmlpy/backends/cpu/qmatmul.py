@@ -197,7 +197,7 @@ def _from_bytes(act: ActQ, b: np.ndarray, n0: int, n1: int) -> None:
     act.q[n0:n1] = blk[..., o:].reshape(n, -1).view(np.int8)
 
 
-def _check_x(x: Any, kind: str, fn: str) -> np.ndarray:
+def _validate_x(x: Any, kind: str, fn: str) -> None:
     if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
         raise ValueError(f"{fn}: x must be a 2-D float32 ndarray (N, K), got "
                          f"{getattr(x, 'dtype', type(x).__name__)} "
@@ -205,6 +205,10 @@ def _check_x(x: Any, kind: str, fn: str) -> np.ndarray:
     bs = QK_K if kind == "q8_K" else 32 if kind.startswith("q8") else 1
     if x.shape[1] % bs:
         raise ValueError(f"{fn}: K = {x.shape[1]} is not a multiple of {kind}'s block size {bs}")
+
+
+def _check_x(x: Any, kind: str, fn: str) -> np.ndarray:
+    _validate_x(x, kind, fn)
     return np.ascontiguousarray(x)
 
 
@@ -422,9 +426,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
     if t not in DOT_TYPES:
         raise ValueError(f"mul_mat: type {t.type_name} has no dot kernel")
     kind = VEC_DOT_TYPE[t]
-    if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
-        _check_x(x, kind, "prepare")
-    _check_x(np.empty((1, x.shape[1]), F32), kind, "prepare")
+    _validate_x(x, kind, "prepare")
     N, K = x.shape
     act = _alloc_act(kind, N, K)
     (part,) = mul_mat_parts(t, w, act, out, 1)
