@@ -27,7 +27,7 @@ BUDGET: dict[str, int] = {
     "ggmlpy/alloc": 860,  # 763
     "ggmlpy/backend": 1020,  # 909
     "ggmlpy/backends": 780,  # 693
-    "ggmlpy/backends/cpu": 1590,  # 1412
+    "ggmlpy/backends/cpu": 2420,  # 2157 (1418 + the dot kernels of qmatmul*.py)
     "ggmlpy/backends/cuda": 1060,  # 942
     "ggmlpy/backends/device": 530,  # 469
     "ggmlpy/backends/kernels": 1760,  # 1566
@@ -37,7 +37,7 @@ BUDGET: dict[str, int] = {
     "ggmlpy/models": 2220,  # 1982 (the embedding CLI with llama-embedding's flags and sentence-transformers' encode options)
     "ggmlpy/models/llm": 2010,  # 1796
     "ggmlpy/ops": 1120,  # 993
-    "ggmlpy/quants": 350,  # 312
+    "ggmlpy/quants": 640,  # 571 (312 + the Q8 activation formats and the vec_dot referee)
     "ggmlpy/sched": 1510,  # 1343
     "ggmlpy/testops": 2430,  # 2168
 }

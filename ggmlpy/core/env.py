@@ -15,7 +15,11 @@ variable                   accepted value
 ``GGMLPY_BLAS``            ``auto``, ``numpy``, ``mkl`` or a CBLAS library's path: the CPU's
                            float32 GEMMs (default ``auto``: MKL when installed, else NumPy)
 ``GGMLPY_WEIGHT_CACHE_MB``  finite number >= 0: MiB of float32 weight copies kept by the
-                           NumPy MUL_MAT (default 256; 0 = off)
+                           NumPy MUL_MAT (default 256 for F16/BF16 weights, off for
+                           block-quantized ones; 0 = off)
+``GGMLPY_QUANT_MATMUL``    ``ggml`` or ``dequant``: how the NumPy MUL_MAT multiplies F16/BF16/
+                           quantized weights (default ``ggml``: ggml's quantized-activation dot
+                           products for small batches)
 ``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
 ``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
 ``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
@@ -45,7 +49,7 @@ __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SI
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
            "ray_requested", "parse_ray_address", "WEIGHT_CACHE_MB", "DEFAULT_WEIGHT_CACHE_MB",
-           "weight_cache_mb"]
+           "weight_cache_mb", "weight_cache_mb_set", "QUANT_MATMUL", "quant_matmul"]
 
 BACKENDS = "GGMLPY_BACKENDS"
 SIM_DEVICES = "GGMLPY_SIM_DEVICES"
@@ -57,6 +61,7 @@ PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
 JIT = "GGMLPY_JIT"
 BLAS = "GGMLPY_BLAS"
 WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
+QUANT_MATMUL = "GGMLPY_QUANT_MATMUL"
 FIXTURES = "GGMLPY_FIXTURES"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
 RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
@@ -66,7 +71,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
-         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, FIXTURES,
+         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, FIXTURES,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -351,6 +356,36 @@ def weight_cache_mb() -> float:
     return DEFAULT_WEIGHT_CACHE_MB if v is None else v
 
 
+def weight_cache_mb_set() -> bool:
+    """True when ``GGMLPY_WEIGHT_CACHE_MB`` is set (not blank): block-quantized weights are cached
+    only then (an explicit trade of memory for speed; their MUL_MAT reads them in place by
+    default, see :func:`quant_matmul`).
+
+    Raises:
+        EnvError: a malformed value.
+    """
+    return _number(WEIGHT_CACHE_MB, positive=False) is not None
+
+
+def quant_matmul() -> str:
+    """``GGMLPY_QUANT_MATMUL``: ``"ggml"`` (default) or ``"dequant"``, case-insensitive, returned
+    in lower case. ``ggml``: a NumPy MUL_MAT whose weight has a dot kernel
+    (:mod:`ggmlpy.backends.cpu.qmatmul`) and whose batch is below that type's crossover quantizes
+    the activations to the weight's ``vec_dot_type`` and runs ggml's block dot products on the
+    weight's bytes; larger batches dequantize row blocks for a BLAS GEMM. ``dequant``: always the
+    latter (float32 products of the exact weight values). Read when a plan is built.
+
+    Raises:
+        EnvError: any other value.
+    """
+    v = _raw(QUANT_MATMUL)
+    if v is None:
+        return "ggml"
+    if v.lower() not in ("ggml", "dequant"):
+        raise EnvError(QUANT_MATMUL, v, "ggml or dequant")
+    return v.lower()
+
+
 def validate() -> None:
     """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
     order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
@@ -364,6 +399,7 @@ def validate() -> None:
     jit_enabled()
     blas()
     weight_cache_mb()
+    quant_matmul()
     ray_devices()
     ray_address()
     ray_timeout_s()

@@ -19,7 +19,8 @@ runs with one thread (plans are then exactly the unthreaded ones).
 Splittable ops (:data:`SPLIT_OPS`): element-wise (ADD, SUB, MUL, DIV with a source that is
 either sliced alike or broadcast along the split axis; SCALE; UNARY; same-shape CPY/DUP/CONT),
 row-wise (NORM, RMS_NORM, L2_NORM, SOFT_MAX without ALiBi, its mask sliced alike or broadcast)
-and MUL_MAT (split over the batch dims, or over the rows of ``src1`` with ``src0`` shared).
+and MUL_MAT (split over the batch dims, or over the rows of ``src1`` with ``src0`` shared; on
+the dot kernels of :mod:`ggmlpy.backends.cpu.qmatmul`, over the rows of ``src0``).
 Each slice computes exactly what the whole node computes for those rows, with the same kernel;
 BLAS may block a GEMM of fewer rows differently, so MUL_MAT results can differ in the last
 float32 bits from an unsplit product (as ggml's own results differ with ``n_threads``).
@@ -47,7 +48,7 @@ from ggmlpy.core.tensor import Tensor
 
 __all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "compile_pending",
            "blas_single_thread", "find_blas_libs", "SPLIT_OPS",
-           "MIN_ELEMENTS", "MIN_MACS", "MAX_N_THREADS"]
+           "MIN_ELEMENTS", "MIN_MACS", "MIN_DOT_MACS", "MAX_N_THREADS"]
 
 Step = Callable[[], None]
 Compile = Callable[[Any, Tensor, Any, list[Any]], "Step | None"]
@@ -64,6 +65,9 @@ MIN_ELEMENTS = {**dict.fromkeys((*_ELEMENTWISE, Op.SCALE, Op.CPY, Op.DUP, Op.CON
                 Op.UNARY: 1 << 17, Op.SOFT_MAX: 1 << 16}
 #: multiply-adds from which a MUL_MAT node is split
 MIN_MACS = 1 << 24
+#: multiply-adds from which a MUL_MAT on the dot kernels is split over the weight rows (a Gemma
+#: 3 270M 640 x 1024 matrix-vector product, ~0.1 ms of one thread, and larger)
+MIN_DOT_MACS = 1 << 19
 #: ops :func:`split_step` may split
 SPLIT_OPS = frozenset((*_ELEMENTWISE, *_SAME_SHAPE, Op.SOFT_MAX, Op.MUL_MAT))
 
@@ -582,6 +586,41 @@ def compile_pending(steps: list[Step]) -> None:
             inner.whole_step()
 
 
+def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
+               compile_node: Compile, whole: Step | None) -> Split | None:
+    """A MUL_MAT with a block-quantized weight
+    (:func:`~ggmlpy.backends.kernels.matmul.splits_weight_rows`) cut along the weight's rows, as
+    ggml splits ``src0``'s rows among its threads: slice ``i`` computes ``dst[..., lo:hi]`` from
+    ``src0[..., lo:hi, :]`` and all of ``src1``. On the dot kernels each slice quantizes ``src1``
+    itself (a batch below the crossover is small next to the weight) and every output is computed
+    by one fixed sequence of operations whatever the cut, so the result does not depend on
+    ``n_threads``; on the dequantizing path each slice converts only its rows of the weight (a
+    cut along ``src1``'s rows would convert the whole weight on every thread)."""
+    a, b = srcs[0], srcs[1]
+    M = dst.shape[3]
+    if M < 2:
+        return None
+    big = dst.size * b.shape[-1] >= (MIN_DOT_MACS if matmul.uses_dot_kernel(node) else MIN_MACS)
+    bounds = _bounds(M, min(M, pool.n_threads))
+
+    def compile_parts() -> list[Step] | None:
+        parts = []
+        for lo, hi in bounds:
+            step = compile_node(xp, node, dst[:, :, :, lo:hi], [a[:, :, lo:hi], *srcs[1:]])
+            if step is None:
+                return None
+            parts.append(step)
+        return parts
+
+    reads = [(a, False), (b, False)]
+    if big:
+        parts = compile_parts()
+        return None if parts is None else Split(pool, parts, 3, bounds, dst, reads)
+    return Split(pool, None, 3, bounds, dst, reads, big=False, whole=whole,
+                 compile_parts=compile_parts,
+                 compile_whole=lambda: compile_node(xp, node, dst, srcs))
+
+
 def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
                compile_node: Compile, whole: Step | None = None) -> Split | None:
     """Compile ``node`` as ``n_parts`` slices over rows of ``dst`` (see the module docstring),
@@ -607,6 +646,8 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     whole_dst = dst  # (a copy may see its dst in the source's shape below)
     if op not in SPLIT_OPS or not srcs or srcs[0] is None or dst.ndim != 4 or n_parts < 2:
         return None
+    if op == Op.MUL_MAT and matmul.splits_weight_rows(node):
+        return _dot_split(xp, node, dst, srcs, pool, compile_node, whole)
     # which operand is cut along ``ax`` (True), or read whole by every slice (False)
     if op == Op.MUL_MAT:
         a, b = srcs[0], srcs[1]

@@ -10,12 +10,19 @@ below go to the same library.
 MUL_MAT also takes a BF16 or block-quantized ``src0`` (the weight, NumPy shape ``(A3, A2, M, K)``)
 with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 
-* NumPy (CPU, SIM), weight in a buffer of usage WEIGHTS: the weight's float32 copy comes from
-  :mod:`.weight_cache` (converted on first use, reused until any write to the weight's buffer;
-  LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM. Measured on the
-  2-core machine (``scripts/bench_quant.py``, MiniLM shapes, interleaved): F16 and Q8_0 weights
-  take 1.0-1.2x the F32 time at 1, 32 and 1024 tokens; converted per call they took 17-60x
-  at 1 token, 3.2-5.2x at 32 and 1.2-1.4x at 1024.
+* NumPy (CPU, SIM), ``GGMLPY_QUANT_MATMUL=ggml`` (the default), F32 ``src1`` of fewer rows than
+  the weight type's crossover (:data:`ggmlpy.backends.cpu.qmatmul.CROSSOVER`): ggml's own
+  method (ggml-cpu.c ``ggml_compute_forward_mul_mat``): ``src1`` is quantized to the type's
+  ``vec_dot_type`` once per call and every output is one block dot product read from the
+  weight's bytes in place (:mod:`ggmlpy.backends.cpu.qmatmul`); no float32 copy of the weight
+  exists. Threaded plans cut the weight's rows. The choice depends on the types, the batch and
+  the variable only, never on where the weight lies or on the cache below.
+* NumPy, larger batches (prompt processing) and ``GGMLPY_QUANT_MATMUL=dequant``: the weight's
+  float32 values, then BLAS, in one of the two ways below.
+* NumPy, F16/BF16 weight in a buffer of usage WEIGHTS (block-quantized ones only when
+  ``GGMLPY_WEIGHT_CACHE_MB`` is set: the cache trades memory for speed): the weight's float32
+  copy comes from :mod:`.weight_cache` (converted on first use, reused until any write to the
+  weight's buffer; LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM.
 * NumPy, other weights (activations, compute buffers, cache off or weight over budget, async
   writes queued): converted per call in row blocks of 2-4 MiB of float32
   (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
@@ -42,11 +49,13 @@ import numpy as np
 
 from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backends.cpu import blas as cpu_blas
+from ggmlpy.backends.cpu import qmatmul
 from ggmlpy.backends.cuda.gemm import gemm_f16, gemm_f16_ok
 from ggmlpy.backends.kernels.common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from ggmlpy.backends.kernels.registry import Step, kernel
 from ggmlpy.backends.kernels.typeconv import QUANT_TYPES, block_rows, rows_ok, to_f32
 from ggmlpy.backends.kernels.weight_cache import CACHE, array_address, configure_from_env
+from ggmlpy.core import env
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 from ggmlpy.core.types import Type
@@ -211,8 +220,13 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
                 matmul(bv, aT, out=dv)
         return run_dev
 
+    if uses_dot_kernel(node):
+        return _dot_step(ta, a, b, dst)
     run_blocks = _row_block_step(xp, ta, a, b, dst, K)
-    cached = _weight_key(node, a) if configure_from_env() > 0 else None
+    # block-quantized weights are cached only when GGMLPY_WEIGHT_CACHE_MB is set (a trade of
+    # memory for speed); F16/BF16 ones within its default budget
+    cache_ok = ta in (Type.F16, Type.BF16) or env.weight_cache_mb_set()
+    cached = _weight_key(node, a) if cache_ok and configure_from_env() > 0 else None
     if cached is None:
         return run_blocks
     buf, key = cached
@@ -301,6 +315,46 @@ def _row_block_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step
             w = to_f32(xp, ta, a_blk, K)  # (1, 1, rows, K) float32, cache-sized
             aT, bv, dv = _mm_views(xp, w, b_f32[sl], d_blk)
             matmul(bv, aT, out=dv)
+    return run
+
+
+def uses_dot_kernel(node: Tensor) -> bool:
+    """Whether a NumPy MUL_MAT ``node`` runs ggml's quantized-activation dot products on its
+    weight's bytes (:mod:`ggmlpy.backends.cpu.qmatmul`) rather than dequantized row blocks and a
+    GEMM: decided by the types, the batch (``src1``'s rows) and ``GGMLPY_QUANT_MATMUL`` only,
+    never by buffer usage or cache state (see :func:`~ggmlpy.backends.cpu.qmatmul.chooses_dot`)."""
+    a, b = node.src[0], node.src[1]
+    return (node.op == Op.MUL_MAT and a is not None and b is not None
+            and qmatmul.chooses_dot(a.type, b.type, b.ne[1]))
+
+
+def splits_weight_rows(node: Tensor) -> bool:
+    """Whether a threaded CPU plan cuts MUL_MAT ``node`` along its weight's rows
+    (:func:`ggmlpy.backends.cpu.threads.split_step`): on the dot kernels, and for every
+    block-quantized weight (its per-call dequantization is then shared out, not repeated)."""
+    a, b = node.src[0], node.src[1]
+    return (node.op == Op.MUL_MAT and a is not None and b is not None
+            and (a.type in QUANT_TYPES or uses_dot_kernel(node)))
+
+
+def _dot_step(ta: Type, a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> Step:
+    """``dst = b @ a^T`` per batch matrix with the weight read in place: ``b`` (B3, B2, N, K)
+    float32 quantized to ``ta``'s ``vec_dot_type`` on every call, then one dot kernel call per
+    (i3, i2) over all of ``a``'s rows ``(M, row_bytes)`` (ggml's broadcast: ``a[i3 // r3,
+    i2 // r2]``), each prepared once (:func:`ggmlpy.backends.cpu.qmatmul.prepare`).
+    Single-threaded; the CPU backend's split cuts the weight rows
+    (:func:`ggmlpy.backends.cpu.threads.split_step`)."""
+    A3, A2 = a.shape[0], a.shape[1]
+    B3, B2 = b.shape[0], b.shape[1]
+    r3, r2 = B3 // A3, B2 // A2
+    steps = [qmatmul.prepare(ta, a[i3 // r3, i2 // r2], b[i3, i2], dst[i3, i2])
+             for i3 in range(B3) for i2 in range(B2)]
+    if len(steps) == 1:
+        return steps[0]
+
+    def run() -> None:
+        for s in steps:
+            s()
     return run
 
 

@@ -28,7 +28,11 @@ destination buffer was COMPUTE that write it after it is re-marked WEIGHTS; call
 Budget: ``GGMLPY_WEIGHT_CACHE_MB`` (:func:`ggmlpy.core.env.weight_cache_mb`, default 256 MiB, read when
 a plan is built); least recently used entries are evicted past it; a weight larger than the whole
 budget is not cached (the row-block path of :mod:`.matmul` converts it per call); 0 turns the
-cache off. Thread-safe (one lock around the table; conversions run outside it).
+cache off. Block-quantized weights are cached only when the variable is set: their small batches
+run on the dot kernels (:mod:`ggmlpy.backends.cpu.qmatmul`) straight from the quantized bytes,
+so a float32 copy (4 bytes per element against 0.5-1.1) is an explicit trade of memory for the
+speed of large batches, not a default. Thread-safe (one lock around the table; conversions run
+outside it).
 """
 
 from __future__ import annotations

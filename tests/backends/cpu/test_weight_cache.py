@@ -8,6 +8,11 @@
   hypothesis test interleaving random writes and products.
 * Budget: ``GGMLPY_WEIGHT_CACHE_MB`` 0 keeps nothing, a small budget evicts least recently used
   entries; weights outside WEIGHTS buffers (or wrapped user memory) are never cached.
+
+The cache serves the dequantizing MUL_MAT path, and block-quantized weights only when
+``GGMLPY_WEIGHT_CACHE_MB`` is set: the tests run with ``GGMLPY_QUANT_MATMUL=dequant`` and the
+variable set to its default (the dot-kernel path never caches: tests/backends/cpu/
+test_qmatmul_placement.py).
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ K, M, N = 256, 48, 5
 
 @pytest.fixture(autouse=True)
 def _fresh_cache(monkeypatch):
-    monkeypatch.delenv("GGMLPY_WEIGHT_CACHE_MB", raising=False)
+    monkeypatch.setenv("GGMLPY_WEIGHT_CACHE_MB", str(DEFAULT_WEIGHT_CACHE_MB))
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dequant")
     CACHE.clear()
     yield
     CACHE.clear()

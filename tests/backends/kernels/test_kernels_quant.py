@@ -1,6 +1,12 @@
 """Ops on BF16, F16 and block-quantized tensors (issue 12 item 3) on the CPU and SIM backends:
 MUL_MAT with a converted weight, GET_ROWS that dequantizes, CPY/DUP/CONT between every pair.
 
+MUL_MAT takes one of two numeric paths (``GGMLPY_QUANT_MATMUL``): ``ggml`` (the default) runs
+ggml's quantized-activation dot products below the type's batch crossover; its reference is the
+vec_dot referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic loops) on the activations quantized
+as ggml quantizes them, exact for block types, within ``ulp32 + K * eps64 * sum|x w|`` for
+F16/BF16. Larger batches and ``dequant`` multiply the exact weight values in float32:
+
 References: the weight's float values are ``ggmlpy.dequantize`` of its bytes (bit-exact with
 ggml's ``dequantize_row_*``, held by test_quants.py against ggml's C vectors); products are then
 computed in float64. Tolerance for MUL_MAT: float32 GEMM of K-term sums, ``atol = 2e-6 * sqrt(K)
@@ -17,11 +23,13 @@ from helpers import BLOCK_TYPES, _backend, alloc_ctx
 
 from ggmlpy import ops
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.cpu import qmatmul
 from ggmlpy.backends.kernels import supports_op, typeconv
+from ggmlpy.core import env
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
-from ggmlpy.quants import dequantize, fp32_to_bf16, quantize
+from ggmlpy.quants import dequantize, fp32_to_bf16, quantize, vec_dot
 
 QTYPES = list(BLOCK_TYPES)
 WTYPES = QTYPES + [Type.F16, Type.BF16]
@@ -70,10 +78,46 @@ def _mm_ref(W, B):
     return out
 
 
+def _dot_ref(t: Type, raw: np.ndarray, ne_a, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ggml path's expected result: per batch matrix, the referee ``vec_dot`` of the weight
+    rows with ``B`` quantized to the ``vec_dot_type``; and sum|x w| (float64) for the F16/BF16
+    bound. ``raw``: the weight's bytes, ``ne_a`` its ne; ``B`` (B3, B2, N, K) float32."""
+    A3, A2, M = ne_a[3], ne_a[2], ne_a[1]
+    rows = raw.reshape(A3, A2, M, -1)
+    B3, B2 = B.shape[:2]
+    out = np.zeros(B.shape[:3] + (M,), np.float32)
+    mag = np.zeros(B.shape[:3] + (M,))
+    Wv = np.abs(dequantize(raw, t, ne_a).astype(np.float64))
+    for l in range(B3):
+        for k in range(B2):
+            w = rows[l // (B3 // A3), k // (B2 // A2)]
+            act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], np.ascontiguousarray(B[l, k]))
+            out[l, k] = vec_dot.vec_dot(t, w, qmatmul.act_bytes(act))
+            mag[l, k] = np.abs(B[l, k].astype(np.float64)) @ Wv[l // (B3 // A3), k // (B2 // A2)].T
+    return out, mag
+
+
+def _check_mm(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray, dot: bool) -> None:
+    if dot:
+        want, mag = _dot_ref(t, raw, ne_a, B)
+        if t in (Type.F16, Type.BF16):
+            bound = np.spacing(np.abs(want)) + ne_a[0] * np.finfo(np.float64).eps * mag
+            assert (np.abs(got.astype(np.float64) - want) <= bound).all()
+        else:
+            np.testing.assert_array_equal(got, want)
+        return
+    W = _values(t, raw, ne_a)
+    np.testing.assert_allclose(got, _mm_ref(W, B), rtol=1e-5,
+                               atol=2e-6 * np.sqrt(ne_a[0]) * np.abs(W).max())
+
+
+@pytest.mark.parametrize("mode", ["ggml", "dequant"])
 @pytest.mark.parametrize("t", WTYPES)
 @pytest.mark.parametrize("m,n,bs,nr", [(7, 1, (1, 1), (1, 1)), (300, 5, (1, 1), (1, 1)),
-                                       (5, 3, (2, 3), (2, 1))])
-def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr):
+                                       (5, 3, (2, 3), (2, 1)), (9, 40, (1, 1), (1, 1)),
+                                       (9, 70, (1, 1), (1, 1))])
+def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr, mode, monkeypatch):
+    monkeypatch.setenv(env.QUANT_MATMUL, mode)
     k = 512 if t.blck_size == 256 else 96
     rng = np.random.default_rng(int(t) * 31 + m)
     ctx = Context(no_alloc=True)
@@ -85,13 +129,12 @@ def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr):
     raw = _encode(t, w)
     B = rng.uniform(-1, 1, b.ne[::-1]).astype(np.float32)
     (r,) = _run(ctx, [out], {a: raw, b: B})
-    W = _values(t, raw, a.ne)
-    ref = _mm_ref(W, B)
-    got = _f32(r).reshape(out.ne[::-1])
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6 * np.sqrt(k) * np.abs(W).max())
+    dot = mode == "ggml" and n < qmatmul.CROSSOVER[t]
+    _check_mm(t, _f32(r).reshape(out.ne[::-1]), raw, a.ne, B, dot)
 
 
-def test_mul_mat_row_blocks_cover_every_row_and_tail():
+def test_mul_mat_row_blocks_cover_every_row_and_tail(monkeypatch):
+    monkeypatch.setenv(env.QUANT_MATMUL, "dequant")
     # M not a multiple of the row block: the last block is short; every column must be written
     k = 4096
     m = typeconv.MIN_BLOCK_ROWS * 3 + 3
@@ -121,8 +164,10 @@ def test_mul_mat_f16_weight_with_f16_activations():
                                rtol=1e-5, atol=2e-6 * np.sqrt(40))
 
 
-def test_mul_mat_sees_a_weight_written_between_calls():
+@pytest.mark.parametrize("mode", ["ggml", "dequant"])
+def test_mul_mat_sees_a_weight_written_between_calls(mode, monkeypatch):
     # no converted copy survives a call: rewriting the weight changes the next result
+    monkeypatch.setenv(env.QUANT_MATMUL, mode)
     rng = np.random.default_rng(3)
     ctx = Context(no_alloc=True)
     a = ctx.new_tensor(Type.Q8_0, (32, 4))
@@ -138,9 +183,8 @@ def test_mul_mat_sees_a_weight_written_between_calls():
             raw = _encode(Type.Q8_0, rng.uniform(-1, 1, (4, 32)).astype(np.float32))
             backend_tensor_set(a, raw)
             _backend().graph_compute(g)
-            got = np.asarray(backend_tensor_get(out)).reshape(1, 4)
-            ref = B.astype(np.float64) @ _values(Type.Q8_0, raw, a.ne).reshape(4, 32).astype(np.float64).T
-            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-5)
+            got = np.asarray(backend_tensor_get(out)).reshape(1, 1, 1, 4)
+            _check_mm(Type.Q8_0, got, raw, a.ne, B.reshape(1, 1, 1, 32), mode == "ggml")
     finally:
         buf.free()
 

@@ -1,0 +1,503 @@
+"""MUL_MAT with the weight's blocks read in place: ggml's quantized-activation dot products.
+
+``y = x @ W^T`` for a weight ``W`` (ggml ``src0``, ``ne = [K, M]``) of type F16, BF16 or a block
+type, and float32 activations ``x`` (``src1``, ``ne = [K, N]``), computed as ggml's CPU backend
+computes it (ggml-cpu.c ``ggml_compute_forward_mul_mat``): ``x`` is converted once to the weight
+type's ``vec_dot_type`` (:data:`~ggmlpy.quants.vec_dot.VEC_DOT_TYPE`: Q8_0, Q8_1, Q8_K, F16 or
+BF16, see :mod:`ggmlpy.quants.q8`), then every output is one ``vec_dot`` of a weight row with an
+activation row, blocks decoded on the fly: no float32 copy of the weight is ever made, so a
+matrix-vector product reads each weight byte once.
+
+Two implementations with the same numerics:
+
+* Numba kernels (:mod:`ggmlpy.backends.cpu.qmatmul_kernels`, the ``jit`` extra; ``GGMLPY_JIT=0``
+  turns them off), one per weight type, compiled on first use and cached on disk.
+* A NumPy fallback: :func:`ggmlpy.quants.vec_dot.dot_unpacked` (the referee itself) over chunks
+  of weight rows (F16/BF16: float64 sums of the float32 products).
+
+Numerics, against the referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic scalar loops): for the
+block types both compute exactly its float32 operations in its order, so their results are
+bit-identical to it whatever the thread count or row split (each output is computed by one thread
+in one fixed order). For F16/BF16 the float32 products are summed in float64 in another fixed
+order (16 lanes, then the lanes in order; the fallback: NumPy's pairwise sum) instead of the
+referee's sequential one: ``|y - y_ref| <= ulp32(y_ref) + K * 2**-53 * sum_k |x_k w_k|``.
+
+Against ggml's own SIMD kernels the difference is their reordering (float32 lanes, fused
+multiply-adds): ``|y - y_ggml| <= T * 2**-23 * sum_b |term_b|`` with ``T = 4 * nb`` roundings
+(``nb`` blocks; ``+ 16`` for the K-quants' lane sums) and ``term_b`` the per-block float terms;
+ggml's activation quantizer on AVX2 also rounds ties to even where the reference rounds them away
+from zero (one quant step in rare elements; this module follows the reference). Two ggml kernels
+are less precise on this kind of CPU: its F16 dot with AVX512-FP16 accumulates in f16 lanes
+(ggml-cpu/simd-mappings.h), ``|y - y_ggml| <= (K/32 + 5) * 2**-10 * sum_k |x_k w_k|``, and its BF16
+dot with AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126`` more).
+
+Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer activation rows than
+:data:`CROSSOVER` ``[type]`` (token generation, small batches), where reading the weight once in
+its own type is the cost; from the crossover on (prompt processing), dequantized row blocks of
+the weight and a BLAS GEMM, whose float32 throughput then wins over the integer dot products.
+
+Threads: the weight rows are split into ``n_threads`` contiguous ranges (ggml splits ``src0``'s
+rows among its threads the same way when ``src1`` has few rows), each computed by one part; the
+activation quantization is split by activation rows. Calls are synchronous.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.core import env
+from ggmlpy.core.types import Type
+from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
+from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
+
+__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available",
+           "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
+
+F32 = np.float32
+Step = Callable[[], None]
+#: weight types with a dot kernel
+DOT_TYPES = frozenset(VEC_DOT_TYPE)
+#: weight elements per chunk of the NumPy fallback's int32 temporaries
+_NP_CHUNK = 1 << 20
+
+#: activation rows (``src1``'s ``ne[1]``) from which a MUL_MAT with this weight type dequantizes
+#: row blocks for a BLAS GEMM instead of running the dot kernel (the crossover, measured per type
+#: with ``scripts/bench_qmatmul.py --crossover`` on the Gemma 3 270M shapes with 2 threads; the
+#: figures are in docs/quant_matmul.md). F16/BF16 weights take the float32 path from 2 and 4 rows:
+#: there the float32 GEMM wins as soon as the batch is more than a matrix-vector product.
+CROSSOVER = {Type.Q4_0: 64, Type.Q4_1: 32, Type.Q5_0: 48, Type.Q5_1: 48, Type.Q8_0: 48,
+             Type.Q4_K: 64, Type.Q5_K: 128, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
+
+_state: dict[str, Any] = {}
+
+
+def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
+    """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` activation rows of type
+    ``src1_type`` runs the dot kernels: ``GGMLPY_QUANT_MATMUL`` is ``ggml`` (the default), ``t``
+    has a kernel, the activations are F32 and ``n_rows < CROSSOVER[t]`` (larger batches: the
+    dequantized GEMM is faster). Depends on nothing else (not on buffers, caches or Numba), so one
+    graph always takes one numeric path.
+
+    Raises:
+        EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
+    """
+    return (t in DOT_TYPES and src1_type == Type.F32 and n_rows < CROSSOVER[t]
+            and env.quant_matmul() == "ggml")
+
+
+def _jit() -> Any:
+    k = _state.get("k")
+    if k is None:
+        try:
+            from ggmlpy.backends.cpu import qmatmul_kernels as k
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
+            k = f"numba is not importable ({type(e).__name__}: {e})"
+        _state["k"] = k
+    return None if isinstance(k, str) else k
+
+
+def jit_available() -> bool:
+    """True when the Numba kernels run: Numba imports and ``GGMLPY_JIT`` is not 0.
+
+    Raises:
+        EnvError: ``GGMLPY_JIT`` is malformed.
+    """
+    return env.jit_enabled() and _jit() is not None
+
+
+@dataclass
+class ActQ:
+    """Activations in a ``vec_dot_type``, split into arrays (the kernels' form of the blocks).
+
+    Attributes:
+        kind: ``"q8_0"``, ``"q8_1"``, ``"q8_K"``, ``"f16"`` or ``"bf16"``.
+        q: int8 ``(N, K)`` quants (f16/bf16: float32 ``(N, K)`` of the rounded values).
+        d: float32 ``(N, nb)`` block scales (Q8_0/Q8_1: the f16 value as float32).
+        x: Q8_1 ``s`` float32 ``(N, nb)``; Q8_K ``bsums`` int32 ``(N, K / 16)``; else a dummy.
+    """
+
+    kind: str
+    q: np.ndarray
+    d: np.ndarray
+    x: np.ndarray
+
+
+_DUMMY = np.zeros((1, 1), F32)
+
+
+def _f16_value(v: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return v.astype(np.float16).astype(F32)
+
+
+def _bf16_value(x: np.ndarray) -> np.ndarray:
+    from ggmlpy.quants import fp32_to_bf16  # noqa: PLC0415 - the optional gguf extra
+
+    return (fp32_to_bf16(x).view(np.uint16).astype(np.uint32) << 16).view(F32)
+
+
+def _alloc_act(kind: str, N: int, K: int) -> ActQ:
+    if kind in ("f16", "bf16"):
+        return ActQ(kind, np.empty((N, K), F32), _DUMMY, _DUMMY)
+    bs = QK_K if kind == "q8_K" else 32
+    d = np.empty((N, K // bs), F32)
+    x = (np.empty((N, K // 16), np.int32) if kind == "q8_K"
+         else np.empty((N, K // 32), F32) if kind == "q8_1" else _DUMMY)
+    return ActQ(kind, np.empty((N, K), np.int8), d, x)
+
+
+def _quant_rows(act: ActQ, x: np.ndarray, n0: int, n1: int, jit: bool) -> None:
+    """Quantize activation rows ``n0:n1`` of ``x`` into ``act`` (one part of a call)."""
+    kind = act.kind
+    xs = x[n0:n1]
+    if kind == "f16":
+        act.q[n0:n1] = _f16_value(xs)
+        return
+    if kind == "bf16":
+        act.q[n0:n1] = _bf16_value(xs)
+        return
+    k = _jit() if jit else None
+    if k is not None:
+        if kind == "q8_K":
+            k.quant_q8_k(xs, act.q[n0:n1], act.d[n0:n1], act.x[n0:n1])
+            return
+        k.quant_q8(xs, act.q[n0:n1], act.d[n0:n1], act.x[n0:n1] if kind == "q8_1" else _DUMMY,
+                   1 if kind == "q8_1" else 0)
+        act.d[n0:n1] = _f16_value(act.d[n0:n1])
+        if kind == "q8_1":
+            act.x[n0:n1] = _f16_value(act.x[n0:n1])
+        return
+    from ggmlpy.quants import q8  # noqa: PLC0415
+
+    fn = {"q8_0": q8.quantize_row_q8_0, "q8_1": q8.quantize_row_q8_1,
+          "q8_K": q8.quantize_row_q8_K}[kind]
+    _from_bytes(act, fn(xs), n0, n1)
+
+
+def _from_bytes(act: ActQ, b: np.ndarray, n0: int, n1: int) -> None:
+    """Rows ``n0:n1`` of ``act`` from their block bytes (``(n1 - n0, row_bytes)`` uint8)."""
+    n = n1 - n0
+    if act.kind == "q8_K":
+        blk = b.reshape(n, -1, Q8_K_BYTES)
+        act.d[n0:n1] = np.ascontiguousarray(blk[..., 0:4]).view(F32)[..., 0]
+        act.q[n0:n1] = blk[..., 4:260].reshape(n, -1).view(np.int8)
+        act.x[n0:n1] = np.ascontiguousarray(blk[..., 260:]).view("<i2").reshape(n, -1)
+        return
+    size = Q8_1_BYTES if act.kind == "q8_1" else Q8_0_BYTES
+    o = size - 32
+    blk = b.reshape(n, -1, size)
+    act.d[n0:n1] = np.ascontiguousarray(blk[..., 0:2]).view(np.float16)[..., 0]
+    if act.kind == "q8_1":
+        act.x[n0:n1] = np.ascontiguousarray(blk[..., 2:4]).view(np.float16)[..., 0]
+    act.q[n0:n1] = blk[..., o:].reshape(n, -1).view(np.int8)
+
+
+def _validate_x(x: Any, kind: str, fn: str) -> None:
+    if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
+        raise ValueError(f"{fn}: x must be a 2-D float32 ndarray (N, K), got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} "
+                         f"{getattr(x, 'shape', '')}")
+    bs = QK_K if kind == "q8_K" else 32 if kind.startswith("q8") else 1
+    if x.shape[1] % bs:
+        raise ValueError(f"{fn}: K = {x.shape[1]} is not a multiple of {kind}'s block size {bs}")
+
+
+def _check_x(x: Any, kind: str, fn: str) -> np.ndarray:
+    _validate_x(x, kind, fn)
+    return np.ascontiguousarray(x)
+
+
+def quantize_act(kind: str, x: np.ndarray, n_parts: int = 1,
+                 run: Callable[[list[Step]], None] | None = None) -> ActQ:
+    """Convert activation rows to a ``vec_dot_type`` (ggml: ``from_float`` of ``vec_dot_type``
+    applied to every row of ``src1``), with ggml's reference rounding (:mod:`ggmlpy.quants.q8`;
+    F16 round to nearest even, BF16 ``GGML_FP32_TO_BF16``).
+
+    Args:
+        kind: ``"q8_0"``, ``"q8_1"``, ``"q8_K"``, ``"f16"`` or ``"bf16"``.
+        x: float32 ``(N, K)`` (ggml ``ne = [K, N]``); K a multiple of the block size.
+        n_parts: split the rows into this many parts, run by ``run`` (e.g. a CPU backend pool's
+            ``run``; None runs them in turn).
+
+    Returns:
+        An :class:`ActQ`. Synchronous.
+
+    Raises:
+        ValueError: unknown kind, or ``x`` not a 2-D float32 array with whole blocks.
+    """
+    if kind not in ("q8_0", "q8_1", "q8_K", "f16", "bf16"):
+        raise ValueError(f"quantize_act: kind must be q8_0, q8_1, q8_K, f16 or bf16, got {kind!r}")
+    x = _check_x(x, kind, "quantize_act")
+    N, K = x.shape
+    act = _alloc_act(kind, N, K)
+    jit = jit_available()
+    parts = [partial(_quant_rows, act, x, lo, hi, jit) for lo, hi in _bounds(N, n_parts) if hi > lo]
+    _run(parts, run)
+    return act
+
+
+def act_bytes(act: ActQ) -> np.ndarray:
+    """The activation blocks as ggml lays them out (uint8 ``(N, row_bytes)``; F16/BF16: their
+    bits as bytes), for comparison with :mod:`ggmlpy.quants.q8`'s output."""
+    N, K = act.q.shape
+    if act.kind == "f16":
+        return act.q.astype(np.float16).view(np.uint8)
+    if act.kind == "bf16":
+        return (act.q.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    if act.kind == "q8_K":
+        nb = K // QK_K
+        out = np.empty((N, nb, Q8_K_BYTES), np.uint8)
+        out[..., 0:4] = act.d.reshape(N, nb, 1).view(np.uint8)
+        out[..., 4:260] = act.q.reshape(N, nb, QK_K).view(np.uint8)
+        out[..., 260:] = act.x.astype("<i2").reshape(N, nb, 16).view(np.uint8)
+        return out.reshape(N, -1)
+    nb = K // 32
+    size = Q8_1_BYTES if act.kind == "q8_1" else Q8_0_BYTES
+    out = np.empty((N, nb, size), np.uint8)
+    out[..., 0:2] = act.d.astype(np.float16).reshape(N, nb, 1).view(np.uint8)
+    if act.kind == "q8_1":
+        out[..., 2:4] = act.x.astype(np.float16).reshape(N, nb, 1).view(np.uint8)
+    out[..., size - 32:] = act.q.reshape(N, nb, 32).view(np.uint8)
+    return out.reshape(N, -1)
+
+
+def _act_dict(act: ActQ) -> dict[str, np.ndarray]:
+    """``act`` in :func:`ggmlpy.quants.vec_dot.unpack_act`'s form (for the NumPy fallback)."""
+    if act.kind in ("f16", "bf16"):
+        return {"v": act.q}
+    N, K = act.q.shape
+    bs = QK_K if act.kind == "q8_K" else 32
+    y = {"q": act.q.astype(np.int32).reshape(N, K // bs, bs), "d": act.d}
+    if act.kind == "q8_1":
+        y["s"] = act.x
+    elif act.kind == "q8_K":
+        y["bsums"] = act.x.reshape(N, K // QK_K, 16)
+    return y
+
+
+def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    q, r = divmod(n, max(1, parts))
+    out, lo = [], 0
+    for i in range(max(1, parts)):
+        hi = lo + q + (1 if i < r else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def _run(parts: list[Step], run: Callable[[list[Step]], None] | None) -> None:
+    if run is None or len(parts) < 2:
+        for p in parts:
+            p()
+    else:
+        run(parts)
+
+
+def _w_rows(t: Type, w: Any, K: int) -> np.ndarray:
+    """The weight as uint8 rows ``(M, row_bytes)`` (F16/BF16: uint16 ``(M, K)``), no copy."""
+    if not isinstance(w, np.ndarray) or w.ndim != 2:
+        raise ValueError(f"mul_mat: the weight must be a 2-D ndarray of rows, got "
+                         f"{getattr(w, 'shape', type(w).__name__)}")
+    if t in (Type.F16, Type.BF16):
+        if w.dtype not in (np.float16, np.uint16) and w.dtype.name != "bfloat16" or w.shape[1] != K:
+            raise ValueError(f"mul_mat: a {t.type_name} weight must be (M, {K}) of 16-bit "
+                             f"values, got {w.dtype} {w.shape}")
+        v = w.view(np.uint16)
+    else:
+        if w.dtype != np.uint8 or w.shape[1] != t.row_size(K):
+            raise ValueError(f"mul_mat: a {t.type_name} weight must be uint8 rows of "
+                             f"{t.row_size(K)} bytes, got {w.dtype} {w.shape}")
+        v = w
+    if v.strides[1] != v.itemsize:
+        raise ValueError("mul_mat: the weight's rows must be contiguous")
+    return v
+
+
+_LEGACY = {Type.Q4_0: 0, Type.Q4_1: 1, Type.Q5_0: 2, Type.Q5_1: 3, Type.Q8_0: 4}
+_KQUANT = {Type.Q4_K: 0, Type.Q5_K: 1, Type.Q6_K: 2}
+
+
+def _f16_table() -> np.ndarray:
+    """float32 value of every f16 bit pattern (256 KiB, made once; ggml's
+    ``ggml_table_f32_f16``): the legacy kernels read each block's scale from it."""
+    tbl = _state.get("f16_table")
+    if tbl is None:
+        tbl = _state["f16_table"] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(F32)
+    return tbl
+
+
+def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int,
+              m1: int) -> Step:
+    """The compiled kernel call for weight rows ``m0:m1``, its arguments and scratch bound once
+    (a step is called per token: per-call Python work is the cost to keep small)."""
+    if t in (Type.F16, Type.BF16):
+        return partial(k.half_dot, w, act.q, out, m0, m1, t == Type.BF16)
+    nb = act.d.shape[1]
+    dx = np.empty(nb, F32)
+    if t in _KQUANT:
+        return partial(k.kquant, w, act.q, act.d, act.x, out, m0, m1, dx, _KQUANT[t])
+    return partial(k.legacy, w, act.q, act.d, act.x, out, m0, m1, dx, np.empty(nb, F32),
+                   _LEGACY[t], _f16_table())
+
+
+def _rows_numpy(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
+    Y = _act_dict(act)
+    N, K = act.q.shape
+    if t in (Type.F16, Type.BF16):
+        step = max(1, _NP_CHUNK // max(1, N * K))
+        for r in range(m0, m1, step):
+            blk = w[r:min(r + step, m1)].view(np.uint8)
+            Wv = unpack_weight(t, blk)["v"]
+            prod = (act.q[:, None, :] * Wv[None, :, :]).astype(F32)
+            out[:, r:r + blk.shape[0]] = prod.astype(np.float64).sum(axis=2).astype(F32)
+        return
+    step = max(1, _NP_CHUNK // max(1, N * K))
+    for r in range(m0, m1, step):
+        hi = min(r + step, m1)
+        out[:, r:hi] = dot_unpacked(t, unpack_weight(t, w[r:hi]), Y)
+
+
+def mul_mat_parts(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray,
+                  n_parts: int = 1) -> list[Step]:
+    """The parts of ``out = act @ w^T``: one step per contiguous range of weight rows.
+
+    Args:
+        t: the weight type (one of :data:`DOT_TYPES`).
+        w: the weight, ``(M, row_bytes)`` uint8 (block types) or ``(M, K)`` of 16-bit values
+            (F16/BF16), rows contiguous (ggml ``ne = [K, M]``); read in place.
+        act: the activations in ``VEC_DOT_TYPE[t]`` (:func:`quantize_act`), ``N`` rows.
+        out: float32 ``(N, M)``, any strides (ggml ``dst``, ``ne = [M, N]``).
+        n_parts: how many ranges (at most M).
+
+    Returns:
+        Steps that together write every element of ``out`` once; each is synchronous, releases
+        the GIL (Numba) and may run on its own thread.
+
+    Raises:
+        ValueError: ``t`` has no kernel; the arrays' types or shapes do not match.
+    """
+    if t not in DOT_TYPES:
+        raise ValueError(f"mul_mat: type {t.type_name} has no dot kernel")
+    if act.kind != VEC_DOT_TYPE[t]:
+        raise ValueError(f"mul_mat: {t.type_name} takes activations in "
+                         f"{VEC_DOT_TYPE[t]}, got {act.kind}")
+    N, K = act.q.shape
+    wv = _w_rows(t, w, K)
+    M = wv.shape[0]
+    if (not isinstance(out, np.ndarray) or out.dtype != F32 or out.shape != (N, M)
+            or not out.flags.writeable):
+        raise ValueError(f"mul_mat: out must be a writeable float32 ({N}, {M}) array, got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} "
+                         f"{getattr(out, 'shape', '')}")
+    k = _jit() if jit_available() else None
+    parts: list[Step] = []
+    for lo, hi in _bounds(M, min(max(1, n_parts), max(1, M))):
+        if hi <= lo:
+            continue
+        if k is not None:
+            parts.append(_jit_part(k, t, wv, act, out, lo, hi))
+        else:
+            parts.append(partial(_rows_numpy, t, wv, act, out, lo, hi))
+    return parts
+
+
+def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
+    """A step computing ``out = x @ W^T`` (as :func:`mul_mat`, one thread) whose checks, buffers
+    and kernel arguments are set up now, for a plan that calls it once per evaluation: each call
+    quantizes the current contents of ``x`` into buffers owned by the step, then runs the kernel.
+
+    Args:
+        t: weight type (:data:`DOT_TYPES`). w: the weight rows (see :func:`mul_mat_parts`).
+        x: float32 ``(N, K)``, any strides (copied per call when not C-contiguous).
+        out: float32 ``(N, M)``, any strides.
+
+    Returns:
+        A synchronous zero-argument step (not reentrant: one caller at a time).
+
+    Raises:
+        ValueError: as :func:`quantize_act` and :func:`mul_mat_parts`.
+    """
+    if t not in DOT_TYPES:
+        raise ValueError(f"mul_mat: type {t.type_name} has no dot kernel")
+    kind = VEC_DOT_TYPE[t]
+    _validate_x(x, kind, "prepare")
+    N, K = x.shape
+    act = _alloc_act(kind, N, K)
+    (part,) = mul_mat_parts(t, w, act, out, 1)
+    jit = jit_available()
+    k = _jit() if jit else None
+    contiguous = x.flags.c_contiguous
+    if k is not None and kind in ("q8_0", "q8_1"):
+        ys = act.x if kind == "q8_1" else _DUMMY
+        code = 1 if kind == "q8_1" else 0
+        quant = k.quant_q8
+
+        def run() -> None:
+            quant(x if contiguous else np.ascontiguousarray(x), act.q, act.d, ys, code)
+            act.d[...] = _f16_value(act.d)
+            if code:
+                ys[...] = _f16_value(ys)
+            part()
+        return run
+    if k is not None and kind == "q8_K":
+        quant_k = k.quant_q8_k
+
+        def run_k() -> None:
+            quant_k(x if contiguous else np.ascontiguousarray(x), act.q, act.d, act.x)
+            part()
+        return run_k
+
+    def run_other() -> None:
+        _quant_rows(act, np.ascontiguousarray(x), 0, N, jit)
+        part()
+    return run_other
+
+
+def mul_mat(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None,
+            n_threads: int = 1, run: Callable[[list[Step]], None] | None = None) -> np.ndarray:
+    """*Sync*: ``out = x @ W^T`` the way ggml's CPU MUL_MAT computes it for a weight of type
+    ``t`` (``x`` converted to ``VEC_DOT_TYPE[t]``, then one ``vec_dot`` per output).
+
+    Args:
+        t: weight type (:data:`DOT_TYPES`).
+        w: weight rows, read in place (see :func:`mul_mat_parts`).
+        x: float32 ``(N, K)`` activations (ggml ``src1``, ``ne = [K, N]``).
+        out: float32 ``(N, M)`` to write, or None for a new array.
+        n_threads: parts to split the work into; ``run(parts)`` runs them (e.g.
+            :meth:`ggmlpy.backends.cpu_threads.Pool.run`); None runs them in turn.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: as :func:`quantize_act` and :func:`mul_mat_parts`.
+    """
+    if t not in DOT_TYPES:
+        raise ValueError(f"mul_mat: type {t.type_name} has no dot kernel")
+    act = quantize_act(VEC_DOT_TYPE[t], x, n_threads, run)
+    if out is None:
+        out = np.empty((act.q.shape[0], w.shape[0]), F32)
+    _run(mul_mat_parts(t, w, act, out, n_threads), run)
+    return out
+
+
+def warm_up() -> bool:
+    """*Sync*: compile (or load from Numba's cache) every kernel; returns :func:`jit_available`."""
+    if not jit_available():
+        return False
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 256)).astype(F32)
+    from ggmlpy.quants import quantize  # noqa: PLC0415
+
+    for t in DOT_TYPES:
+        wq = quantize(x, t)
+        if t in (Type.F16, Type.BF16):
+            wq = wq.view(np.uint16)
+        mul_mat(t, wq, x)
+    return True

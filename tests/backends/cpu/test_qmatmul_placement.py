@@ -1,0 +1,137 @@
+"""One numeric path per MUL_MAT: the dot kernels' results do not depend on where the weight lies
+(a WEIGHTS buffer or a plain one), on the evaluation (first or later: no cache state), or on the
+CPU backend's thread count (each output is computed by one fixed sequence of operations).
+
+Expected values: the first evaluation of the same graph with the weight in a plain buffer on one
+thread; and, to hold that run itself, the vec_dot referee (exact for block types).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlpy import ops
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors
+from ggmlpy.backend.interface import BufferUsage
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.cpu import qmatmul, threads
+from ggmlpy.backends.cpu.backend import backend_cpu_init
+from ggmlpy.backends.kernels.matmul import uses_dot_kernel
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.tensor import Context
+from ggmlpy.core.types import Type
+from ggmlpy.quants import quantize, vec_dot
+
+BLOCK = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q5_K, Type.Q6_K]
+
+
+def _evaluate(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int, usage: BufferUsage | None,
+              n_threads: int, times: int = 2) -> list[np.ndarray]:
+    cpu = backend_cpu_init()
+    cpu.set_n_threads(n_threads)
+    wctx, ctx = Context(no_alloc=True), Context(no_alloc=True)
+    a = wctx.new_tensor(t, (K, M))
+    b = ctx.new_tensor(Type.F32, (K, x.shape[0]))
+    out = ops.mul_mat(ctx, a, b)
+    wbuf = alloc_ctx_tensors(wctx, cpu)
+    if usage is not None:
+        wbuf.set_usage(usage)
+    buf = alloc_ctx_tensors(ctx, cpu)
+    try:
+        backend_tensor_set(a, raw)
+        backend_tensor_set(b, x)
+        g = Graph(8)
+        g.build_forward_expand(out)
+        res = []
+        for _ in range(times):
+            cpu.graph_compute(g)
+            res.append(np.asarray(backend_tensor_get(out)).reshape(x.shape[0], M).copy())
+        return res
+    finally:
+        wbuf.free()
+        buf.free()
+
+
+# block types on both paths (below and above their crossover); F16/BF16 on the dot kernels only
+# (above their crossover they take the float32-copy path, whose placement rules live elsewhere)
+CASES = ([(t, n) for t in BLOCK for n in (1, 5, 300)]
+         + [(t, n) for t in (Type.F16, Type.BF16) for n in (1, 5) if n < qmatmul.CROSSOVER[t]])
+
+
+@pytest.mark.parametrize("t,n", CASES)
+def test_same_bits_from_weights_and_plain_buffers(t, n):
+    K = 512
+    M = 2 * 384  # a dot-kernel product over 2**19 multiply-adds is split over the weight rows
+    rng = np.random.default_rng(int(t) * 7 + n)
+    raw = quantize(rng.standard_normal((M, K)).astype(np.float32), t).reshape(-1)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    plain1 = _evaluate(t, raw, x, K, M, None, 1)
+    for usage in (BufferUsage.WEIGHTS, None):
+        for nt in (1, 2):
+            for r in _evaluate(t, raw, x, K, M, usage, nt):
+                np.testing.assert_array_equal(r, plain1[0])
+    np.testing.assert_array_equal(plain1[1], plain1[0])
+    if n < qmatmul.CROSSOVER[t] and t in BLOCK:
+        act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
+        want = vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act))
+        np.testing.assert_array_equal(plain1[0], want)
+
+
+def test_dot_split_cuts_the_weight_rows():
+    """On 2 threads a large enough dot-kernel MUL_MAT is one Split over dst's last axis (the
+    weight rows), two parts; a small one stays whole."""
+    pool = threads.Pool(2)
+    try:
+        for M, big in ((2048, True), (8, False)):
+            ctx = Context(no_alloc=True)
+            a = ctx.new_tensor(Type.Q8_0, (640, M))
+            b = ctx.new_tensor(Type.F32, (640, 1))
+            node = ops.mul_mat(ctx, a, b)
+            assert uses_dot_kernel(node)
+            w = np.zeros((1, 1, M, Type.Q8_0.row_size(640)), np.uint8)
+            x = np.zeros((1, 1, 1, 640), np.float32)
+            d = np.zeros((1, 1, 1, M), np.float32)
+            calls = []
+
+            def compile_node(xp, nd, dst, srcs, calls=calls):
+                calls.append((dst.shape, srcs[0].shape))
+                return lambda: None
+
+            s = threads.split_step(np, node, d, [w, x], pool, compile_node)
+            assert s is not None and s.ax == 3 and s.big == big
+            if big:
+                assert calls == [((1, 1, 1, M // 2), (1, 1, M // 2, w.shape[3]))] * 2
+    finally:
+        pool.close()
+
+
+def test_quant_matmul_env_selects_the_path(monkeypatch):
+    ctx = Context(no_alloc=True)
+    node = ops.mul_mat(ctx, ctx.new_tensor(Type.Q4_K, (256, 4)), ctx.new_tensor(Type.F32, (256, 1)))
+    assert uses_dot_kernel(node)
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dequant")
+    assert not uses_dot_kernel(node)
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "fast")
+    with pytest.raises(ValueError, match="GGMLPY_QUANT_MATMUL"):
+        uses_dot_kernel(node)
+    monkeypatch.delenv("GGMLPY_QUANT_MATMUL")
+    big = ops.mul_mat(ctx, ctx.new_tensor(Type.Q4_K, (256, 4)),
+                      ctx.new_tensor(Type.F32, (256, qmatmul.CROSSOVER[Type.Q4_K])))
+    assert not uses_dot_kernel(big)
+    f16_act = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (256, 4)), ctx.new_tensor(Type.F16, (256, 1)))
+    assert not uses_dot_kernel(f16_act)
+
+
+@pytest.mark.parametrize("t", [Type.Q4_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q6_K])
+def test_graph_without_numba_gives_the_same_bits(t, monkeypatch):
+    """GGMLPY_JIT=0 (the NumPy fallback, what a machine without Numba runs) takes the same path
+    with the same numerics: the referee's bits."""
+    K, M, n = 512, 96, 3
+    rng = np.random.default_rng(int(t))
+    raw = quantize(rng.standard_normal((M, K)).astype(np.float32), t).reshape(-1)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    monkeypatch.setenv("GGMLPY_JIT", "0")
+    (got,) = _evaluate(t, raw, x, K, M, BufferUsage.WEIGHTS, 2, times=1)
+    act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
+    np.testing.assert_array_equal(got, vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act)))
