@@ -5,18 +5,18 @@
   compute the same float32 maths, so logits agree to ``TINY_ATOL`` = 1e-4 (observed 1.3e-5 on
   logits up to 18: float32 sums of 64-128 products in another order) and the 16-token greedy
   continuations agree exactly (their smallest top-2 gap, 0.05, is far above that).
-* Gemma 3 270M Q4_K_M (``model``-marked; the file named by ``$GGMLPY_GEMMA3_GGUF``): ggmlpy
-  computes each MUL_MAT with the dequantized weights in float32 (it matches the float64
-  reference of :mod:`ggmlpy.models.llm.reference` to 2e-5), while llama.cpp's CPU backend rounds
-  every activation to 8 bits before each quantized matrix product (Q8_0 / Q8_K ``vec_dot``) and
-  reads GELU from an f16 table. Those roundings are discontinuous: in a float64 emulation of
-  them, a 1e-7 relative change of the embeddings moves the logits by up to ~1.0, and llama.cpp's
-  own one-token-at-a-time logits differ from its batched ones by 0.15-0.38. So the comparison is
-  statistical where it has to be and exact where llama.cpp's choice is clear:
+* Gemma 3 270M Q4_K_M (``model``-marked; the file named by ``$GGMLPY_GEMMA3_GGUF``): ggmlpy's
+  default MUL_MAT rounds every activation to 8 bits before each quantized product as llama.cpp's
+  CPU backend does (Q8_0 / Q8_K ``vec_dot``, bit-exact with ggml's), but llama.cpp also reads GELU
+  from an f16 table and sums in other orders. The 8-bit roundings are discontinuous: in a float64
+  emulation of llama.cpp's roundings, a 1e-7 relative change of the embeddings moves the logits
+  by up to ~1.0, and llama.cpp's own one-token-at-a-time logits differ from its batched ones by
+  0.15-0.38. So the comparison is statistical where it has to be and exact where llama.cpp's
+  choice is clear:
 
   - the logits after each of the 28 prompts, on the reference's 16384 vocabulary ids: cosine
     >= ``GEMMA_MIN_COS`` = 0.995 and max abs <= ``GEMMA_MAX_ABS`` = 3.0 (observed: cosine
-    0.9971-0.99995, max abs 0.53-2.02 on logits up to ~25);
+    0.9985-0.99995, max abs 0.8-2.2 on logits up to ~25);
   - the greedy continuations agree token for token up to the first step where llama.cpp's own
     top-2 gap is below ``GAP`` = 0.5 (a near tie within its rounding noise): observed on all
     28 prompts, 13 of them for all 32 tokens or until EOG.
