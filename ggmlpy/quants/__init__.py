@@ -21,6 +21,13 @@ NaN policy: ggml's block quantizers give unspecified bytes for non-finite input 
 scans compare with NaN), so :func:`quantize` refuses NaN and +-inf for the block types with a
 ValueError instead of writing silently wrong blocks. F16/BF16 conversion keeps NaN and inf as
 ggml does (F16: every NaN becomes +-0x7E00; BF16: NaN made quiet by setting bit 6).
+
+Range policy: ggml's quantizers write blocks that do not decode to the input without a word: a
+block whose f16 scale overflows (about 5e5 for Q4_0, 8e6 for Q8_0, 4e7-3e8 for the K-quants)
+decodes to inf/NaN, and from about 1e15 on Q6_K's search sums overflow and it writes the all-zero
+block. :func:`quantize` refuses both with a ValueError naming the first such block: every output
+block must pass ggml's ``ggml_validate_row_data`` (:mod:`.validate`), and no input may exceed the
+largest magnitude the type decodes to (:data:`~ggmlpy.quants.validate.MAX_DECODABLE`).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import numpy as np
 from ggmlpy.core.types import Type, bf16_dtype
 from ggmlpy.quants import kquants
 from ggmlpy.quants.legacy import GGUF_QUANTIZE, gguf_dequantize_blocks, gguf_quantize_blocks
+from ggmlpy.quants.validate import MAX_DECODABLE, first_invalid_block, first_unrepresentable_block
 
 __all__ = ["quantize", "dequantize", "fp32_to_fp16", "fp32_to_bf16", "QUANTIZABLE"]
 
@@ -101,7 +109,9 @@ def quantize(array: Any, type: Type) -> np.ndarray:
     Raises:
         TypeError: ``type`` is not a :class:`~ggmlpy.Type`; ``array`` is not numeric.
         ValueError: ``type`` is an integer type; a 0-d array; ``ne[0]`` not a multiple of the
-            block size; NaN or inf given to a block type (see the module's NaN policy).
+            block size; NaN or inf given to a block type (see the module's NaN policy); a block
+            the type cannot hold (see the module's range policy; the message names the row and
+            the block).
         ImportError: a block type without the ``gguf`` package.
     """
     t = _check_type(type, "quantize")
@@ -133,10 +143,31 @@ def quantize(array: Any, type: Type) -> np.ndarray:
     out = np.empty((blocks.shape[0], t.type_size), np.uint8)
     step = max(1, _CHUNK_ELEMS // bs)
     fn = _OWN_QUANTIZE.get(t)
-    for i in range(0, blocks.shape[0], step):
-        chunk = blocks[i:i + step]
-        out[i:i + step] = fn(chunk) if fn is not None else gguf_quantize_blocks(chunk, t)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # refused just below
+        for i in range(0, blocks.shape[0], step):
+            chunk = blocks[i:i + step]
+            out[i:i + step] = fn(chunk) if fn is not None else gguf_quantize_blocks(chunk, t)
+    _check_blocks(t, blocks, out, ne0)
     return out.reshape(*rows_shape, ne0 // bs * t.type_size)
+
+
+def _check_blocks(t: Type, blocks: np.ndarray, out: np.ndarray, ne0: int) -> None:
+    """Refuse blocks that would not decode to what was given: a value past
+    :data:`~ggmlpy.quants.validate.MAX_DECODABLE` (no finite block holds it) or a block whose f16
+    scale overflowed (``ggml_validate_row_data`` would reject it; it decodes to inf/NaN)."""
+    big = first_unrepresentable_block(t, blocks)
+    bad = first_invalid_block(t, out)
+    if big is None and bad is None:
+        return
+    i = min(b for b in (big, bad) if b is not None)
+    per_row = ne0 // t.blck_size
+    amax = float(np.max(np.abs(blocks[i])))
+    if i == big:
+        why = f"the largest magnitude a {t.type_name} block holds is {MAX_DECODABLE[t]:g}"
+    else:
+        why = "its f16 scale overflows to inf, so the block would decode to inf/NaN"
+    raise ValueError(f"quantize: block {i % per_row} of row {i // per_row} (flat block {i}, "
+                     f"largest |x| = {amax:g}) cannot be stored as {t.type_name}: {why}")
 
 
 def _as_bytes(data: Any) -> np.ndarray:

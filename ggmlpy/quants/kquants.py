@@ -96,11 +96,11 @@ def _k_scales_mins(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: 
     scales = scales.reshape(nb, 8)
     mins = mins.reshape(nb, 8)
     L = L.T.reshape(nb, 256)
-    # max over sub-blocks, starting from 0 (negative values never win)
-    # ggml keeps the largest value > 0 starting from +0 (so -0.0 and negatives give +0)
-    max_scale = np.maximum.reduce(scales, axis=1)
+    # ggml keeps the largest value > 0 starting from +0 (``if (scale > max_scale)``): -0.0,
+    # negatives and NaN never win, so the max ignores NaN (fmax) and anything not > 0 gives +0
+    max_scale = np.fmax.reduce(scales, axis=1)
     max_scale = np.where(max_scale > 0, max_scale, F32(0)).astype(F32, copy=False)
-    max_min = np.maximum.reduce(mins, axis=1)
+    max_min = np.fmax.reduce(mins, axis=1)
     max_min = np.where(max_min > 0, max_min, F32(0)).astype(F32, copy=False)
     with np.errstate(divide="ignore"):
         inv_scale = np.where(max_scale > 0, F32(63) / max_scale, F32(0)).astype(F32, copy=False)
@@ -228,7 +228,11 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     L, scales = _make_qx_quants_rmse1(xs, 32)
     L = L.T.reshape(nb, 16, 16)
     scales = scales.reshape(nb, 16)
+    # ggml scans ``if (abs_scale > max_abs_scale)`` from 0: the first strictly largest |scale|
+    # wins and a NaN scale (huge inputs overflow the group's sums) never does; argmax would
+    # take NaN as the largest, so NaN counts as 0 here (all-NaN gives the all-zero block)
     asc = np.abs(scales)
+    asc = np.where(np.isnan(asc), F32(0), asc)
     im = np.argmax(asc, axis=1)
     max_abs = asc[np.arange(nb), im]
     max_scale = scales[np.arange(nb), im]

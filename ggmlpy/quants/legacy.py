@@ -43,9 +43,36 @@ def gguf_quantize_blocks(x: np.ndarray, type: Type) -> np.ndarray:
         uint8, shape (nblocks, type_size).
     """
     gq, Q = _gguf_quants()
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if type in (Type.Q4_0, Type.Q5_0):
+        # ggml starts its |x| scan from max = +0.0, so an all-zero block gets d = +0/-8 = -0.0
+        # even when its zeros are -0.0; gguf-py takes max from the data (-0.0 -> d = +0.0).
+        # Adding +0.0 turns -0.0 into +0.0 and changes nothing else (+-0 quantize alike).
+        x = x + np.float32(0)
     # one long row: gguf-py works in groups of 16 rows, so 32-element rows would be slow
-    q = gq.quantize(np.ascontiguousarray(x).reshape(1, -1), Q(int(type)))
-    return np.ascontiguousarray(q, dtype=np.uint8).reshape(x.shape[0], type.type_size)
+    q = gq.quantize(x.reshape(1, -1), Q(int(type)))
+    q = np.array(q, dtype=np.uint8).reshape(x.shape[0], type.type_size)
+    if type in (Type.Q4_1, Type.Q5_1):
+        _min_zero_sign(x, q)
+    return q
+
+
+def _min_zero_sign(x: np.ndarray, q: np.ndarray) -> None:
+    """Give the ``m`` field (bytes 2:4, f16) of Q4_1/Q5_1 blocks whose minimum is zero ggml's sign.
+
+    ggml's scan ``if (v < min) min = v`` keeps the first element that reaches the minimum, so a
+    zero minimum has the sign of the block's first zero; NumPy's min may return either zero.
+    Only ``m``'s sign bit can differ (``x - min`` and the quants are the same for +-0).
+    """
+    mn = x.min(axis=1)
+    rows = np.nonzero(mn == 0)[0]
+    if rows.size == 0:
+        return
+    xr = x[rows]
+    first = np.argmax(xr == 0, axis=1)
+    neg = np.signbit(xr[np.arange(rows.size), first])
+    q[rows, 2] = 0
+    q[rows, 3] = np.where(neg, 0x80, 0).astype(np.uint8)
 
 
 def gguf_dequantize_blocks(b: np.ndarray, type: Type) -> np.ndarray:
