@@ -26,6 +26,13 @@ from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type, type_from_dtype
 from ggmlpy.gguf.reader import GGUFReader
 from ggmlpy.gguf.strings import StringArray
+from ggmlpy.gguf.validate import (
+    WRITER_KEY,
+    WRITER_VALUE,
+    check_loaded_part,
+    check_saved_tensor,
+    validation_on,
+)
 from ggmlpy.quants import quantize
 
 __all__ = ["GGUFModel", "gguf_load", "gguf_save"]
@@ -91,7 +98,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferType) -> GGUFModel:
+def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferType,
+              validate: bool | None = None) -> GGUFModel:
     """Read a GGUF file: tensors into one new WEIGHTS buffer of ``backend_or_buft``, plus metadata.
 
     The file is parsed by :class:`~ggmlpy.gguf.reader.GGUFReader` (memory-mapped; every count,
@@ -106,6 +114,10 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
         path: the .gguf file.
         backend_or_buft: a :class:`~ggmlpy.backend.interface.Backend` (its default buffer type is used) or
             a :class:`~ggmlpy.backend.interface.BufferType`.
+        validate: check that every block tensor decodes to finite values (ggml's
+            ``ggml_validate_row_data``, :mod:`ggmlpy.gguf.validate`) while copying; None (the
+            default) checks files ggmlpy wrote (metadata ``ggmlpy.writer``), True any file,
+            False none.
 
     Returns:
         A :class:`GGUFModel`; its metadata arrays are plain lists (the vocabulary as a list of str).
@@ -119,7 +131,8 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
             type, more than 4 dimensions, a shape overflowing int64, ``ne[0]`` not a multiple of
             the block size, a misaligned offset, data past the end of the file or overlapping
             another tensor's, duplicate names). The message names the file and, when one is at
-            fault, the key or tensor.
+            fault, the key or tensor. With validation on: a block tensor whose block does not
+            decode to finite values (the message names the tensor and the first such block).
         OutOfMemoryError: the buffer cannot be allocated.
     """
     if isinstance(backend_or_buft, Backend):
@@ -147,6 +160,8 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
     try:
         for name, ti in reader.tensors.items():
             for off, part in ti.chunks(_COPY_CHUNK):
+                check_loaded_part(path, validation_on(validate, metadata), name, ti.type, ti.ne,
+                                  off, part)
                 backend_tensor_set(tensors[name], part, off, len(part))
                 reader.release(ti, off, len(part))
     except BaseException:
@@ -240,14 +255,18 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
         metadata: key -> int, float, bool, str, or list of one of those. Value types are inferred
             (int -> UINT32, or INT32/INT64 when negative or large; float -> FLOAT32; int lists ->
             INT32 arrays) unless ``types`` gives them. ``general.architecture`` defaults to
-            "ggmlpy" (gguf-py always writes the key).
+            "ggmlpy" (gguf-py always writes the key). ``ggmlpy.writer`` = "ggmlpy" is always
+            written: it tells :func:`gguf_load` to validate the file's block tensors.
         types: key -> (GGUF value type id, array element type id or None), e.g.
             ``GGUFModel.metadata_types`` for an exact round trip.
 
     Raises:
         TypeError: a tensor or metadata value of an unsupported kind.
         ValueError: unnamed or duplicate tensors, non-contiguous tensors, more than 4 dims,
-            ``ne[0]`` not a multiple of the block size, a bad alignment.
+            ``ne[0]`` not a multiple of the block size, a bad alignment; a block tensor whose
+            block would not decode to finite values (``ggml_validate_row_data``; a ``(Type,
+            array)`` pair is refused by :func:`~ggmlpy.quants.quantize` already); the message
+            names the tensor and the first such block.
         NotAllocatedError: a tensor has no memory.
         ImportError: the ``gguf`` package is missing.
     """
@@ -278,6 +297,8 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"gguf_save: duplicate tensor names {dup}")
     arch = metadata.pop("general.architecture", "ggmlpy")
+    metadata[WRITER_KEY] = WRITER_VALUE  # this file's block tensors were validated
+    types.pop(WRITER_KEY, None)
     types.pop("general.architecture", None)
     w = gguf.GGUFWriter(os.fspath(path), str(arch))
     try:
@@ -301,6 +322,7 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
             w.add_key_value(key, val, vt, sub_type=st)
         for name, value in items:
             t, ne, raw = _tensor_bytes(name, value)
+            check_saved_tensor(name, t, ne, raw)
             w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(t)))
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -57,7 +57,7 @@ def test_round_trip_every_type(tmp_path, cpu):
     ggmlpy.gguf_save(p, src, meta)
     m = ggmlpy.gguf_load(p, cpu)
     assert list(m.tensors) == list(src)  # file order kept
-    assert m.metadata == meta
+    assert m.metadata == {**meta, "ggmlpy.writer": "ggmlpy"}  # gguf_save marks its files
     assert m.buffer is not None and m.buffer.usage == BufferUsage.WEIGHTS
     for name, (t, ne, raw) in want.items():
         tt = m[name]
