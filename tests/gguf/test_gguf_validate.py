@@ -135,3 +135,20 @@ def test_cpy_into_a_block_type_refuses_values_it_cannot_hold(t):
             _backend().graph_compute(g)
     finally:
         buf.free()
+
+
+@pytest.mark.parametrize(("value", "t"), [((Type.F16, np.float32(7e4)), Type.F16),
+                                          (np.float32(np.nan), Type.F32),
+                                          ((Type.BF16, np.float32(np.inf)), Type.BF16)])
+def test_save_refuses_non_finite_float_elements(tmp_path, value, t):
+    """ggml_validate_row_data's float rule: a value past F16's range would be stored as inf."""
+    x = np.ones((2, 8), np.float32)
+    if isinstance(value, tuple):
+        x[1, 5] = value[1]
+        src = (value[0], x)
+    else:
+        x[1, 5] = value
+        src = x
+    with pytest.raises(ValueError, match=rf"tensor 'f': element 5 of row 1 \(flat element 13\) "
+                                         rf"of {t.type_name} is inf or NaN"):
+        ggmlpy.gguf_save(tmp_path / "f.gguf", {"f": src})
