@@ -187,8 +187,12 @@ def argmax(ctx: Context, a: Tensor) -> Tensor:
     """Index of the maximum of each row, op ARGMAX (mirrors ``ggml_argmax``).
 
     a a matrix ``[ne0, ne1, 1, 1]`` (NumPy ``(1, 1, ne1, ne0)``) with ``ne0 <= INT32_MAX``. Result:
-    **I32** ``[ne1]`` (ggml's CPU returns the *last* index among equal maxima), src ``[a]``, no
-    params. Raises ValueError if a is not a matrix or its rows are too long.
+    **I32** ``[ne1]``, src ``[a]``, no params. Every backend follows ggml's CPU loop
+    (``ggml_vec_argmax_f32``): the *last* index among equal maxima; a NaN restarts the search
+    (the maximum is taken over the values after the last NaN that precedes the row's last
+    non-NaN value), an all-NaN row gives 0: ``[nan, 5, nan, 1]`` -> 3
+    (:func:`ggmlpy.backends.kernels.reduce.argmax_ggml`). Raises ValueError if a is not a matrix
+    or its rows are too long.
     """
     fn = "argmax"
     _args(ctx, fn, a=a)

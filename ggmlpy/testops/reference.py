@@ -135,9 +135,20 @@ def _acc(n: Tensor, s: list) -> np.ndarray:
 
 
 def _argmax(n: Tensor, s: list) -> np.ndarray:
+    """ggml's ``ggml_vec_argmax_f32`` rule per row: the last index of the maximum of the values
+    after the last NaN that precedes the row's last non-NaN value (0 for an all-NaN row)."""
     a = s[0][0, 0]  # (ne1, ne0)
-    rev = a[:, ::-1]  # ggml's CPU returns the last maximum
-    return (a.shape[1] - 1 - np.argmax(rev, axis=1)).reshape(n.ne[::-1])
+    out = np.zeros(a.shape[0], np.int64)
+    for r, row in enumerate(a):
+        ok = np.flatnonzero(~np.isnan(row))
+        if ok.size == 0:
+            continue
+        q = int(ok[-1])
+        nans = np.flatnonzero(np.isnan(row[:q]))
+        start = int(nans[-1]) + 1 if nans.size else 0
+        seg = row[start:q + 1]
+        out[r] = start + int(np.flatnonzero(seg == seg.max())[-1])
+    return out.reshape(n.ne[::-1])
 
 
 def _argsort(n: Tensor, s: list) -> np.ndarray:
