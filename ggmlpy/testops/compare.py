@@ -16,7 +16,8 @@ from ggmlpy.core.graph import Graph, graph_view
 from ggmlpy.core.opcodes import VIEW_OPS
 from ggmlpy.core.tensor import Context, Tensor
 
-__all__ = ["GraphCopy", "graph_copy", "compare_graph_backend", "nmse"]
+__all__ = ["GraphCopy", "graph_copy", "compare_graph_backend", "nmse", "isinf_or_max",
+           "values_mismatch"]
 
 
 @dataclass
@@ -138,17 +139,67 @@ def compare_graph_backend(backend1: Backend, backend2: Backend, graph: Graph,
         cp.free()
 
 
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def isinf_or_max(x: np.ndarray) -> np.ndarray:
+    """Elementwise ``isinf(x) or x == FLT_MAX or x == -FLT_MAX`` (test-backend-ops.cpp's
+    ``isinf_or_max``: a backend may saturate to the largest float instead of overflowing).
+
+    Args:
+        x: float array (any shape; float32 values, possibly widened to float64).
+
+    Returns:
+        bool array of the same shape.
+    """
+    x = np.asarray(x)
+    return np.isinf(x) | (x == _FLT_MAX) | (x == -_FLT_MAX)
+
+
+def values_mismatch(a: np.ndarray, b: np.ndarray) -> tuple[int, str] | None:
+    """test-backend-ops' element checks before its error metric, in its order (the ``callback``
+    of ``test_case::eval``): the first index where either value is NaN, or where one is
+    :func:`isinf_or_max` and the other is not, or both are but with different signs.
+
+    Args:
+        a, b: the two backends' values of one tensor (same size; flattened in order).
+
+    Returns:
+        ``(flat index, "NaN" | "inf mismatch" | "inf sign mismatch")`` for the first failing
+        element, or None when every element passes (then +inf against FLT_MAX, or -FLT_MAX
+        against -inf, count as equal).
+    """
+    a = np.asarray(a).ravel()
+    b = np.asarray(b).ravel()
+    nan = np.isnan(a) | np.isnan(b)
+    ia, ib = isinf_or_max(a), isinf_or_max(b)
+    inf_bad = (ia != ib) | (ia & ib & (np.signbit(a) != np.signbit(b)))
+    bad = nan | inf_bad
+    if not bad.any():
+        return None
+    i = int(np.argmax(bad))
+    if nan[i]:
+        return i, "NaN"
+    return i, "inf mismatch" if ia[i] != ib[i] else "inf sign mismatch"
+
+
 def nmse(a: np.ndarray, b: np.ndarray) -> float:
     """Normalised mean squared error ``sum((a-b)^2) / sum(a^2)`` in float64 (ggml's ``nmse``).
 
-    ``a`` is the reference. Positions where both are the same infinity (or both NaN) are masked
-    out instead of turning the result into NaN. Returns ``inf`` when the masks disagree.
+    ``a`` is the normaliser (test-backend-ops passes the tested backend's values first). Pairs
+    that :func:`values_mismatch` accepts as equal infinities (both :func:`isinf_or_max` with the
+    same sign) and pairs of NaN are left out; the rest must be finite. ggml's own sum turns NaN
+    as soon as one infinity is present, and its ``err > max_err`` then passes the whole tensor;
+    here the finite elements still count. Returns ``inf`` when an infinity or NaN is unpaired.
+
+    Raises:
+        ValueError: the shapes differ.
     """
     a = np.asarray(a, np.float64).ravel()
     b = np.asarray(b, np.float64).ravel()
     if a.shape != b.shape:
         raise ValueError(f"nmse: shapes {a.shape} and {b.shape} differ")
-    same_inf = np.isinf(a) & np.isinf(b) & (np.sign(a) == np.sign(b))
+    same_inf = isinf_or_max(a) & isinf_or_max(b) & (np.signbit(a) == np.signbit(b))
     both_nan = np.isnan(a) & np.isnan(b)
     keep = ~(same_inf | both_nan)
     a, b = a[keep], b[keep]

@@ -33,7 +33,7 @@ from ggmlpy.core.opcodes import VIEW_OPS, Op
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
 from ggmlpy.testops.case import TestCase
-from ggmlpy.testops.compare import compare_graph_backend, nmse
+from ggmlpy.testops.compare import compare_graph_backend, nmse, values_mismatch
 from ggmlpy.testops.guards import guarded_alloc
 from ggmlpy.testops.reference import RefUnsupported, evaluate
 from ggmlpy.testops.report import FAIL, OK, UNSUPPORTED, Report, Result, SupportRow
@@ -225,9 +225,12 @@ def run_case_test(case: TestCase, backend: Backend, cpu: Backend) -> Result:
                                         "after compute")
             return True
         a1, a2 = _as_f64(t1), _as_f64(t2)
-        if np.isnan(a1).any() or np.isnan(a2).any():
-            side = "backend" if np.isnan(a1).any() else "CPU"
-            fails.append((t1, a1, a2, f"[{t1.op.name}] NaN in the {side} result of '{t1.name}'"))
+        bad = values_mismatch(a1, a2)  # test-backend-ops' NaN and isinf_or_max checks
+        if bad is not None:
+            i, what = bad
+            v1, v2 = a1.reshape(-1)[i], a2.reshape(-1)[i]
+            fails.append((t1, a1, a2, f"[{t1.op.name}] {what} at index {i} of '{t1.name}' "
+                                      f"(backend={float(v1)!r} CPU={float(v2)!r})"))
             return True
         err = nmse(a1, a2)  # ggml: normalised by the tested backend's values
         worst = max(worst, err)
