@@ -22,11 +22,14 @@ with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
 * NumPy, F16/BF16 weight in a buffer of usage WEIGHTS (block-quantized ones only when
   ``GGMLPY_WEIGHT_CACHE_MB`` is set: the cache trades memory for speed): the weight's float32
   copy comes from :mod:`.weight_cache` (converted on first use, reused until any write to the
-  weight's buffer; LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then one F32 GEMM.
+  weight's buffer; LRU within ``GGMLPY_WEIGHT_CACHE_MB``, default 256 MiB), then the same
+  row-block GEMMs as the per-call path below, so cache state and buffer usage never change the
+  bits.
 * NumPy, other weights (activations, compute buffers, cache off or weight over budget, async
   writes queued): converted per call in row blocks of 2-4 MiB of float32
   (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
-  each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T``. Blocks are that large because
+  each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T`` (the active CBLAS when it takes
+  the operands, as for F32, else NumPy: one library per shape). Blocks are that large because
   thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks is
   one block, so no temporary ever exceeds ~4 MiB whatever the weight.
 * CuPy, F16 weight: cuBLAS ``GemmEx`` with f16 inputs, f32 compute and f32 output
@@ -222,7 +225,9 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
 
     if uses_dot_kernel(node):
         return _dot_step(ta, a, b, dst)
-    run_blocks = _row_block_step(xp, ta, a, b, dst, K)
+    lib = cpu_blas.active()  # the GEMM library, fixed at plan build as for an F32 MUL_MAT
+    jobs = _row_block_jobs(a, b, dst, K)
+    run_blocks = _row_block_step(xp, ta, jobs, b, K, lib)
     # block-quantized weights are cached only when GGMLPY_WEIGHT_CACHE_MB is set (a trade of
     # memory for speed); F16/BF16 ones within its default budget
     cache_ok = ta in (Type.F16, Type.BF16) or env.weight_cache_mb_set()
@@ -237,38 +242,41 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
         w.flags.writeable = False
         return w
 
-    geo: list[Any] = []  # (aT shape, aT strides, bv, dv, nn) once known (F32 src1 only)
-    blas = cpu_blas.active() if b32 else None  # the same GEMM library as an F32 MUL_MAT
-    # (weak reference to the copy the call was built over, the call, its scratch): the call
-    # holds addresses only, so an evicted copy is not kept alive by the plan
-    blas_call: list[Any] = [None, None, None]
+    # the cached copy is multiplied in the same row blocks, by the same GEMM calls, as the
+    # per-call conversion: only where the float32 block comes from differs, never the bits.
+    # (weak reference to the copy the calls were built over, the calls): the calls hold
+    # addresses only, so an evicted copy is not kept alive by the plan
+    calls: list[Any] = [None, None]
 
     def run() -> None:
         w = CACHE.get(buf, key, nbytes, convert)
         if w is None:
             run_blocks()
             return
-        if geo:  # every copy is C-contiguous of one shape: rebuild aT over it (~1 us, not ~8)
-            aT = np.ndarray(geo[0], F32, w, 0, geo[1])
-            bv, dv, nn = geo[2], geo[3], geo[4]
-        else:
-            aT, bv, dv = _mm_views(xp, w, b if b32 else b.astype(F32), dst)
-            nn = _nn_pays(aT, bv)
-            if b32:
-                geo.extend((aT.shape, aT.strides, bv, dv, nn))
-        if blas is not None:
-            ref = blas_call[0]
-            if ref is None or ref() is not w:  # a new copy (first call, or after an eviction)
-                got = blas.gemm_call(bv, aT, dv)
-                blas_call[:] = [weakref.ref(w), *got] if got is not None else [None, None, None]
-            if blas_call[1] is not None:
-                blas_call[1]()  # ``w`` (alive in this frame) is the memory the call reads
-                return
-        if nn:
-            _matmul_nn(bv, aT, dv)
-        else:
-            matmul(bv, aT, out=dv)
+        b_f32 = b if b32 else b.astype(F32)
+        ref = calls[0]
+        if ref is None or ref() is not w or not b32:  # a new copy (first call, or an eviction)
+            built = [_block_gemm(lib, w[i3:i3 + 1, i2:i2 + 1, r0:r1], b_f32[sl], d_blk)
+                     for _, sl, d_blk, (i3, i2, r0, r1) in jobs]
+            calls[:] = [weakref.ref(w), built]
+        for c in calls[1]:
+            c()  # ``w`` (alive in this frame) is the memory the calls read
     return run
+
+
+def _block_gemm(lib: Any, a_blk: np.ndarray, b: np.ndarray, d_blk: np.ndarray) -> Step:
+    """One row block's ``d_blk = b @ a_blk^T`` on NumPy, float32 operands: CBLAS ``lib``
+    (:func:`ggmlpy.backends.cpu.blas.active`, as an F32 MUL_MAT) when it takes the views, else NumPy's
+    ``matmul`` (through a contiguous ``a^T`` where :func:`_nn_pays`). The choice depends on the
+    shapes and strides only, which are the same for a cached copy's block and a freshly converted
+    one, so both give the same bits."""
+    aT, bv, dv = _mm_views(np, a_blk, b, d_blk)
+    step = lib.gemm_step(bv, aT, dv) if lib is not None else None
+    if step is not None:
+        return step
+    if _nn_pays(aT, bv):
+        return partial(_matmul_nn, bv, aT, dv)
+    return partial(np.matmul, bv, aT, out=dv)
 
 
 def _weight_key(node: Tensor, a: np.ndarray) -> tuple[Any, tuple] | None:
@@ -292,29 +300,34 @@ def _weight_key(node: Tensor, a: np.ndarray) -> tuple[Any, tuple] | None:
     return buf, (id(buf), array_address(a), a.shape, a.strides, w.type)
 
 
-def _row_block_step(xp: Any, ta: Type, a: Any, b: Any, dst: Any, K: int) -> Step:
-    """The NumPy per-call conversion: row blocks of the weight, each followed by its GEMM."""
-    matmul = xp.matmul
-    b32 = b.dtype == F32
+def _row_block_jobs(a: Any, b: Any, dst: Any, K: int) -> list[tuple[Any, tuple, Any, tuple]]:
+    """One job per (i3, i2, row block of :func:`~.typeconv.block_rows` rows) of weight ``a``
+    (NumPy shape (A3, A2, M, K)): (weight rows, batch slice of b/dst, dst columns,
+    (i3, i2, first row, end row))."""
     A3, A2, M = a.shape[0], a.shape[1], a.shape[2]
-    B3, B2 = b.shape[0], b.shape[1]
-    r3, r2 = B3 // A3, B2 // A2
+    r3, r2 = b.shape[0] // A3, b.shape[1] // A2
     R = block_rows(M, K)
-    # one job per (i3, i2, row block): (weight rows, batch slice of b/dst, dst columns)
     jobs = []
     for i3 in range(A3):
         for i2 in range(A2):
             sl = (slice(i3 * r3, (i3 + 1) * r3), slice(i2 * r2, (i2 + 1) * r2))
             for r in range(0, M, R):
-                a_blk = a[i3:i3 + 1, i2:i2 + 1, r:r + R]
-                jobs.append((a_blk, sl, dst[sl][..., r:r + R]))
+                e = min(M, r + R)
+                jobs.append((a[i3:i3 + 1, i2:i2 + 1, r:e], sl, dst[sl][..., r:e], (i3, i2, r, e)))
+    return jobs
+
+
+def _row_block_step(xp: Any, ta: Type, jobs: list[tuple[Any, tuple, Any, tuple]], b: Any, K: int,
+                    lib: Any) -> Step:
+    """The NumPy per-call conversion: each row block of the weight converted to float32, then
+    its GEMM (:func:`_block_gemm` with CBLAS ``lib`` or NumPy)."""
+    b32 = b.dtype == F32
 
     def run() -> None:
         b_f32 = b if b32 else b.astype(F32)  # F16 activations: converted once per call
-        for a_blk, sl, d_blk in jobs:
+        for a_blk, sl, d_blk, _ in jobs:
             w = to_f32(xp, ta, a_blk, K)  # (1, 1, rows, K) float32, cache-sized
-            aT, bv, dv = _mm_views(xp, w, b_f32[sl], d_blk)
-            matmul(bv, aT, out=dv)
+            _block_gemm(lib, w, b_f32[sl], d_blk)()
     return run
 
 
