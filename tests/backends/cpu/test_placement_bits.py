@@ -1,5 +1,5 @@
-"""One numeric path per (op, types, shape, backend, n_threads): the same graph on the CPU backend
-backend gives the same bits wherever its tensors are placed.
+"""One numeric path per (op, types, shape, backend, n_threads): the same graph on the CPU (and
+SIM) backend gives the same bits wherever its tensors are placed.
 
 Seeded random graphs (MUL_MAT with F16 / BF16 / Q8_0 / Q4_0 / F32 weights, then ADD, MUL, GELU,
 SILU, SCALE, SOFT_MAX and a second MUL_MAT downstream) are evaluated with new inputs under every
