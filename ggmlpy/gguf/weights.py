@@ -123,7 +123,7 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
         A :class:`GGUFModel`; its metadata arrays are plain lists (the vocabulary as a list of str).
 
     Raises:
-        TypeError: ``backend_or_buft`` is neither.
+        TypeError: ``backend_or_buft`` is neither; ``validate`` is not None, True or False.
         FileNotFoundError: no such file.
         GGUFError: the file is not GGUF or anything in it is inconsistent: header, metadata
             (lengths and counts past the end of the file, unknown value types, bad UTF-8,
@@ -135,6 +135,7 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
             not decode to a finite value (the message names the tensor and the first one).
         OutOfMemoryError: the buffer cannot be allocated.
     """
+    validation_on(validate, {})  # a TypeError for anything but None/True/False, before any work
     if isinstance(backend_or_buft, Backend):
         buft = backend_or_buft.get_default_buffer_type()
     elif isinstance(backend_or_buft, BufferType):
