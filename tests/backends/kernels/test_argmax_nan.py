@@ -2,8 +2,9 @@
 last index, infinities compare as values, and NaN behaves as in ggml's ``max = MAX(max, x[i]);
 if (max == x[i]) idx = i`` (it resets the running max and is never chosen). The referee is a
 scalar transcription of that loop; the table covers ties, infinities, NaN positions and
-all-NaN rows, then seeded random rows mix them. CPU, SIM and the CUDA path over
-tests/fake_cupy.py run the same shared kernel; the float64 referee of test-backend-ops
+all-NaN rows, then seeded random rows mix them. CPU, SIM0, the CUDA path over tests/fake_cupy.py
+(FAKECUDA0) and a Ray device (RAY0, when Ray is installed) run the same shared kernel (the
+conftest ``backend`` fixture); the float64 referee of test-backend-ops
 (ggmlpy/testops/reference.py) is checked against the loop too."""
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import pytest
 from ggmlpy import ops
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
-from ggmlpy.backends.cpu.backend import backend_cpu_init
 from ggmlpy.backends.kernels.reduce import argmax_ggml
-from ggmlpy.backends.sim import sim_reg
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
@@ -82,23 +81,6 @@ def _table_array() -> np.ndarray:
     return np.array([r + [NAN] * (width - len(r)) for r, _ in TABLE], np.float32)
 
 
-def _backend(kind):
-    if kind == "cpu":
-        return backend_cpu_init()
-    if kind == "sim":
-        return sim_reg(1, latency_us=10).devices[0].init_backend()
-    from fake_cupy import fake_cuda_reg
-
-    return fake_cuda_reg(1).devices[0].init_backend()
-
-
-@pytest.fixture(params=["cpu", "sim", "fake_cuda"])
-def backend(request):
-    b = _backend(request.param)
-    yield b
-    b.free()
-
-
 def _run(backend, a: np.ndarray) -> np.ndarray:
     ctx = Context()
     x = ctx.new_tensor_2d(Type.F32, a.shape[1], a.shape[0]).set_name("x")
@@ -115,6 +97,7 @@ def _run(backend, a: np.ndarray) -> np.ndarray:
         buf.free()
 
 
+@pytest.mark.ray
 def test_backends_follow_the_loop_on_the_table(backend):
     for row, want in TABLE:
         assert _run(backend, np.array([row], np.float32)).tolist() == [want], row
@@ -123,6 +106,7 @@ def test_backends_follow_the_loop_on_the_table(backend):
     assert got.tolist() == [w for _, w in TABLE]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(("n_rows", "n"), [(64, 7), (9, 300), (3, 1)])
 def test_backends_follow_the_loop_on_random_rows(backend, n_rows, n):
     a = _rows(n_rows * 1000 + n, n_rows, n)
