@@ -6,9 +6,11 @@ tensor whose blocks would not decode to finite values before :func:`~ggmlpy.gguf
 writes it, and :func:`check_loaded_part` does the same for each piece
 :func:`~ggmlpy.gguf.weights.gguf_load` copies: on by default for files ggmlpy wrote (recognised by
 the metadata key :data:`WRITER_KEY`, which gguf_save always writes), on request for foreign files.
-The rule per type is :func:`ggmlpy.quants.validate.first_invalid_block`'s, ggml's: block types
-need finite f16 scales, float types (F32, F16, BF16, F64) finite elements (so an F32 value too
-large for F16 cannot become a stored inf either); integer tensors are not checked.
+The rule is :func:`ggmlpy.quants.validate.first_invalid_block`'s, ggml's: a block type needs
+finite f16 scales. Float tensors are stored as given (a model may hold NaN or -inf on purpose, and
+tests build damaged models that way), except that a finite float32 array that gguf_save converts
+to F16/BF16 (a ``(Type, array)`` pair) must stay finite: 1e9 must not become a stored inf.
+Integer tensors are not checked.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from ggmlpy.core.errors import GGUFError
 from ggmlpy.core.types import Type
+from ggmlpy.quants import dequantize
 from ggmlpy.quants.validate import first_invalid_block
 
 __all__ = ["WRITER_KEY", "WRITER_VALUE", "check_saved_tensor", "check_loaded_part",
@@ -40,23 +43,37 @@ def _where(t: Type, ne0: int, block: int) -> str:
             f"(ggml_validate_row_data)")
 
 
-def check_saved_tensor(name: str, t: Type, ne: list[int], raw: np.ndarray) -> None:
-    """Refuse a tensor about to be written whose blocks (elements, for float types) would not
-    decode to finite values (llama-quantize's check before writing).
+def check_saved_tensor(name: str, t: Type, ne: list[int], raw: np.ndarray, value: Any = None) -> None:
+    """Refuse a tensor about to be written whose blocks would not decode to finite values
+    (llama-quantize's check before writing), or whose finite float32 source overflowed in the
+    conversion to F16/BF16.
 
     Args:
         name: the tensor's name (for the message).
-        t: its type (integer types are not checked).
+        t: its type.
         ne: its ggml shape (``ne[0]`` gives the blocks per row for the message).
         raw: its bytes, any shape, uint8.
+        value: what gguf_save was given for it; a ``(Type, array)`` pair of an F16/BF16 type has
+            its array compared with the result (a finite value that became inf is refused).
 
     Raises:
         ValueError: ``"gguf_save: tensor '<name>': block <b> of row <r> ..."`` for the first
-            invalid block (``element <i> of row <r> ...`` for float types).
+            invalid block (``element <i> of row <r> ...`` for an overflowed F16/BF16 element).
     """
-    bad = first_invalid_block(t, raw)
-    if bad is not None:
-        raise ValueError(f"gguf_save: tensor '{name}': {_where(t, ne[0], bad)}")
+    if t in (Type.F16, Type.BF16):
+        if isinstance(value, tuple) and len(value) == 2:
+            src = np.asarray(value[1], dtype=np.float32).reshape(-1)
+            bad = np.isfinite(src) & ~np.isfinite(dequantize(raw, t, [src.size]))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"gguf_save: tensor '{name}': {_where(t, ne[0], i)} (the finite "
+                                 f"value {float(src[i]):g} overflows {t.type_name})")
+        return
+    if t.blck_size == 1:
+        return
+    bad_block = first_invalid_block(t, raw)
+    if bad_block is not None:
+        raise ValueError(f"gguf_save: tensor '{name}': {_where(t, ne[0], bad_block)}")
 
 
 def validation_on(validate: bool | None, metadata: dict[str, Any]) -> bool:
@@ -74,7 +91,8 @@ def validation_on(validate: bool | None, metadata: dict[str, Any]) -> bool:
 
 def check_loaded_part(path: str, validate: bool, name: str, t: Type, ne: tuple[int, ...],
                       offset: int, part: np.ndarray) -> None:
-    """Validate one piece of a tensor being loaded (whole blocks, ``offset`` bytes into it).
+    """Validate one piece of a block tensor being loaded (whole blocks, ``offset`` bytes into
+    it); other types pass (see the module doc).
 
     Args:
         path: the file (for the message).
@@ -84,9 +102,9 @@ def check_loaded_part(path: str, validate: bool, name: str, t: Type, ne: tuple[i
         part: the piece's bytes, little-endian layout.
 
     Raises:
-        GGUFError: naming the file, the tensor and its first invalid block (element).
+        GGUFError: naming the file, the tensor and its first invalid block.
     """
-    if not validate:
+    if not validate or t.blck_size == 1:
         return
     bad = first_invalid_block(t, part)
     if bad is not None:

@@ -114,7 +114,7 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
         path: the .gguf file.
         backend_or_buft: a :class:`~ggmlpy.backend.interface.Backend` (its default buffer type is used) or
             a :class:`~ggmlpy.backend.interface.BufferType`.
-        validate: check that every tensor decodes to finite values (ggml's
+        validate: check that every block tensor decodes to finite values (ggml's
             ``ggml_validate_row_data``, :mod:`ggmlpy.gguf.validate`) while copying; None (the
             default) checks files ggmlpy wrote (metadata ``ggmlpy.writer``), True any file,
             False none.
@@ -131,8 +131,8 @@ def gguf_load(path: str | os.PathLike[str], backend_or_buft: Backend | BufferTyp
             type, more than 4 dimensions, a shape overflowing int64, ``ne[0]`` not a multiple of
             the block size, a misaligned offset, data past the end of the file or overlapping
             another tensor's, duplicate names). The message names the file and, when one is at
-            fault, the key or tensor. With validation on: a tensor whose block (element) does
-            not decode to a finite value (the message names the tensor and the first one).
+            fault, the key or tensor. With validation on: a block tensor whose block does not
+            decode to finite values (the message names the tensor and the first such block).
         OutOfMemoryError: the buffer cannot be allocated.
     """
     validation_on(validate, {})  # a TypeError for anything but None/True/False, before any work
@@ -257,18 +257,18 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
             (int -> UINT32, or INT32/INT64 when negative or large; float -> FLOAT32; int lists ->
             INT32 arrays) unless ``types`` gives them. ``general.architecture`` defaults to
             "ggmlpy" (gguf-py always writes the key). ``ggmlpy.writer`` = "ggmlpy" is always
-            written: it tells :func:`gguf_load` to validate the file's tensors.
+            written: it tells :func:`gguf_load` to validate the file's block tensors.
         types: key -> (GGUF value type id, array element type id or None), e.g.
             ``GGUFModel.metadata_types`` for an exact round trip.
 
     Raises:
         TypeError: a tensor or metadata value of an unsupported kind.
         ValueError: unnamed or duplicate tensors, non-contiguous tensors, more than 4 dims,
-            ``ne[0]`` not a multiple of the block size, a bad alignment; a tensor whose block
-            (element, for float types) would not decode to a finite value
-            (``ggml_validate_row_data``: e.g. a value past 65504 stored as F16; a block type of a
-            ``(Type, array)`` pair is refused by :func:`~ggmlpy.quants.quantize` already); the
-            message names the tensor and the first such block.
+            ``ne[0]`` not a multiple of the block size, a bad alignment; a block tensor whose
+            block would not decode to finite values (``ggml_validate_row_data``; a ``(Type,
+            array)`` pair of a block type is refused by :func:`~ggmlpy.quants.quantize` already),
+            or a pair of type F16/BF16 whose finite value overflows (1e9 as F16); the message
+            names the tensor and the first such block or element.
         NotAllocatedError: a tensor has no memory.
         ImportError: the ``gguf`` package is missing.
     """
@@ -299,7 +299,7 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
         dup = sorted({n for n in names if names.count(n) > 1})
         raise ValueError(f"gguf_save: duplicate tensor names {dup}")
     arch = metadata.pop("general.architecture", "ggmlpy")
-    metadata[WRITER_KEY] = WRITER_VALUE  # this file's tensors were validated
+    metadata[WRITER_KEY] = WRITER_VALUE  # this file's block tensors were validated
     types.pop(WRITER_KEY, None)
     types.pop("general.architecture", None)
     w = gguf.GGUFWriter(os.fspath(path), str(arch))
@@ -324,7 +324,7 @@ def gguf_save(path: str | os.PathLike[str], tensors: Context | Iterable[Tensor] 
             w.add_key_value(key, val, vt, sub_type=st)
         for name, value in items:
             t, ne, raw = _tensor_bytes(name, value)
-            check_saved_tensor(name, t, ne, raw)
+            check_saved_tensor(name, t, ne, raw, value)
             w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(int(t)))
         w.write_header_to_file()
         w.write_kv_data_to_file()

@@ -137,18 +137,28 @@ def test_cpy_into_a_block_type_refuses_values_it_cannot_hold(t):
         buf.free()
 
 
-@pytest.mark.parametrize(("value", "t"), [((Type.F16, np.float32(7e4)), Type.F16),
-                                          (np.float32(np.nan), Type.F32),
-                                          ((Type.BF16, np.float32(np.inf)), Type.BF16)])
-def test_save_refuses_non_finite_float_elements(tmp_path, value, t):
-    """ggml_validate_row_data's float rule: a value past F16's range would be stored as inf."""
+@pytest.mark.parametrize(("t", "value"), [(Type.F16, 7e4), (Type.F16, -1e9), (Type.BF16, 3.4e38)])
+def test_save_refuses_a_finite_value_that_overflows_f16_or_bf16(tmp_path, t, value):
+    """A (Type, array) pair converted to F16/BF16: ggml's conversion would store inf."""
     x = np.ones((2, 8), np.float32)
-    if isinstance(value, tuple):
-        x[1, 5] = value[1]
-        src = (value[0], x)
-    else:
-        x[1, 5] = value
-        src = x
+    x[1, 5] = value
     with pytest.raises(ValueError, match=rf"tensor 'f': element 5 of row 1 \(flat element 13\) "
-                                         rf"of {t.type_name} is inf or NaN"):
-        ggmlpy.gguf_save(tmp_path / "f.gguf", {"f": src})
+                                         rf"of {t.type_name} is inf or NaN .* overflows"):
+        ggmlpy.gguf_save(tmp_path / "f.gguf", {"f": (t, x)})
+
+
+def test_float_tensors_are_stored_as_given(tmp_path, cpu):
+    """NaN/inf that the caller puts in a float tensor on purpose (a damaged model for a test, a
+    mask) are written and read back unchanged, also with load validation on."""
+    x = np.ones((2, 8), np.float32)
+    x[0, 1], x[1, 2] = np.nan, -np.inf
+    h = x.copy()
+    p = tmp_path / "f.gguf"
+    ggmlpy.gguf_save(p, {"f32": x, "f16": (Type.F16, h)})
+    m = ggmlpy.gguf_load(p, cpu, validate=True)
+    try:
+        np.testing.assert_array_equal(np.asarray(backend_tensor_get(m["f32"])).reshape(2, 8), x)
+        got = np.asarray(backend_tensor_get(m["f16"])).astype(np.float32).reshape(2, 8)
+        np.testing.assert_array_equal(got, x)
+    finally:
+        m.free()
