@@ -229,8 +229,9 @@ def run_case_test(case: TestCase, backend: Backend, cpu: Backend) -> Result:
         if bad is not None:
             i, what = bad
             v1, v2 = a1.reshape(-1)[i], a2.reshape(-1)[i]
-            fails.append((t1, a1, a2, f"[{t1.op.name}] {what} at index {i} of '{t1.name}' "
-                                      f"(backend={float(v1)!r} CPU={float(v2)!r})"))
+            msg = (f"[{t1.op.name}] {what} at index {i} of '{t1.name}' "
+                   f"(backend={float(v1)!r} CPU={float(v2)!r})")
+            fails.append((t1, a1, a2, msg))
             return True
         err = nmse(a1, a2)  # ggml: normalised by the tested backend's values
         worst = max(worst, err)
