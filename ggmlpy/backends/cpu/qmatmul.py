@@ -433,6 +433,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
     jit = jit_available()
     k = _jit() if jit else None
     contiguous = x.flags.c_contiguous
+    wv = _w_rows(t, w, K)
     if k is not None and kind in ("q8_0", "q8_1"):
         ys = act.x if kind == "q8_1" else _DUMMY
         code = 1 if kind == "q8_1" else 0
@@ -443,6 +444,9 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
             act.d[...] = _f16_value(act.d)
             if code:
                 ys[...] = _f16_value(ys)
+            if _overflowed(act):
+                _exact(t, wv, x, out)
+                return
             part()
         return run
     if k is not None and kind == "q8_K":
@@ -455,8 +459,34 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
 
     def run_other() -> None:
         _quant_rows(act, np.ascontiguousarray(x), 0, N, jit)
+        if _overflowed(act):
+            _exact(t, wv, x, out)
+            return
         part()
     return run_other
+
+
+def _overflowed(act: ActQ) -> bool:
+    """Whether the activations did not fit the vec_dot type: a Q8_0/Q8_1 block scale (or Q8_1
+    sum) beyond float16's range (finite activations above ~8.3e6), or a finite activation beyond
+    float16's range for an F16 weight. ggml-cpu then returns inf/NaN; ggmlpy computes that
+    product exactly instead (:func:`_exact`). Q8_K's float32 scale and BF16 cannot overflow
+    for finite float32 activations."""
+    if act.kind in ("q8_0", "q8_1"):
+        return bool(np.isinf(act.d).any() or (act.kind == "q8_1" and np.isinf(act.x).any()))
+    if act.kind == "f16":
+        return bool(np.isinf(act.q).any())
+    return False
+
+
+def _exact(t: Type, wv: np.ndarray, x: np.ndarray, out: np.ndarray) -> None:
+    """``out = x @ dequantize(W)^T`` in float32: the exact product, for activations the vec_dot
+    type cannot hold (:func:`_overflowed`). Dequantizes the whole weight (rare: only for such
+    activations)."""
+    from ggmlpy.quants import dequantize  # noqa: PLC0415
+
+    w = dequantize(np.ascontiguousarray(wv), t, (x.shape[1], wv.shape[0]))
+    out[...] = np.asarray(x, dtype=F32) @ w.T
 
 
 def mul_mat(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None,
@@ -483,6 +513,9 @@ def mul_mat(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None
     act = quantize_act(VEC_DOT_TYPE[t], x, n_threads, run)
     if out is None:
         out = np.empty((act.q.shape[0], w.shape[0]), F32)
+    if _overflowed(act):
+        _exact(t, _w_rows(t, w, x.shape[1]), x, out)
+        return out
     _run(mul_mat_parts(t, w, act, out, n_threads), run)
     return out
 

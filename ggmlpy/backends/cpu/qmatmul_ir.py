@@ -139,9 +139,9 @@ def _sum4(builder: ir.IRBuilder, q: list[ir.Value]) -> ir.Value:
     the four, instead of four full reductions)."""
     def half(a, b, lo, hi):
         return builder.add(_shuf(builder, a, b, lo), _shuf(builder, a, b, hi))
-    p01 = half(q[0], q[1], list(range(0, 8)) + list(range(16, 24)),
+    p01 = half(q[0], q[1], list(range(8)) + list(range(16, 24)),
                list(range(8, 16)) + list(range(24, 32)))
-    p23 = half(q[2], q[3], list(range(0, 8)) + list(range(16, 24)),
+    p23 = half(q[2], q[3], list(range(8)) + list(range(16, 24)),
                list(range(8, 16)) + list(range(24, 32)))
     lo = [i + o for o in (0, 8, 16, 24) for i in range(4)]
     r = half(p01, p23, lo, [i + 4 for i in lo])
@@ -257,7 +257,7 @@ def _kblock_codegen(kind: int):
             yv = _load(context, builder, yty, y, builder.add(p, ir.Constant(p.type, e)), I8, 32)
             # int16 products and pair sums: |q8 * v| <= 128 * 63 and two of them fit int16
             prod = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(yv, _vec(I16, 32)))
-            la = builder.add(_shuf(builder, prod, prod, list(range(0, 8))),
+            la = builder.add(_shuf(builder, prod, prod, list(range(8))),
                              _shuf(builder, prod, prod, list(range(8, 16))))
             lb = builder.add(_shuf(builder, prod, prod, list(range(16, 24))),
                              _shuf(builder, prod, prod, list(range(24, 32))))
