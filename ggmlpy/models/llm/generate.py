@@ -91,8 +91,7 @@ class Timings:
             line("prompt eval time", self.prompt_ms, self.n_prompt, "tokens"),
             line("eval time", self.eval_ms, self.n_eval, "runs  "),
             line("sampling time", self.sample_ms, self.n_sample, "runs  "),
-            f"{'total time':>17} = {self.total_ms:10.2f} ms / {self.n_prompt + self.n_eval:5d} "
-            f"tokens",
+            f"{'total time':>17} = {self.total_ms:10.2f} ms / {self.n_prompt + self.n_eval:5d} tokens",
         ])
 
 
