@@ -259,7 +259,7 @@ GEMMA_GAP = 0.5  # llama.cpp's top-2 gaps under this may flip between the two to
 
 @pytest.mark.model
 @pytest.mark.parametrize("case_name", ["question_capital", "chat_capital", "arabic"])
-def test_gemma3_by_name_matches_llama_cpp(capsys, monkeypatch, gemma_path, case_name):
+def test_gemma3_by_name_matches_llama_cpp(capsys, monkeypatch, gemma_gguf, case_name):
     """-m gemma3-270m (the file find_default_gemma3 names), F16 KV cache as the reference was
     made: llama.cpp's prompt ids (the chat case: control-token text parsed), and its greedy
     tokens up to its first near tie
@@ -267,7 +267,7 @@ def test_gemma3_by_name_matches_llama_cpp(capsys, monkeypatch, gemma_path, case_
     whole)."""
     case = next(c for c in json.loads((DATA / "gemma3_greedy.json").read_text())["cases"]
                 if c["name"] == case_name)
-    monkeypatch.setenv(env.GEMMA3_GGUF, str(gemma_path))
+    monkeypatch.setenv(env.GEMMA3_GGUF, str(gemma_gguf))
     monkeypatch.setenv(env.WEIGHT_CACHE_MB, "2048")  # float32 output matrix kept between steps
     r = _json(capsys, "-m", "gemma3-270m", "-p", case["prompt"], "-n", "16", "--temp", "0",
               "-t", "2", "-c", "256", "-ctk", "f16", "-ctv", "f16")
@@ -276,5 +276,5 @@ def test_gemma3_by_name_matches_llama_cpp(capsys, monkeypatch, gemma_path, case_
     first_tie = next((k for k, g in enumerate(case["top2_gap"][:16]) if g < GEMMA_GAP), 16)
     assert first_tie >= 1
     assert r["tokens"][:first_tie] == want[:first_tie]
-    tok = Tokenizer.from_gguf_metadata(read_tokenizer_metadata(gemma_path))
+    tok = Tokenizer.from_gguf_metadata(read_tokenizer_metadata(gemma_gguf))
     assert r["text"] == b"".join(tok.token_to_bytes(t) for t in r["tokens"]).decode("utf-8", "replace")
