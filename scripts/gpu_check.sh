@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for a CUDA machine: the GPU-marked tests, the pinned-upload ordering check
-# (scripts/gpu_pinned_race.py), then the device benchmarks, then a short table.
+# (scripts/gpu_pinned_race.py), then the device benchmarks, MiniLM, LLM generation on a
+# random-weight model of Gemma 3 270M's shape (scripts/gpu_llm.py), then a short table.
 #
 # Expects Python 3.12 with numpy and cupy-cuda13x (safetensors, tokenizers for the model step);
 # ggmlpy itself is NOT installed: it runs from the repository root with PYTHONPATH=. .
@@ -104,6 +105,12 @@ if [ "${model_args[0]:-}" != "--skip" ]; then
     cat "$OUT/launches.json"
 fi
 
+echo "== LLM generation on CUDA0 (random-weight Gemma 3 270M shape, against ggmlpy's CPU)"
+timeout 240 "$PY" scripts/gpu_llm.py --device CUDA0 --threads 4 >"$OUT/llm.json" 2>"$OUT/llm.err"
+rc=$?
+[ "$rc" -eq 0 ] || { status=1; echo "gpu_llm failed (exit $rc):"; tail -5 "$OUT/llm.err"; }
+cat "$OUT/llm.json"
+
 echo "== summary"
 "$PY" - "$OUT" "$tests_line" <<'EOF'
 import json, os, sys
@@ -158,6 +165,15 @@ try:
                  f"{lj.get('replay', {}).get('launches_last_evaluation')} launches"))
 except Exception as e:  # noqa: BLE001
     rows.append(("launches", f"not run ({type(e).__name__})"))
+try:
+    g = json.load(open(os.path.join(out, "llm.json")))
+    rows.append((f"llm gemma3-270m shape on {g['device']} vs CPU: prompt {g['prompt_tokens']} / gen",
+                 f"{g['dev']['prompt_tok_s']:.1f} / {g['dev']['gen_tok_s']:.1f} tok/s (CPU "
+                 f"{g['cpu']['prompt_tok_s']:.1f} / {g['cpu']['gen_tok_s']:.1f}); logits rel diff "
+                 f"{g['prompt_logits_max_rel_diff']:.1e}, greedy {g['greedy_steps_agreeing']}/"
+                 f"{g['greedy_steps_compared']} agree, ok={g['ok']}"))
+except Exception as e:  # noqa: BLE001
+    rows.append(("llm", f"not run ({type(e).__name__})"))
 w = max(len(k) for k, _ in rows)
 for k, v in rows:
     print(f"{k:<{w}}  {v}")

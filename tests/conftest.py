@@ -125,15 +125,15 @@ def sim_devices():
 
 @pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
-    """The Gemma 3 270M q4_k_m GGUF named by ``$GGMLPY_GEMMA3_GGUF``; skips when the variable is
-    unset or names no file. Tests using it are marked ``model`` automatically."""
-    env = os.environ.get("GGMLPY_GEMMA3_GGUF")
-    if not env:
-        pytest.skip("Gemma 3 270M GGUF not configured: set GGMLPY_GEMMA3_GGUF to the .gguf file")
-    path = Path(env)
-    if not path.is_file():
-        pytest.skip(f"GGMLPY_GEMMA3_GGUF={env} does not exist")
-    return path
+    """The Gemma 3 270M q4_k_m GGUF (:func:`ggmlpy.models.llm.download.find_default_gemma3`:
+    ``$GGMLPY_GEMMA3_GGUF``, else the file ``python -m ggmlpy download gemma3-270m`` wrote);
+    skips when there is none. Tests using it are marked ``model`` automatically."""
+    from ggmlpy.models.llm.download import ModelFileNotFoundError, find_default_gemma3
+
+    try:
+        return find_default_gemma3()
+    except ModelFileNotFoundError as e:
+        pytest.skip(f"Gemma 3 270M GGUF not available: {e}")
 
 
 #: fixtures whose users need a model file: their tests get the ``model`` marker

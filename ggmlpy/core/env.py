@@ -25,6 +25,10 @@ variable                   accepted value
 ``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
 ``GGMLPY_RAY_CPUS``        integer 1..1024: CPUs of the local Ray instance (default 2)
 ``GGMLPY_RAY_OBJECT_STORE_MB``  integer 75..1048576: its object store in MiB (default 512)
+``GGMLPY_CACHE``           a folder: where ``download`` writes model files (default
+                           ``$XDG_CACHE_HOME/ggmlpy``, else ``~/.cache/ggmlpy``)
+``GGMLPY_GEMMA3_GGUF``     a file: the Gemma 3 270M GGUF that ``-m gemma3-270m`` and the tests
+                           use instead of the one in the cache folder
 ``GGMLPY_FIXTURES``        a folder (read by the test suite only)
 =========================  ===============================================================
 
@@ -49,7 +53,8 @@ __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SI
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
            "ray_requested", "parse_ray_address", "WEIGHT_CACHE_MB", "DEFAULT_WEIGHT_CACHE_MB",
-           "weight_cache_mb", "weight_cache_mb_set", "QUANT_MATMUL", "quant_matmul"]
+           "weight_cache_mb", "weight_cache_mb_set", "QUANT_MATMUL", "quant_matmul",
+           "CACHE", "GEMMA3_GGUF", "cache_dir", "gemma3_gguf"]
 
 BACKENDS = "GGMLPY_BACKENDS"
 SIM_DEVICES = "GGMLPY_SIM_DEVICES"
@@ -63,6 +68,8 @@ BLAS = "GGMLPY_BLAS"
 WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
 QUANT_MATMUL = "GGMLPY_QUANT_MATMUL"
 FIXTURES = "GGMLPY_FIXTURES"
+CACHE = "GGMLPY_CACHE"
+GEMMA3_GGUF = "GGMLPY_GEMMA3_GGUF"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
 RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
 RAY_TIMEOUT_S = "GGMLPY_RAY_TIMEOUT_S"
@@ -71,7 +78,8 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
-         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, FIXTURES,
+         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, FIXTURES, CACHE,
+         GEMMA3_GGUF,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
@@ -386,6 +394,33 @@ def quant_matmul() -> str:
     return v.lower()
 
 
+def cache_dir() -> str:
+    """``GGMLPY_CACHE``: the folder ``python -m ggmlpy download`` writes model files into
+    (created on demand, not here); when unset ``$XDG_CACHE_HOME/ggmlpy``, else
+    ``~/.cache/ggmlpy``. Returned with ``~`` expanded, not resolved.
+
+    Raises:
+        EnvError: the path exists and is not a folder.
+    """
+    v = _raw(CACHE)
+    if v is None:
+        xdg = _raw("XDG_CACHE_HOME")
+        return os.path.join(xdg if xdg else os.path.join(os.path.expanduser("~"), ".cache"),
+                            "ggmlpy")
+    v = os.path.expanduser(v)
+    if os.path.exists(v) and not os.path.isdir(v):
+        raise EnvError(CACHE, v, "a folder (or a path where one can be made), not a file")
+    return v
+
+
+def gemma3_gguf() -> str | None:
+    """``GGMLPY_GEMMA3_GGUF``: the Gemma 3 270M GGUF file to use instead of the cached one
+    (``~`` expanded), or None when unset. Whether the file exists is checked by its user
+    (:func:`ggmlpy.models.llm.download.find_default_gemma3`), which names the variable."""
+    v = _raw(GEMMA3_GGUF)
+    return None if v is None else os.path.expanduser(v)
+
+
 def validate() -> None:
     """Check every variable ggmlpy reads; raise the first :class:`EnvError` (in :data:`KNOWN`
     order). ``GGMLPY_FIXTURES`` is not checked here (only the tests read it)."""
@@ -405,6 +440,7 @@ def validate() -> None:
     ray_timeout_s()
     ray_cpus()
     ray_object_store_mb()
+    cache_dir()
 
 
 def unknown_variables() -> list[str]:

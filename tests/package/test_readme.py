@@ -38,9 +38,13 @@ def test_api_page_examples_run_and_give_the_softmax():
     assert [i["name"] for i in splits[0]["inputs"]] == ["b"]
 
 
-def test_readme_embedding_example(model_dir, fixtures_dir):
+def test_readme_embedding_and_generation_examples(model_dir, fixtures_dir, monkeypatch):
     import json
 
+    from ggmlpy.core import env
+
+    # the generation example on the tiny BPE file instead of Gemma 3 (not in the repository)
+    monkeypatch.setenv(env.GEMMA3_GGUF, str(ROOT / "tests" / "data" / "tiny_llama_bpe.gguf"))
     ns = _run_blocks(ROOT / "README.md")
     fx = json.loads((fixtures_dir / "minilm_public.json").read_text())
     # the example's two sentences are the fixture's first two: sentence-transformers' vectors
@@ -49,6 +53,10 @@ def test_readme_embedding_example(model_dir, fixtures_dir):
     assert ns["emb"].shape == (2, 384) and ns["emb"].dtype == np.float32
     # an exact float32 implementation is within ~5e-7 of the fixture (fixture README)
     np.testing.assert_allclose(ns["emb"], ref, rtol=0, atol=1e-6)
+    # greedy text = llama.cpp's 16 greedy tokens on that file (tests/data/tiny_llama_bpe_logits.npz)
+    ids = np.load(ROOT / "tests" / "data" / "tiny_llama_bpe_logits.npz")["fox/greedy_ids"]
+    tok = ns["model"].tokenizer
+    assert ns["text"] == b"".join(tok.token_to_bytes(int(i)) for i in ids).decode("utf-8", "replace")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)

@@ -2,7 +2,8 @@
 
 The reference JSON files and ``tiny_llama_bpe.gguf`` are committed under ``tests/data/`` (made by
 ``scripts/make_llm_reference.py``). The Gemma 3 270M file is large and not committed: the tests
-that need it use the ``gemma_gguf`` fixture (``$GGMLPY_GEMMA3_GGUF``), which marks them ``model``.
+that need it use the ``gemma_gguf`` fixture (``find_default_gemma3``: ``$GGMLPY_GEMMA3_GGUF``, else the
+file ``python -m ggmlpy download gemma3-270m`` wrote), which marks them ``model``.
 """
 
 from __future__ import annotations
@@ -11,32 +12,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+
+from ggmlpy.gguf.reader import GGUFReader
+from ggmlpy.gguf.strings import StringArray
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def read_tokenizer_metadata(path: Path) -> dict[str, Any]:
-    """The ``tokenizer.*`` and ``general.*`` metadata of a GGUF file, read with gguf-py's
-    ``GGUFReader``: string arrays as lists of str, numeric arrays as NumPy arrays, scalars as
-    Python values."""
-    gguf = pytest.importorskip("gguf")
-    reader = gguf.GGUFReader(str(path))
-    vt = gguf.GGUFValueType
+    """The ``tokenizer.*`` and ``general.*`` metadata of a GGUF file, read with
+    :class:`ggmlpy.gguf.reader.GGUFReader`: string arrays as lists of str, numeric arrays as NumPy
+    arrays, scalars as Python values (the form ``Tokenizer.from_gguf_metadata`` documents)."""
+    reader = GGUFReader(path)
     meta: dict[str, Any] = {}
-    for key, f in reader.fields.items():
-        if not key.startswith(("tokenizer.", "general.")):
-            continue
-        if f.types[0] == vt.ARRAY:
-            if f.types[-1] == vt.STRING:
-                meta[key] = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-            else:
-                meta[key] = np.concatenate([f.parts[i] for i in f.data]) if f.data else np.array([])
-        elif f.types[0] == vt.STRING:
-            meta[key] = bytes(f.parts[f.data[0]]).decode("utf-8")
-        else:
-            meta[key] = f.parts[f.data[0]].tolist()[0]
+    for key, value in reader.fields.items():
+        if key.startswith(("tokenizer.", "general.")):
+            meta[key] = value.tolist() if isinstance(value, StringArray) else value
     return meta
 
 
@@ -71,6 +63,6 @@ def bpe_meta() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def gemma_meta(gemma_gguf: Path) -> dict[str, Any]:
-    """Tokenizer metadata of the Gemma 3 270M GGUF (the ``gemma_gguf`` fixture: skips when
-    ``$GGMLPY_GEMMA3_GGUF`` is unset or names no file; its users are marked ``model``)."""
+    """Tokenizer metadata of the Gemma 3 270M GGUF (the ``gemma_gguf`` fixture: skips when there
+    is none; its users are marked ``model``)."""
     return read_tokenizer_metadata(gemma_gguf)
