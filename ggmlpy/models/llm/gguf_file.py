@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from ggmlpy.gguf.reader import GGUFReader
 from ggmlpy.models.gguf_bert import TypedWeight
 
@@ -37,7 +39,18 @@ def read_decoder_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dic
         GGUFError: anything wrong with the file (named by the reader).
     """
     reader = GGUFReader(path)
-    meta = dict(reader.fields)
+    # the metadata own their arrays: a view would keep the whole mapping (and every page of it
+    # the weight upload touched) alive and resident for as long as the model keeps its metadata
+    meta = {k: _owned(v) for k, v in reader.fields.items()}
     tensors = {name: TypedWeight(t.type, tuple(t.ne) or (1,), t.little_endian().reshape(-1))
                for name, t in reader.tensors.items()}
     return meta, tensors
+
+
+def _owned(value: Any) -> Any:
+    """``value`` with every NumPy array in it (nested lists included) copied out of the map."""
+    if isinstance(value, np.ndarray):
+        return np.array(value)
+    if isinstance(value, list):
+        return [_owned(v) for v in value]
+    return value
