@@ -63,3 +63,45 @@ def test_readme_embedding_and_generation_examples(model_dir, fixtures_dir, monke
 def test_relative_links_exist(page: Path):
     for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
         assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+class _Parsed(Exception):
+    """Raised instead of running a command once its arguments parsed."""
+
+
+def _documented_commands() -> list[tuple[str, str]]:
+    """(page, command line) of every ``python -m ggmlpy ...`` in the pages' sh blocks."""
+    out = []
+    for page in PAGES:
+        for block in re.findall(r"```sh\n(.*?)```", page.read_text(), flags=re.S):
+            for line in block.splitlines():
+                line = line.split("  #")[0]
+                for part in line.split("&&"):
+                    part = part.strip()
+                    m = re.search(r"(?:^|\s)python -m ggmlpy (.*)$", part)
+                    if m:
+                        out.append((page.name, m.group(1)))
+    return out
+
+
+def test_documented_commands_parse(monkeypatch):
+    """Every command the README and docs show is accepted by the CLI as written (its arguments
+    parse; nothing runs): a renamed or removed flag fails here."""
+    import shlex
+
+    from ggmlpy import cli
+    from ggmlpy.core.check import OneLineArgumentParser
+
+    orig = OneLineArgumentParser.parse_args
+
+    def parse_only(self, *args, **kwargs):
+        orig(self, *args, **kwargs)
+        raise _Parsed
+
+    monkeypatch.setattr(OneLineArgumentParser, "parse_args", parse_only)
+    commands = _documented_commands()
+    assert len(commands) >= 10
+    for page, command in commands:
+        with pytest.raises(_Parsed):
+            status = cli.main(shlex.split(command))
+            raise AssertionError(f"{page}: `python -m ggmlpy {command}` exited {status}")
