@@ -101,6 +101,16 @@ def _amax_d(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarr
     return amax, d, idv, bad
 
 
+def _q8_quants(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q8_0/Q8_1's float32 ``d``, int8 quants ``qs = roundf(x * id)`` (shape of ``b``) and the
+    non-finite block mask (whose quants are 0), for float32 blocks ``b`` ``(nblocks, 32)``."""
+    _, d, idv, bad = _amax_d(b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        qs = _roundf_to_i8((b * idv[:, None]).astype(F32, copy=False))
+    qs[bad] = 0
+    return d, qs, bad
+
+
 def quantize_row_q8_0(x: np.ndarray) -> np.ndarray:
     """Rows of float32 to Q8_0 blocks (mirrors ggml's ``quantize_row_q8_0_ref``).
 
@@ -116,10 +126,7 @@ def quantize_row_q8_0(x: np.ndarray) -> np.ndarray:
         TypeError: ``x`` is not numeric. ValueError: 0-d, or ``ne0`` not a multiple of 32.
     """
     b, lead = _blocks(x, QK8_0, "quantize_row_q8_0")
-    _, d, idv, bad = _amax_d(b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        qs = _roundf_to_i8((b * idv[:, None]).astype(F32, copy=False))
-    qs[bad] = 0
+    d, qs, bad = _q8_quants(b)
     d16 = d.astype(np.float16)
     d16[bad] = np.float16(np.nan)
     out = np.empty((b.shape[0], Q8_0_BYTES), np.uint8)
@@ -142,10 +149,7 @@ def quantize_row_q8_1(x: np.ndarray) -> np.ndarray:
         TypeError: ``x`` is not numeric. ValueError: 0-d, or ``ne0`` not a multiple of 32.
     """
     b, lead = _blocks(x, QK8_1, "quantize_row_q8_1")
-    _, d, idv, bad = _amax_d(b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        qs = _roundf_to_i8((b * idv[:, None]).astype(F32, copy=False))
-    qs[bad] = 0
+    d, qs, bad = _q8_quants(b)
     s = qs.sum(axis=1, dtype=np.int32)
     with np.errstate(over="ignore", invalid="ignore"):
         sd = (s.astype(F32) * d).astype(F32, copy=False)

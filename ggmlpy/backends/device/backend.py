@@ -57,19 +57,8 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backend.interface import (
-    Backend,
-    Buffer,
-    BufferType,
-    Device,
-    DeviceCaps,
-    DeviceProps,
-    DeviceType,
-    Event,
-    Reg,
-    Status,
-    tensor_buffer,
-)
+from ggmlpy.backend import interface
+from ggmlpy.backend.interface import Backend, Buffer, BufferType, Device, Event, Status, tensor_buffer
 from ggmlpy.backend.write_gen import host_read_queued
 from ggmlpy.backends import kernels
 from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, HostBuffer, cpu_buffer_type, kernel_memo_token
@@ -119,7 +108,7 @@ class DeviceInfo:
     """
 
     description: str
-    type: DeviceType
+    type: interface.DeviceType
     device_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -589,6 +578,10 @@ class AsyncBackend(Backend):
 
     def _graph_plan_compute(self, plan: Plan) -> Status:
         # asynchronous: launched on the stream, complete after synchronize()
+        return self._launch(plan)
+
+    def _launch(self, plan: Plan) -> Status:
+        # launch a live plan on this backend's stream and keep its checks for synchronize()
         self._check_plan_live(plan)
         with self.runtime.activate(self.device.index):
             launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
@@ -603,13 +596,7 @@ class AsyncBackend(Backend):
     def _graph_compute(self, graph: Graph) -> Status:
         """Build (or reuse) the plan on the calling thread, launch it on the stream, return at once."""
         plan = self._plans.get(graph)
-        self._check_plan_live(plan)
-        with self.runtime.activate(self.device.index):
-            launch_plan(self.runtime, self.stream, plan, self.replay_stats, self.graph_replay)
-        self.device.last_stream = self.stream
-        for c in plan.checks:
-            self._pending_checks[id(c)] = c
-        return Status.SUCCESS
+        return self._launch(plan)
 
     def _synchronize(self) -> None:
         self.runtime.stream_synchronize(self.stream)
@@ -812,20 +799,20 @@ class AsyncDevice(Device):
             self._info = self.runtime.device_info(self.index)
         return self._info
 
-    _CAPS = DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
+    _CAPS = interface.DeviceCaps(async_=True, host_buffer=True, buffer_from_host_ptr=False, events=True)
 
-    def _get_caps(self) -> DeviceCaps:
+    def _get_caps(self) -> interface.DeviceCaps:
         return self._CAPS
 
-    def _get_props(self) -> DeviceProps:
+    def _get_props(self) -> interface.DeviceProps:
         info = self._get_info()
         free, total = self.runtime.mem_info(self.index)
-        return DeviceProps(
+        return interface.DeviceProps(
             name=self._name, description=info.description, memory_free=free, memory_total=total,
             type=info.type, device_id=info.device_id, caps=self._CAPS, extra=dict(info.extra))
 
     @property
-    def type(self) -> DeviceType:
+    def type(self) -> interface.DeviceType:
         """:class:`DeviceType` (without querying memory)."""
         return self._get_info().type
 
@@ -908,9 +895,9 @@ class AsyncDevice(Device):
         return f"<AsyncDevice {self._name}>"
 
 
-def make_reg(runtime: Runtime, **device_options: Any) -> Reg:
+def make_reg(runtime: Runtime, **device_options: Any) -> interface.Reg:
     """A :class:`~ggmlpy.backend.interface.Reg` named ``runtime.name`` with one :class:`AsyncDevice` per device
     of ``runtime`` (``device_options`` go to every :class:`AsyncDevice`)."""
     n = runtime.device_count()
-    return Reg(runtime.name, [AsyncDevice(runtime, i, **device_options) for i in range(n)])
+    return interface.Reg(runtime.name, [AsyncDevice(runtime, i, **device_options) for i in range(n)])
 
