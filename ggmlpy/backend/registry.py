@@ -23,6 +23,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ggmlpy.backend.interface import Backend, Device, DeviceType, Reg
 from ggmlpy.core import env
@@ -205,6 +206,24 @@ def reg_count() -> int:
     return len(_regs)
 
 
+_Named = TypeVar("_Named", Reg, Device)
+
+
+def _at_index(items: list[_Named], i: int, what: str) -> _Named:
+    """``items[i]`` for ``0 <= i < len(items)``; IndexError naming ``what`` otherwise."""
+    if not 0 <= i < len(items):
+        raise IndexError(f"{what} index {i} out of range 0..{len(items) - 1}")
+    return items[i]
+
+
+def _by_name(items: list[_Named], name: str) -> _Named | None:
+    """The first of ``items`` whose ``name`` equals ``name`` ignoring case, or None."""
+    for x in items:
+        if x.name.upper() == name.upper():
+            return x
+    return None
+
+
 def reg_get(i: int) -> Reg:
     """Registration ``i`` (mirrors ``ggml_backend_reg_get``).
 
@@ -213,9 +232,7 @@ def reg_get(i: int) -> Reg:
     """
     i = check_int("i", i, where="reg_get")
     _ensure_init()
-    if not 0 <= i < len(_regs):
-        raise IndexError(f"reg index {i} out of range 0..{len(_regs) - 1}")
-    return _regs[i]
+    return _at_index(_regs, i, "reg")
 
 
 def reg_by_name(name: str) -> Reg | None:
@@ -226,10 +243,7 @@ def reg_by_name(name: str) -> Reg | None:
     """
     check_str("name", name, "reg_by_name")
     _ensure_init()
-    for r in _regs:
-        if r.name.upper() == name.upper():
-            return r
-    return None
+    return _by_name(_regs, name)
 
 
 def registered_devices() -> list[Device]:
@@ -349,10 +363,7 @@ def dev_get(i: int) -> Device:
         TypeError: ``i`` is not an int (NumPy integers are accepted). IndexError: out of range.
     """
     i = check_int("i", i, where="dev_get")
-    devs = devices()
-    if not 0 <= i < len(devs):
-        raise IndexError(f"device index {i} out of range 0..{len(devs) - 1}")
-    return devs[i]
+    return _at_index(devices(), i, "device")
 
 
 def dev_by_name(name: str) -> Device | None:
@@ -362,10 +373,7 @@ def dev_by_name(name: str) -> Device | None:
         TypeError: ``name`` is not a str.
     """
     check_str("name", name, "dev_by_name")
-    for d in devices():
-        if d.name.upper() == name.upper():
-            return d
-    return None
+    return _by_name(devices(), name)
 
 
 def dev_by_type(type: DeviceType) -> Device | None:

@@ -63,36 +63,37 @@ __device__ __forceinline__ float ld_f16(const char* p) {
     else v = ldexpf((float)(m | 0x400u), (int)e - 25);
     return s ? -v : v;
 }
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-/* block-wide reductions; blockDim.x is a multiple of 32 and at most 1024; sh has 32 floats */
-__device__ float block_sum(float v, float* sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : 0.0f;
-    v = warp_sum(v);
-    __syncthreads();
-    return v;
-}
-__device__ float block_max(float v, float* sh) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    v = lane < nw ? sh[lane] : __int_as_float(0xff800000);
-    v = warp_max(v);
-    __syncthreads();
-    return v;
-}
 """
+
+
+def _reductions(*ops: tuple[str, str, str]) -> str:
+    """CUDA C ``warp_<name>`` (xor-shuffle butterfly over the 32 lanes) and ``block_<name>``
+    (per-warp results through 32 floats of shared memory ``sh``) for each ``(name, step,
+    identity)``: ``step`` folds ``s`` (the partner lane's value) into ``v``; ``identity`` fills
+    the lanes past the block's warps."""
+    shfl = "__shfl_xor_sync(0xffffffffu, v, o)"
+    warp = "".join(
+        f"__device__ __forceinline__ float warp_{name}(float v) {{\n"
+        f"    for (int o = 16; o > 0; o >>= 1) {step.format(s=shfl)};\n"
+        "    return v;\n"
+        "}\n" for name, step, _ in ops)
+    block = "".join(
+        f"__device__ float block_{name}(float v, float* sh) {{\n"
+        "    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;\n"
+        f"    v = warp_{name}(v);\n"
+        "    if (lane == 0) sh[w] = v;\n"
+        "    __syncthreads();\n"
+        f"    v = lane < nw ? sh[lane] : {identity};\n"
+        f"    v = warp_{name}(v);\n"
+        "    __syncthreads();\n"
+        "    return v;\n"
+        "}\n" for name, _, identity in ops)
+    return (warp + "/* block-wide reductions; blockDim.x is a multiple of 32 and at most 1024; sh "
+            "has 32 floats */\n" + block)
+
+
+_HEADER += _reductions(("sum", "v += {s}", "0.0f"),
+                       ("max", "v = fmaxf(v, {s})", "__int_as_float(0xff800000)"))
 
 #: element-wise expressions over x (src0 or the GLU's value half), y (src1 / the gate), float32
 _EW_EXPR: dict[str, str] = {
