@@ -71,7 +71,7 @@ from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, Devic
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
-from ggmlpy.core.errors import BackendUnavailableError, ComputeError
+from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
@@ -84,8 +84,9 @@ from ggmlpy.models.loader import (
     load_tokenizer,
     load_weights,
 )
+from ggmlpy.models.runtime import SchedModel, check_n_gpu_layers, cpu_backend, resolve_devices
 
-__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET", "resolve_device",
+__all__ = ["BertModel", "KQ_MASK_PAD", "NORMALIZE_EPS", "SEQ_BUCKET",
            "TruncationFallbackWarning", "layer_chunks", "OUTPUTS", "SIMILARITY_FNS"]
 
 
@@ -204,27 +205,6 @@ def _progress(total: int, n_batches: int) -> Any:
     return _LineProgress(total, n_batches)
 
 
-def resolve_device(device: str | Device) -> Device:
-    """The :class:`~ggmlpy.backend.interface.Device` named ``device`` (case-insensitive), or ``device`` itself.
-
-    Raises:
-        BackendUnavailableError: no such device; for CUDA names the message says why CUDA is
-            unavailable, for SIM names how to create SIM devices.
-        TypeError: ``device`` is neither a name nor a Device.
-    """
-    from ggmlpy.backend import registry
-
-    if isinstance(device, Device):
-        return device
-    if not isinstance(device, str):
-        raise TypeError(f"device must be a device name or a Device, got {type(device).__name__}")
-    dev = registry.dev_by_name(device)
-    if dev is None:
-        registry.backend_init_by_name(device)  # raises BackendUnavailableError with the reason
-        raise BackendUnavailableError(f"no device named {device!r}")  # pragma: no cover
-    return dev
-
-
 @dataclass
 class _LayerWeights:
     """One encoder layer's weights. ``wq/wk/wv`` (``[H, H]``) and ``bq/bk/bv`` (``[H]``) are views
@@ -303,7 +283,7 @@ class _BatchGraph:
     out: Tensor
 
 
-class BertModel:
+class BertModel(SchedModel):
     """A sentence-transformers BERT encoder run as a ggmlpy graph (mirrors llama.cpp's BERT
     embedding path: ``llm_build_bert`` + mean pooling + normalisation).
 
@@ -487,33 +467,17 @@ class BertModel:
         n_layer = config.num_hidden_layers
         if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int):
             raise TypeError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
-        if n_gpu_layers == -1:
-            n_gpu_layers = n_layer
-        if not 0 <= n_gpu_layers <= n_layer:
-            raise ArgumentValueError("n_gpu_layers", f"must be in 0..{n_layer} (or -1 for all) "
-                                     f"for this {n_layer}-layer model, got {n_gpu_layers}", where)
+        n_gpu_layers = check_n_gpu_layers(n_gpu_layers, n_layer, where)
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ArgumentValueError("max_batch", f"must be an int >= 1, got {max_batch!r}", where)
         if isinstance(seq_bucket, bool) or not isinstance(seq_bucket, int) or seq_bucket < 1:
             raise ArgumentValueError("seq_bucket", f"must be an int >= 1, got {seq_bucket!r}",
                                      where)
 
-        from ggmlpy.backends.cpu.backend import backend_cpu_init
-
-        names = device.split(",") if isinstance(device, str) else (
-            list(device) if isinstance(device, (list, tuple)) else [device])
-        devs = [resolve_device(d.strip() if isinstance(d, str) else d) for d in names]
-        listed = ", ".join(d.name for d in devs)
-        if not devs:
-            raise ArgumentValueError("device", "must name a device, got none", where)
-        if len(devs) > 1 and any(d.type == DeviceType.CPU for d in devs):
-            raise ArgumentValueError("device", f"must not list the CPU among several offload "
-                                     f"devices (the CPU cannot be one of several: {listed})", where)
-        if len({d.name for d in devs}) != len(devs):
-            raise ArgumentValueError("device", f"must not list a device twice ({listed})", where)
+        devs = resolve_devices(device, where)
         if tensor_split is not None and len(tensor_split) != len(devs):
             raise ArgumentValueError("tensor_split", f"must give one share per device ({len(devs)}: "
-                                     f"{listed}), got {len(tensor_split)}", where)
+                                     f"{', '.join(d.name for d in devs)}), got {len(tensor_split)}", where)
         dev = devs[0]
         self = cls()
         self._tensor_split = None if tensor_split is None else [float(v) for v in tensor_split]
@@ -527,18 +491,12 @@ class BertModel:
         self.seq_bucket = seq_bucket
         self.fuse_qkv = fuse_qkv
         try:
-            cpu = backend_cpu_init()
-            if n_threads is not None:
-                cpu.set_n_threads(n_threads)
+            self._backends = [cpu_backend(n_threads)]
             if dev.type == DeviceType.CPU:
                 self.n_gpu_layers = 0
-                self._backends = [cpu]
             else:
                 self.n_gpu_layers = n_gpu_layers
-                self._backends = [cpu]
-                for d in devs:  # one by one, so close() frees those made before a failure
-                    self._backends.insert(len(self._backends) - 1, d.init_backend())
-                self._device_backends = self._backends[:-1]
+                self._add_device_backends(devs)
                 self._device_backend = self._device_backends[0]
             weights = gguf_weights if gguf_weights is not None else load_weights(model_dir)
             if check_weights:
@@ -868,11 +826,6 @@ class BertModel:
         device's), in allocation order; empty after :meth:`close`."""
         return tuple(self._weight_bufs)
 
-    @property
-    def devices(self) -> list[str]:
-        """Names of the scheduler's backends, highest priority first (e.g. ``["SIM0", "CPU"]``)."""
-        return [b.name for b in self._backends]
-
     def encode(self, sentences: str | Sequence[str], batch_size: int = 32,
                progress: bool = False, *, prompt_name: str | None = None,
                prompt: str | None = None, show_progress_bar: bool | None = None,
@@ -1134,32 +1087,13 @@ class BertModel:
         if status != Status.SUCCESS:
             raise ComputeError(f"graph of {g.n_seq} x {g.length} tokens failed: {status.name}")
 
-    def close(self) -> None:
-        """Free the scheduler, the weight buffers and the backends. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.sched is not None:
-                self.sched.free()
-        finally:
-            self.sched = None
-            self._graphs.clear()
-            self._other_graphs.clear()
-            for b in self._weight_bufs:
-                b.free()
-            self._weight_bufs = []
-            for be in self._backends:
-                be.free()
-            self._backends = []
-            self._device_backend = None
-            self._device_backends = []
+    def _free_model_state(self) -> None:
+        self._graphs.clear()
+        self._other_graphs.clear()
+        self._device_backend = None
 
     def __enter__(self) -> BertModel:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"<BertModel {self.model_dir.name if hasattr(self, 'model_dir') else '?'} "

@@ -59,12 +59,12 @@ from ggmlpy.core.graph import Graph
 from ggmlpy.core.opcodes import GluOp
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
-from ggmlpy.models.bert import resolve_device
 from ggmlpy.models.llm.arch import HParams, block_tensor_names
 from ggmlpy.models.llm.gguf_file import TypedWeight, read_decoder_gguf
 from ggmlpy.models.llm.kv_cache import KVCache
 from ggmlpy.models.llm.sampling import greedy
 from ggmlpy.models.llm.tokenizer import Tokenizer
+from ggmlpy.models.runtime import SchedModel, check_n_gpu_layers, cpu_backend, resolve_devices
 
 __all__ = ["LLM", "GRAPH_CACHE_SIZE", "GRAPH_SIZE"]
 
@@ -113,7 +113,7 @@ class _UbatchGraph:
     logits: Tensor
 
 
-class LLM:
+class LLM(SchedModel):
     """A decoder language model from a GGUF file run as ggmlpy graphs (mirrors llama.cpp's
     ``llama_model`` + ``llama_context`` for one sequence: ``llama_decode`` with a KV cache).
 
@@ -202,23 +202,8 @@ class LLM:
             raise ValueError(f"{path}: missing tensor 'token_embd.weight'")
         hp = HParams.from_metadata(meta, tensors["token_embd.weight"].ne[1], str(path))
         n_layer = hp.n_layer
-        if n_gpu_layers == -1:
-            n_gpu_layers = n_layer
-        if not 0 <= n_gpu_layers <= n_layer:
-            raise ArgumentValueError("n_gpu_layers", f"must be in 0..{n_layer} (or -1 for all) "
-                                     f"for this {n_layer}-layer model, got {n_gpu_layers}", where)
-        from ggmlpy.backends.cpu.backend import backend_cpu_init
-
-        names = device.split(",") if isinstance(device, str) else (
-            list(device) if isinstance(device, (list, tuple)) else [device])
-        devs = [resolve_device(d.strip() if isinstance(d, str) else d) for d in names]
-        if not devs:
-            raise ArgumentValueError("device", "must name a device, got none", where)
-        if len(devs) > 1 and any(d.type == DeviceType.CPU for d in devs):
-            raise ArgumentValueError("device", "must not list the CPU among several offload "
-                                     "devices", where)
-        if len({d.name for d in devs}) != len(devs):
-            raise ArgumentValueError("device", "must not list a device twice", where)
+        n_gpu_layers = check_n_gpu_layers(n_gpu_layers, n_layer, where)
+        devs = resolve_devices(device, where)
         self = cls()
         self.path = Path(path)
         self.metadata = meta
@@ -228,15 +213,10 @@ class LLM:
         self.n_ubatch = n_ubatch
         self.parallel = parallel
         try:
-            cpu = backend_cpu_init()
-            if n_threads is not None:
-                cpu.set_n_threads(n_threads)
-            self._backends = [cpu]
+            self._backends = [cpu_backend(n_threads)]
             if devs[0].type != DeviceType.CPU and n_gpu_layers > 0:
                 self.n_gpu_layers = n_gpu_layers
-                for d in devs:
-                    self._backends.insert(len(self._backends) - 1, d.init_backend())
-                self._device_backends = self._backends[:-1]
+                self._add_device_backends(devs)
             layer_be = self._layer_backends()
             self._load_weights(tensors, layer_be)
             self.kv = KVCache(hp, n_ctx, layer_be, type_k, type_v)
@@ -442,11 +422,6 @@ class LLM:
     # public API
 
     @property
-    def devices(self) -> list[str]:
-        """Names of the scheduler's backends, highest priority first (e.g. ``["SIM0", "CPU"]``)."""
-        return [b.name for b in self._backends]
-
-    @property
     def n_past(self) -> int:
         """Tokens in the KV cache (the position of the next token)."""
         return 0 if self.kv is None else self.kv.n_past
@@ -594,33 +569,14 @@ class LLM:
             raise ValueError("LLM.truncate: the model was closed")
         self.kv.truncate(n)
 
-    def close(self) -> None:
-        """Free the scheduler, the KV cache, the weight buffers and the backends. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            if self.sched is not None:
-                self.sched.free()
-        finally:
-            self.sched = None
-            self._graphs.clear()
-            if self.kv is not None:
-                self.kv.free()
-                self.kv = None
-            for b in self._weight_bufs:
-                b.free()
-            self._weight_bufs = []
-            for be in self._backends:
-                be.free()
-            self._backends = []
-            self._device_backends = []
+    def _free_model_state(self) -> None:
+        self._graphs.clear()
+        if self.kv is not None:
+            self.kv.free()
+            self.kv = None
 
     def __enter__(self) -> LLM:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         arch = self.hp.arch.name if hasattr(self, "hp") else "?"
