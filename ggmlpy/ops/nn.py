@@ -198,18 +198,27 @@ def diag_mask_zero(ctx: Context, a: Tensor, n_past: int) -> Tensor:
 diag_mask_zero_inplace = inplace_variant(diag_mask_zero, _diag_mask_impl, op=Op.DIAG_MASK_ZERO)
 
 
+def _require_mask(fn: str, mask: Tensor, x: Tensor, x_name: str, n_kv: int, n_kv_name: str,
+                  n_kv_src: Tensor, n_q_note: str) -> None:
+    """ggml's checks of a soft_max / flash_attn_ext ``mask``: F16/F32, contiguous, ``ne0 == n_kv``
+    (``n_kv_name``, read from ``n_kv_src``), at least as many rows as ``x`` (named ``x_name``; its
+    rows ``n_q_note``) and ``ne2``/``ne3`` broadcast over x's. Raises ValueError/TypeError naming
+    ``fn`` and the tensors."""
+    _require_type(mask.type in (Type.F16, Type.F32), fn, "mask of type F16 or F32", mask)
+    _require(mask.is_contiguous(), fn, "mask to be contiguous", mask)
+    _require(mask.ne[0] == n_kv, fn, f"mask.ne0 == {n_kv_name}", n_kv_src, mask)
+    _require(mask.ne[1] >= x.ne[1], fn, f"mask.ne1 >= {x_name}.ne1{n_q_note}", x, mask)
+    _require(_divides(mask.ne[2], x.ne[2]), fn, f"{x_name}.ne2 % mask.ne2 == 0", x, mask)
+    _require(_divides(mask.ne[3], x.ne[3]), fn, f"{x_name}.ne3 % mask.ne3 == 0", x, mask)
+
+
 def _soft_max_impl(ctx: Context, a: Tensor, mask: Tensor | None, scale: float, max_bias: float,
                    inplace: bool, fn: str) -> Tensor:
     _args(ctx, fn, a=a, mask=mask)
     s, mb = _f32(scale, fn, "scale"), _f32(max_bias, fn, "max_bias")
     _require(a.is_contiguous(), fn, "a to be contiguous", a)
     if mask is not None:
-        _require_type(mask.type in (Type.F16, Type.F32), fn, "mask of type F16 or F32", mask)
-        _require(mask.is_contiguous(), fn, "mask to be contiguous", mask)
-        _require(mask.ne[0] == a.ne[0], fn, "mask.ne0 == a.ne0", a, mask)
-        _require(mask.ne[1] >= a.ne[1], fn, "mask.ne1 >= a.ne1", a, mask)
-        _require(_divides(mask.ne[2], a.ne[2]), fn, "a.ne2 % mask.ne2 == 0", a, mask)
-        _require(_divides(mask.ne[3], a.ne[3]), fn, "a.ne3 % mask.ne3 == 0", a, mask)
+        _require_mask(fn, mask, a, "a", a.ne[0], "a.ne0", a, "")
     if mb > 0.0:
         _require(mask is not None, fn, "a mask when max_bias > 0 (ALiBi)", a)
     return _op(_dup_or_view(ctx, a, inplace), Op.SOFT_MAX, [s, mb], [a, mask])
@@ -355,12 +364,7 @@ def flash_attn_ext(ctx: Context, q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     _require(v.ne[1] == k.ne[1], fn, "v.ne1 == k.ne1 (n_kv)", k, v)
     _require(_divides(v.ne[2], q.ne[2]), fn, "q.ne2 % v.ne2 == 0 (GQA heads)", q, v)
     if mask is not None:
-        _require_type(mask.type in (Type.F16, Type.F32), fn, "mask of type F16 or F32", mask)
-        _require(mask.is_contiguous(), fn, "mask to be contiguous", mask)
-        _require(mask.ne[0] == k.ne[1], fn, "mask.ne0 == k.ne1 (n_kv)", k, mask)
-        _require(mask.ne[1] >= q.ne[1], fn, "mask.ne1 >= q.ne1 (n_q)", q, mask)
-        _require(_divides(mask.ne[2], q.ne[2]), fn, "q.ne2 % mask.ne2 == 0", q, mask)
-        _require(_divides(mask.ne[3], q.ne[3]), fn, "q.ne3 % mask.ne3 == 0", q, mask)
+        _require_mask(fn, mask, q, "q", k.ne[1], "k.ne1 (n_kv)", k, " (n_q)")
     if params[1] > 0.0:
         _require(mask is not None, fn, "a mask when max_bias > 0 (ALiBi)", q)
     result = ctx.new_tensor(Type.F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]))

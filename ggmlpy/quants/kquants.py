@@ -123,6 +123,21 @@ def _k_scales_mins(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: 
     return d16.view(np.uint16), dmin16.view(np.uint16), sc, L
 
 
+def _k_head(x: np.ndarray, type_size: int, nmax: int, rmin: float, rdelta: float,
+            nstep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K blocks with their head written: uint8 ``(nb, type_size)`` whose bytes 0:4 hold
+    ``d``/``dmin`` (f16) and 4:16 the packed 6-bit scales and mins of :func:`_k_scales_mins` (the
+    quants' bytes left to the caller), and the quants L as uint8 ``(nb, 4, 2, 32)`` (64-element
+    chunk, 32-element half, position), for float32 ``x`` ``(nb, 256)``."""
+    nb = x.shape[0]
+    d, dmin, sc, L = _k_scales_mins(x, nmax, rmin, rdelta, nstep)
+    out = np.empty((nb, type_size), np.uint8)
+    out[:, 0:2] = d[:, None].view(np.uint8)
+    out[:, 2:4] = dmin[:, None].view(np.uint8)
+    out[:, 4:16] = sc
+    return out, L.reshape(nb, 4, 2, 32)
+
+
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """Quantize rows to Q4_K like ggml's ``quantize_row_q4_K_ref``.
 
@@ -133,12 +148,7 @@ def quantize_q4_k(x: np.ndarray) -> np.ndarray:
         uint8, shape (nb, 144).
     """
     nb = x.shape[0]
-    d, dmin, sc, L = _k_scales_mins(x, 15, -1.0, 0.1, 20)
-    out = np.empty((nb, 144), np.uint8)
-    out[:, 0:2] = d[:, None].view(np.uint8)
-    out[:, 2:4] = dmin[:, None].view(np.uint8)
-    out[:, 4:16] = sc
-    Lc = L.reshape(nb, 4, 2, 32)
+    out, Lc = _k_head(x, 144, 15, -1.0, 0.1, 20)
     out[:, 16:] = (Lc[:, :, 0] | (Lc[:, :, 1] << 4)).reshape(nb, 128)
     return out
 
@@ -153,12 +163,7 @@ def quantize_q5_k(x: np.ndarray) -> np.ndarray:
         uint8, shape (nb, 176).
     """
     nb = x.shape[0]
-    d, dmin, sc, L = _k_scales_mins(x, 31, -0.5, 0.1, 15)
-    out = np.empty((nb, 176), np.uint8)
-    out[:, 0:2] = d[:, None].view(np.uint8)
-    out[:, 2:4] = dmin[:, None].view(np.uint8)
-    out[:, 4:16] = sc
-    Lc = L.reshape(nb, 4, 2, 32)                      # chunk c, half h, position j
+    out, Lc = _k_head(x, 176, 31, -0.5, 0.1, 15)      # Lc: chunk c, half h, position j
     hi = (Lc >> 4).astype(np.uint8)                   # fifth bit
     shifts = (2 * np.arange(4)[:, None] + np.arange(2)[None, :]).astype(np.uint8)  # (4, 2)
     qh = np.bitwise_or.reduce((hi << shifts[None, :, :, None]).reshape(nb, 8, 32), axis=1)

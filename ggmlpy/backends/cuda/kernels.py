@@ -131,6 +131,15 @@ extern "C" __global__ void ggmlpy_ew_NAME(
 """
 _READ_Y = "*(const float*)(b + (i0 % bn0)*b0 + (i1 % bn1)*b1 + (i2 % bn2)*b2 + (i3 % bn3)*b3)"
 
+#: the start of a one-block-per-row kernel's body: ``sh`` (32 floats for block_sum/block_max),
+#: the row's indices i1..i3 and its source ``x`` / destination ``y`` (rows of ne0 contiguous floats)
+_ROW_BEGIN = r"""    __shared__ float sh[32];
+    const i64 row = blockIdx.x;
+    const i64 i1 = row % ne1, i2 = (row / ne1) % ne2, i3 = row / (ne1*ne2);
+    const float* x = (const float*)(a + i1*a1 + i2*a2 + i3*a3);
+    float* y = (float*)(d + i1*d1 + i2*d2 + i3*d3);
+"""
+
 _NORM_SOURCE = r"""
 /* mode 0: NORM ((x-mean)/sqrt(var+eps), var = E[x^2]-mean^2 as ggml-cuda), 1: RMS_NORM,
    2: L2_NORM (x/max(|x|, eps)). One block per row; rows contiguous (4-byte elements). */
@@ -138,12 +147,7 @@ extern "C" __global__ void ggmlpy_row_norm(
         const char* a, char* d, const i64 ne0, const i64 ne1, const i64 ne2,
         const i64 a1, const i64 a2, const i64 a3, const i64 d1, const i64 d2, const i64 d3,
         const float eps, const int mode) {
-    __shared__ float sh[32];
-    const i64 row = blockIdx.x;
-    const i64 i1 = row % ne1, i2 = (row / ne1) % ne2, i3 = row / (ne1*ne2);
-    const float* x = (const float*)(a + i1*a1 + i2*a2 + i3*a3);
-    float* y = (float*)(d + i1*d1 + i2*d2 + i3*d3);
-    float s = 0.0f, q = 0.0f;
+""" + _ROW_BEGIN + r"""    float s = 0.0f, q = 0.0f;
     for (i64 i = threadIdx.x; i < ne0; i += blockDim.x) { const float v = x[i]; s += v; q += v*v; }
     q = block_sum(q, sh);
     float shift = 0.0f, inv;
@@ -170,12 +174,7 @@ extern "C" __global__ void ggmlpy_soft_max(
         const i64 mn2, const i64 mn3, const i64 mb0, const i64 mb1, const i64 mb2, const i64 mb3,
         const int mask_type, const float scale, const float max_bias, const float m0,
         const float m1, const int n_head_log2) {
-    __shared__ float sh[32];
-    const i64 row = blockIdx.x;
-    const i64 i1 = row % ne1, i2 = (row / ne1) % ne2, i3 = row / (ne1*ne2);
-    const float* x = (const float*)(a + i1*a1 + i2*a2 + i3*a3);
-    float* y = (float*)(d + i1*d1 + i2*d2 + i3*d3);
-    const char* mrow = m + i1*mb1 + (i2 % mn2)*mb2 + (i3 % mn3)*mb3;
+""" + _ROW_BEGIN + r"""    const char* mrow = m + i1*mb1 + (i2 % mn2)*mb2 + (i3 % mn3)*mb3;
     float slope = 1.0f;
     if (max_bias > 0.0f) {
         slope = i2 < n_head_log2 ? powf(m0, (float)(i2 + 1)) : powf(m1, (float)(2*(i2 - n_head_log2) + 1));

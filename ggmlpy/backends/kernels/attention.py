@@ -21,15 +21,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backends.cpu import fastpath
-from ggmlpy.backends.kernels.common import (
-    F32,
-    FLOATS,
-    as_f32,
-    as_strided,
-    copy_into,
-    src_of,
-    sup_f32_same,
-)
+from ggmlpy.backends.kernels.common import F32, FLOATS, as_f32, as_strided, copy_into, src_of, sup_f32_same
 from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
