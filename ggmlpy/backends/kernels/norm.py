@@ -18,6 +18,7 @@ GROUP_NORM do the same here. NORM (LayerNorm, the hot one in BERT-style encoders
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ggmlpy.backends.kernels.common import F32, F64, alias, sup_f32_same
@@ -43,35 +44,34 @@ def _k_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return run
 
 
-@kernel(Op.RMS_NORM, supports=sup_f32_same)
-def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
-    eps = float(node.op_params[0])
-    a = srcs[0]
-    n = a.shape[-1]
-    sm, mul, sqrt = xp.sum, xp.multiply, xp.sqrt
+def _sum_sq_scale(xp: Any, a: Any, dst: Any, scale_of: Callable[[Any], Any]) -> Step:
+    """The step ``dst = a * scale_of(ss)`` with ``ss`` each row's sum of squares (float64,
+    keepdims: NumPy shape ``(..., 1)`` for rows along axis -1) and ``scale_of`` giving the
+    float32 row scale (RMS_NORM, L2_NORM). ``a`` may be ``dst`` itself (in place)."""
+    sm, mul = xp.sum, xp.multiply
     a = alias(a, dst)  # in-place: CuPy would copy an overlapping input of ``mul`` per call
 
     def run() -> None:
         x64 = a.astype(F64)
-        ms = sm(x64 * x64, axis=-1, keepdims=True) / n
-        scale = (1.0 / sqrt(ms + eps)).astype(F32)
-        mul(a, scale, out=dst)
+        mul(a, scale_of(sm(x64 * x64, axis=-1, keepdims=True)), out=dst)
     return run
+
+
+@kernel(Op.RMS_NORM, supports=sup_f32_same)
+def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    eps = float(node.op_params[0])
+    n = srcs[0].shape[-1]
+    sqrt = xp.sqrt
+    return _sum_sq_scale(xp, srcs[0], dst, lambda ss: (1.0 / sqrt(ss / n + eps)).astype(F32))
 
 
 @kernel(Op.L2_NORM, supports=sup_f32_same)
 def _k_l2_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     eps = F32(node.op_params[0])
-    a = srcs[0]
-    sm, mul, sqrt, maximum = xp.sum, xp.multiply, xp.sqrt, xp.maximum
-    a = alias(a, dst)
-
-    def run() -> None:
-        x64 = a.astype(F64)
-        ss = sm(x64 * x64, axis=-1, keepdims=True)
-        scale = 1.0 / maximum(sqrt(ss).astype(F32), eps)       # ggml: 1/fmaxf(sqrtf(sum), eps)
-        mul(a, scale.astype(F32), out=dst)
-    return run
+    sqrt, maximum = xp.sqrt, xp.maximum
+    # ggml: 1/fmaxf(sqrtf(sum), eps)
+    return _sum_sq_scale(xp, srcs[0], dst,
+                         lambda ss: (1.0 / maximum(sqrt(ss).astype(F32), eps)).astype(F32))
 
 
 @kernel(Op.GROUP_NORM, supports=sup_f32_same)
