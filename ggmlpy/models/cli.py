@@ -18,7 +18,6 @@ import importlib
 import importlib.util
 import io
 import json
-import re
 import subprocess
 import sys
 import time
@@ -47,8 +46,6 @@ class _UsageError(Exception):
 
 def _err(prog: str, msg: str) -> None:
     print(f"{prog}: {' '.join(str(msg).split())}", file=sys.stderr)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,8 +112,6 @@ def _json_sentences(path: str, data: object) -> list[str]:
 # device selection
 
 
-_RAY_RE = re.compile(r"^RAY(\d+)$", re.IGNORECASE)
-
 #: embed's flags by the BertModel.load / encode parameter they feed (errors name the flag)
 _FLAG_OF_PARAM = {"n_gpu_layers": "-ngl/--n-gpu-layers", "n_threads": "-t/--threads",
                   "max_batch": "-b/--batch-size", "batch_size": "-b/--batch-size",
@@ -126,48 +121,14 @@ _FLAG_OF_PARAM = {"n_gpu_layers": "-ngl/--n-gpu-layers", "n_threads": "-t/--thre
 
 
 def _pick_device(spec: str) -> str:
-    """Check and normalise ``--device`` (one name or several joined by commas); returns the
-    names joined by commas, blanks stripped.
-
-    SIM devices are registered on demand when GGMLPY_SIM_DEVICES is unset, and RAY devices (a
-    local Ray instance) when neither GGMLPY_RAY_DEVICES nor GGMLPY_RAY_ADDRESS is set: once, for
-    the highest index named, with one line on stderr. Every name must then be a device
-    (:func:`ggmlpy.backend.registry.device_unavailable_reason`: a name GGMLPY_BACKENDS leaves out says
-    so), listed once, and the CPU only alone.
+    """``--device`` checked and normalised by :func:`ggmlpy.models.device_flag.pick_devices`.
 
     Raises:
         _UsageError: one line naming ``--device`` and the offending name.
     """
-    from ggmlpy.backend import registry
-    from ggmlpy.backends.ray.runtime import register_ray_devices
-    from ggmlpy.cli_names import register_named_devices
-    from ggmlpy.core import env
+    from ggmlpy.models.device_flag import pick_devices
 
-    names = [n.strip() for n in spec.split(",")]
-    if not all(names):
-        raise _UsageError(f"--device {spec!r}: an empty device name (several names are joined "
-                          "by commas: SIM0,SIM1)")
-    register_named_devices(names, "ggmlpy embed")
-    ray_idx = [int(m.group(1)) for m in map(_RAY_RE.match, names)
-               if m and registry.dev_by_name(m.group(0)) is None
-               and not registry.backends_env_leaves_out(m.group(0))]
-    if ray_idx and not env.ray_requested() and env.ray_devices() != 0:
-        n = max(ray_idx) + 1
-        register_ray_devices(n)
-        print(f"ggmlpy embed: started {n} RAY device(s) on a local Ray instance "
-              "(set GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS to choose)", file=sys.stderr)
-    for name in names:
-        why = registry.device_unavailable_reason(name)
-        if why:
-            raise _UsageError(f"--device {name}: {why}")
-    canon = [registry.dev_by_name(n).name for n in names]
-    if len(canon) > 1 and "CPU" in (c.upper() for c in canon):
-        raise _UsageError(f"--device {spec}: the CPU cannot be one of several offload devices "
-                          "(pass --device CPU alone, or accelerators only)")
-    twice = sorted({c for c in canon if canon.count(c) > 1})
-    if twice:
-        raise _UsageError(f"--device {spec}: {', '.join(twice)} listed twice")
-    return ",".join(names)
+    return pick_devices(spec, "ggmlpy embed", _UsageError)
 
 
 def _flag_error(e: ValueError, explicit: dict[str, bool]) -> _UsageError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -36,8 +35,6 @@ _FLAG_OF_PARAM = {"n_gpu_layers": "-ngl/--n-gpu-layers", "n_threads": "-t/--thre
                   "n_ctx": "-c/--ctx-size", "n_ubatch": "-ub/--ubatch-size",
                   "n_batch": "-b/--batch-size", "n_predict": "-n/--n-predict",
                   "device": "--device", "prompt": "-p/--prompt"}
-
-_RAY_RE = re.compile(r"^RAY(\d+)$", re.IGNORECASE)
 
 
 class _UsageError(Exception):
@@ -139,38 +136,14 @@ def _read_prompt(a: argparse.Namespace) -> str:
 
 
 def _pick_device(spec: str) -> str:
-    """``--device``: every comma-separated name a device here (SIM devices registered on demand,
-    RAY devices started on a local Ray instance when none is configured), each once, the CPU
-    only alone; returns the names joined by commas. _UsageError naming the device otherwise."""
-    from ggmlpy.backend import registry
-    from ggmlpy.cli_names import register_named_devices
-    from ggmlpy.core import env
+    """``--device`` checked and normalised by :func:`ggmlpy.models.device_flag.pick_devices`.
 
-    names = [n.strip() for n in spec.split(",")]
-    if not all(names):
-        raise _UsageError(f"--device {spec!r}: an empty device name (several are joined by "
-                          f"commas: SIM0,SIM1)")
-    register_named_devices(names, PROG)
-    ray_idx = [int(m.group(1)) for m in map(_RAY_RE.match, names)
-               if m and registry.dev_by_name(m.group(0)) is None
-               and not registry.backends_env_leaves_out(m.group(0))]
-    if ray_idx and not env.ray_requested() and env.ray_devices() != 0:
-        from ggmlpy.backends.ray.runtime import register_ray_devices
+    Raises:
+        _UsageError: one line naming ``--device`` and the offending name.
+    """
+    from ggmlpy.models.device_flag import pick_devices
 
-        n = max(ray_idx) + 1
-        register_ray_devices(n)
-        print(f"{PROG}: started {n} RAY device(s) on a local Ray instance (set "
-              f"GGMLPY_RAY_DEVICES=N or GGMLPY_RAY_ADDRESS to choose)", file=sys.stderr)
-    for name in names:
-        why = registry.device_unavailable_reason(name)
-        if why:
-            raise _UsageError(f"--device {name}: {why}")
-    canon = [registry.dev_by_name(n).name.upper() for n in names]
-    if len(canon) > 1 and "CPU" in canon:
-        raise _UsageError(f"--device {spec}: the CPU cannot be one of several offload devices")
-    if len(set(canon)) != len(canon):
-        raise _UsageError(f"--device {spec}: a device listed twice")
-    return ",".join(names)
+    return pick_devices(spec, PROG, _UsageError)
 
 
 def _sampler(a: argparse.Namespace) -> Any:
