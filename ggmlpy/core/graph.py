@@ -7,6 +7,7 @@ weights, inputs, constants).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 
 from ggmlpy.core import snapshot as _snapshot
@@ -19,6 +20,18 @@ from ggmlpy.core.tensor import Context, Flag, Tensor
 __all__ = ["DEFAULT_GRAPH_SIZE", "Graph", "new_graph", "graph_view"]
 
 DEFAULT_GRAPH_SIZE = 2048
+
+
+def _tracked_list(attr: str, doc: str) -> property:
+    """A ``list[Tensor]`` property of :class:`Graph` stored in ``attr``: reading returns the
+    stored :class:`TrackedList`; assigning stores the value as a TrackedList of the graph and
+    bumps its snapshot generation (``ggmlpy.core.snapshot.touch``)."""
+
+    def fset(self: Graph, value: list[Tensor]) -> None:
+        setattr(self, attr, TrackedList.of(value, self))
+        _snapshot.touch(self)
+
+    return property(operator.attrgetter(attr), fset, doc=doc)
 
 
 class Graph:
@@ -67,25 +80,10 @@ class Graph:
 
     # Every edit of what a cache reads bumps the snapshot generation (ggmlpy.core.snapshot): the node
     # and leaf lists are tracked lists; assigning them, or src_map/extra_flags, bumps too.
-    @property
-    def nodes(self) -> list[Tensor]:
-        """Tensors computed by ops, in execution order (a tracked list: edits invalidate caches)."""
-        return self._nodes
-
-    @nodes.setter
-    def nodes(self, value: list[Tensor]) -> None:
-        self._nodes = TrackedList.of(value, self)
-        _snapshot.touch(self)
-
-    @property
-    def leafs(self) -> list[Tensor]:
-        """Op NONE tensors in first-visit order (a tracked list: edits invalidate caches)."""
-        return self._leafs
-
-    @leafs.setter
-    def leafs(self, value: list[Tensor]) -> None:
-        self._leafs = TrackedList.of(value, self)
-        _snapshot.touch(self)
+    nodes = _tracked_list("_nodes", "Tensors computed by ops, in execution order (``list[Tensor]``, "
+                                    "a tracked list: edits invalidate caches).")
+    leafs = _tracked_list("_leafs", "Op NONE tensors in first-visit order (``list[Tensor]``, a "
+                                    "tracked list: edits invalidate caches).")
 
     @property
     def src_map(self) -> dict[int, list[Tensor | None]] | None:
@@ -223,19 +221,15 @@ class Graph:
 
     def _append(self, t: Tensor) -> None:
         if t.op == Op.NONE and not (t.flags & Flag.PARAM):
-            if len(self._leafs) >= self.size:
-                raise GraphFullError(f"graph full: more than {self.size} leafs when adding "
-                                     f"'{t.name}'; create the Graph with a larger size")
-            if not t.name:
-                t.name = f"leaf_{len(self._leafs)}"
-            list.append(self._leafs, t)  # untracked: build_forward_expand stamps once
+            lst, what = self._leafs, "leaf"
         else:
-            if len(self._nodes) >= self.size:
-                raise GraphFullError(f"graph full: more than {self.size} nodes when adding "
-                                     f"'{t.name}'; create the Graph with a larger size")
-            if not t.name:
-                t.name = f"node_{len(self._nodes)}"
-            list.append(self._nodes, t)  # untracked: build_forward_expand stamps once
+            lst, what = self._nodes, "node"
+        if len(lst) >= self.size:
+            raise GraphFullError(f"graph full: more than {self.size} {what}s when adding "
+                                 f"'{t.name}'; create the Graph with a larger size")
+        if not t.name:
+            t.name = f"{what}_{len(lst)}"
+        list.append(lst, t)  # untracked: build_forward_expand stamps once
 
     @checked_args
     def add_node(self, t: Tensor) -> None:
