@@ -12,7 +12,7 @@ in the page cache). Kinds:
   ``rss_*``: VmRSS before (imports done) and after the load, with the model alive.
 * ``ggufpy_open``: gguf-py's ``gguf.GGUFReader(path)`` (what ggmlpy used before).
 * ``llama_cpp_mmap`` / ``llama_cpp_read``: llama-cpp-python's ``Llama(path, n_ctx=512,
-  n_gpu_layers=0, use_mmap=True/False)`` in ``/work/refvenv`` (or ``--ref-python``), when that
+  n_gpu_layers=0, use_mmap=True/False)`` in the interpreter ``$GGMLPY_REF_PYTHON`` names (or ``--ref-python``), when that
   interpreter has ``llama_cpp``; with ``use_mmap=False`` llama.cpp reads the weights into its
   buffer as ``gguf_load`` does.
 
@@ -97,7 +97,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--ggufpy-repeat", type=int, default=1,
                     help="rounds that include gguf-py's reader (slow)")
-    ap.add_argument("--ref-python", default="/work/refvenv/bin/python")
+    ap.add_argument("--ref-python", default=os.environ.get("GGMLPY_REF_PYTHON", sys.executable))
     args = ap.parse_args()
     if not args.path or not Path(args.path).is_file():
         ap.error("give the GGUF file (or set GGMLPY_GEMMA3_GGUF)")

@@ -1,7 +1,7 @@
 """ggmlpy's decoder LLM next to llama.cpp (llama-cpp-python) on one GGUF, interleaved; JSON out.
 
     python scripts/bench_llm.py [--model gemma3-270m|FILE.gguf] [--rounds 3] [--threads 2]
-        [--llama-python /work/refvenv/bin/python] [--device CPU --ngl 0] [--gen 64]
+        [--llama-python $GGMLPY_REF_PYTHON] [--device CPU --ngl 0] [--gen 64]
         [--weight-cache-mb MB] [--reference llama_cpp|stub] [--llama-env OMP_WAIT_POLICY=PASSIVE]
 
 Each round starts one fresh process per tool (ggmlpy's under this interpreter, llama.cpp's
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gen", type=int, default=64)
     p.add_argument("--device", default="CPU")
     p.add_argument("--ngl", type=int, default=0)
-    p.add_argument("--llama-python", default="/work/refvenv/bin/python")
+    p.add_argument("--llama-python", default=os.environ.get("GGMLPY_REF_PYTHON", sys.executable))
     p.add_argument("--reference", choices=("llama_cpp", "stub"), default="llama_cpp")
     p.add_argument("--weight-cache-mb", default=None)
     p.add_argument("--llama-env", action="append", default=[], metavar="KEY=VALUE")

@@ -18,13 +18,14 @@ Reported: microseconds per string per mode (best round) for each contender, the 
 ``llama_cpp / ggmlpy`` (> 1: ggmlpy is faster), and whether every id list agreed.
 
 Usage: ``python scripts/bench_llm_tokenizer.py --gguf FILE [--strings JSON] [--rounds 5] [--reps 3]
-[--ref-python /work/refvenv/bin/python]``
+[--ref-python $GGMLPY_REF_PYTHON]``
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -90,7 +91,7 @@ def main() -> None:
     ap.add_argument("--strings", default=str(default_strings))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--ref-python", default="/work/refvenv/bin/python")
+    ap.add_argument("--ref-python", default=os.environ.get("GGMLPY_REF_PYTHON", sys.executable))
     args = ap.parse_args()
 
     from ggmlpy.models.llm.tokenizer import Tokenizer

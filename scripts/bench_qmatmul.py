@@ -2,7 +2,7 @@
 the weight bandwidth both reach, as JSON on stdout.
 
     python scripts/bench_qmatmul.py [--threads 2] [--repeat 5] [--tokens 1,512]
-        [--ggml-python /work/refvenv/bin/python] [--crossover] [--types Q8_0,Q4_K]
+        [--ggml-python $GGMLPY_REF_PYTHON] [--crossover] [--types Q8_0,Q4_K]
         [--max-gmacs 10] [--ggml-poll 0]
 
 * Cases: the Gemma 3 270M matrix shapes ``K x M`` (ggml ``ne = [K, M]`` of the weight):
@@ -292,7 +292,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tokens", default="1,512")
     ap.add_argument("--types", default="")
-    ap.add_argument("--ggml-python", default="/work/refvenv/bin/python")
+    ap.add_argument("--ggml-python", default=os.environ.get("GGMLPY_REF_PYTHON", sys.executable))
     ap.add_argument("--crossover", action="store_true")
     ap.add_argument("--max-gmacs", type=float, default=0.0,
                     help="skip cases of more multiply-adds (GMAC) than this (0: none)")

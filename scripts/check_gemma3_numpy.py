@@ -19,7 +19,7 @@ rounding flips in its outlier-heavy activations), so the graph is the same; end 
 differences still grow to a few percent of the logits' L2 norm, with or without emulation, because
 each Q8 rounding flip is amplified by the later layers.
 
-Usage: ``/work/refvenv/bin/python scripts/check_gemma3_numpy.py [--model PATH] [--data DIR]
+Usage: ``$GGMLPY_REF_PYTHON scripts/check_gemma3_numpy.py [--model PATH] [--data DIR]
 [--names a,b,...]``
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -142,7 +143,9 @@ def last_logits(w, hp, ids, emulate: bool = False) -> np.ndarray:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))
+    ap.add_argument("--model", type=Path, default=os.environ.get("GGMLPY_GEMMA3_GGUF"),
+                    required="GGMLPY_GEMMA3_GGUF" not in os.environ,
+                    help="the Gemma 3 270M Q4_K_M file (default: $GGMLPY_GEMMA3_GGUF)")
     ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1] / "tests/data")
     ap.add_argument("--names", default="")
     ap.add_argument("--emulate", action="store_true",

@@ -12,7 +12,7 @@ of shape ne reversed (ne3, ne2, ne1, ne0). On the last layer llama.cpp keeps onl
 Settings as in make_llm_reference.py: CPU, 2 threads, n_ctx 2048, n_batch = n_ubatch = 512,
 flash attention off, default F16 KV cache.
 
-Usage: ``/work/refvenv/bin/python scripts/dump_llamacpp_tensors.py --ids 2,818,5279 OUT.npz
+Usage: ``$GGMLPY_REF_PYTHON scripts/dump_llamacpp_tensors.py --ids 2,818,5279 OUT.npz
 [--model PATH]``
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import os
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("out", type=Path)
     ap.add_argument("--ids", required=True, help="comma-separated token ids (include the BOS)")
-    ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))
+    ap.add_argument("--model", type=Path, default=os.environ.get("GGMLPY_GEMMA3_GGUF"),
+                    required="GGMLPY_GEMMA3_GGUF" not in os.environ,
+                    help="the Gemma 3 270M Q4_K_M file (default: $GGMLPY_GEMMA3_GGUF)")
     args = ap.parse_args()
     store = dump(args.model, [int(x) for x in args.ids.split(",")])
     np.savez_compressed(args.out, **store)

@@ -1,6 +1,6 @@
 """Write llama.cpp's reference data for the LLM job (Gemma 3 270M) and its tokenizers.
 
-Reference tool only: it runs under the reference venv (/work/refvenv, see tests/data/README.md),
+Reference tool only: it runs under the reference venv (a venv with llama-cpp-python, named by $GGMLPY_REF_PYTHON; see tests/data/README.md),
 never under ggmlpy's, and ggmlpy never imports it. The tests read its outputs, never llama.cpp.
 
 What it makes (into ``--out``, default ``tests/data/``):
@@ -34,8 +34,8 @@ CPU only, ``n_threads = n_threads_batch = 2``, ``n_ctx = 2048``, ``n_batch = n_u
 
 Rerun::
 
-    /work/refvenv/bin/python scripts/make_llm_reference.py \
-        --model /work/models/gemma3-270m-q4_k_m.gguf [--out tests/data] [--copy-to DIR] \
+    $GGMLPY_REF_PYTHON scripts/make_llm_reference.py \
+        --model GEMMA3.gguf [--out tests/data] [--copy-to DIR] \
         [--only tokenizer,bpe,logits]
 """
 
@@ -580,7 +580,9 @@ def make_gemma_logits(model_path: Path, out: Path) -> list[Path]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=Path("/work/models/gemma3-270m-q4_k_m.gguf"))
+    ap.add_argument("--model", type=Path, default=os.environ.get("GGMLPY_GEMMA3_GGUF"),
+                    required="GGMLPY_GEMMA3_GGUF" not in os.environ,
+                    help="the Gemma 3 270M Q4_K_M file (default: $GGMLPY_GEMMA3_GGUF)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "tests/data")
     ap.add_argument("--copy-to", type=Path, default=None)
     ap.add_argument("--only", default="tokenizer,bpe,logits")

@@ -3,7 +3,7 @@
 Reference tool only: run it with the reference venv (llama-cpp-python; never a dependency of
 ggmlpy, never imported by the tests)::
 
-    /work/refvenv/bin/python scripts/make_llm_sampling_reference.py [--out tests/data/llm_sampling_ref.npz]
+    $GGMLPY_REF_PYTHON scripts/make_llm_sampling_reference.py [--out tests/data/llm_sampling_ref.npz]
 
 For each case (settings below) it builds llama.cpp's common chain with llama-cpp-python's
 low-level API: ``llama_sampler_init_penalties(n_vocab, last_n, repeat, freq, present)`` ->

@@ -2,7 +2,7 @@
 
 Run under the reference venv (never a ggmlpy dependency):
 
-    /work/refvenv/bin/python scripts/make_quant_reference.py
+    $GGMLPY_REF_PYTHON scripts/make_quant_reference.py
 
 Source: ggml-python 0.0.45 (PyPI; its bundled ggml shared libraries built on this x86-64 machine
 with GGML_NATIVE: AVX512, AVX512_VNNI), called through ctypes:
