@@ -30,6 +30,8 @@ variable                   accepted value
 ``GGMLPY_GEMMA3_GGUF``     a file: the Gemma 3 270M GGUF that ``-m gemma3-270m`` and the tests
                            use instead of the one in the cache folder
 ``GGMLPY_FIXTURES``        a folder (read by the test suite only)
+``GGMLPY_REF_PYTHON``      an interpreter with the reference tools (llama-cpp-python,
+                           ggml-python): read by the benchmark and reference scripts only
 =========================  ===============================================================
 
 An empty or all-blank value means "unset". A malformed value raises :class:`EnvError` (a
@@ -70,6 +72,7 @@ QUANT_MATMUL = "GGMLPY_QUANT_MATMUL"
 FIXTURES = "GGMLPY_FIXTURES"
 CACHE = "GGMLPY_CACHE"
 GEMMA3_GGUF = "GGMLPY_GEMMA3_GGUF"
+REF_PYTHON = "GGMLPY_REF_PYTHON"
 RAY_DEVICES = "GGMLPY_RAY_DEVICES"
 RAY_ADDRESS = "GGMLPY_RAY_ADDRESS"
 RAY_TIMEOUT_S = "GGMLPY_RAY_TIMEOUT_S"
@@ -79,7 +82,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
          PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, FIXTURES, CACHE,
-         GEMMA3_GGUF,
+         GEMMA3_GGUF, REF_PYTHON,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
 #: Upper bound of ``GGMLPY_SIM_DEVICES``.
