@@ -107,7 +107,7 @@ class _UbatchGraph:
     tokens: Tensor
     pos: Tensor
     kv_idxs: Tensor
-    mask: Tensor
+    mask: Tensor | None
     mask_swa: Tensor | None
     out_ids: Tensor | None
     logits: Tensor
@@ -322,7 +322,11 @@ class LLM(SchedModel):
         tokens = ctx.new_tensor_1d(Type.I32, T).set_name("inp_tokens").set_input()
         pos = ctx.new_tensor_1d(Type.I32, T).set_name("inp_pos").set_input()
         kv_idxs = ctx.new_tensor_1d(Type.I64, T).set_name("inp_kv_idxs").set_input()
-        mask = ctx.new_tensor_2d(Type.F32, n_kv, T).set_name("inp_kq_mask").set_input()
+        # each mask only when a layer reads it (a model may have no global or no local layer:
+        # an input no node reads is never allocated)
+        mask = None
+        if not all(hp.is_swa(il) for il in range(hp.n_layer)):
+            mask = ctx.new_tensor_2d(Type.F32, n_kv, T).set_name("inp_kq_mask").set_input()
         mask_swa = None
         if any(hp.is_swa(il) for il in range(hp.n_layer)):
             mask_swa = ctx.new_tensor_2d(Type.F32, n_kv, T).set_name("inp_kq_mask_swa").set_input()
@@ -410,7 +414,8 @@ class LLM(SchedModel):
         cell = np.arange(g.n_kv)[None, :]
         p = pos[:, None]
         visible = cell <= p                                           # (T, n_kv)
-        backend_tensor_set(g.mask, np.where(visible, np.float32(0), np.float32(-np.inf)))
+        if g.mask is not None:
+            backend_tensor_set(g.mask, np.where(visible, np.float32(0), np.float32(-np.inf)))
         if g.mask_swa is not None:
             vis_swa = visible & (p - cell < hp.n_swa)
             backend_tensor_set(g.mask_swa,

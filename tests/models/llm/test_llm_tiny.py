@@ -240,3 +240,21 @@ def test_ray_offload_matches_the_reference(files, ray_reg2, monkeypatch):
         np.testing.assert_allclose(lg, want, rtol=0, atol=ATOL)
         for i, w in zip(range(10, 13), steps):
             np.testing.assert_allclose(m.eval([TOKENS[i]]), w, rtol=0, atol=ATOL)
+
+
+def test_gemma3_without_a_global_layer(tmp_path):
+    """A gemma3 model of 3 blocks has only sliding-window layers (every 6th is global): no node
+    reads the global mask, so the graph has none (it used to be an unallocated input the step
+    wrote: NotAllocatedError)."""
+    import dataclasses
+
+    from ggmlpy.models.llm.tiny import TINY
+
+    cfg = dataclasses.replace(TINY["gemma3"], n_layer=3)
+    p = tmp_path / "gemma3_3_layers.gguf"
+    write_tiny_gguf(p, "gemma3", seed=5, config=cfg)
+    hp, w = load_weights_f64(str(p))
+    ref = forward(hp, w, TOKENS)
+    with LLM.load(p, n_ubatch=8, n_ctx=64) as m:
+        lg = m.eval(TOKENS, all_logits=True)
+    np.testing.assert_allclose(lg, ref, rtol=0, atol=ATOL)
