@@ -13,6 +13,10 @@ name                        op          applies when
 ``cpu.jit.gelu_erf``        UNARY       GELU_ERF, F32, NumPy, Numba (``GGMLPY_JIT`` not 0),
                                         not ``GGMLPY_PRECISE_KERNELS``, C-contiguous arrays
 ``fast.gelu_erf_f32``       UNARY       the same without Numba: the float32 formula
+``cpu.gelu_f16_table``      UNARY       GELU, F32, NumPy, not ``GGMLPY_PRECISE_KERNELS``, a
+                                        C-contiguous destination: ggml-cpu's f16 table
+``cpu.geglu_f16_table``     GLU         GEGLU, F32 sources and destination, NumPy, not precise,
+                                        a C-contiguous destination: the same table, times the gate
 ``fast.gelu_tanh_f32``      UNARY       GELU, F32, NumPy, C-contiguous arrays
 ``cpu.jit.binary``          ADD..DIV    NumPy, Numba, C-contiguous float32 arrays of at least
                                         :data:`JIT_MIN_ELEMENTS`, ``b`` the same shape or one
@@ -24,7 +28,7 @@ name                        op          applies when
 ``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
 ==========================  ==========  ===================================================
 
-With ``GGMLPY_PRECISE_KERNELS=1`` the GELU_ERF and NORM variants step aside and the generic
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF and NORM variants step aside and the generic
 kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
 and apply to CuPy only.
 """
@@ -44,9 +48,9 @@ from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kern
 from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels.common import F32, c_contig
 from ggmlpy.backends.kernels.registry import KernelRegistry, Step
-from ggmlpy.backends.kernels.unary import gelu_tanh_f32_into
+from ggmlpy.backends.kernels.unary import gelu_f16_table_into, gelu_tanh_f32_into
 from ggmlpy.core import env, special
-from ggmlpy.core.opcodes import Op, UnaryOp
+from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
 from ggmlpy.core.tensor import Tensor
 from ggmlpy.core.types import Type
 
@@ -117,6 +121,21 @@ def _sup_gelu_erf_jit(node: Tensor, xp: Any) -> bool:
 
 def _sup_gelu_erf_f32(node: Tensor, xp: Any) -> bool:
     return _unary_f32(node, xp, UnaryOp.GELU_ERF) and not env.precise_kernels()
+
+
+def _sup_gelu_table(node: Tensor, xp: Any) -> bool:
+    return _unary_f32(node, xp, UnaryOp.GELU) and not env.precise_kernels()
+
+
+def _sup_geglu_table(node: Tensor, xp: Any) -> bool:
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    return (xp is np and node.op_params[0] == GluOp.GEGLU and node.type == Type.F32
+            and a is not None and a.type == Type.F32 and (b is None or b.type == Type.F32)
+            and not env.precise_kernels())
+
+
+def _fits_dst_contig(dst: Any, srcs: list[Any]) -> bool:
+    return c_contig(dst)
 
 
 def _sup_gelu_tanh_f32(node: Tensor, xp: Any) -> bool:
@@ -209,6 +228,21 @@ def _k_gelu_erf_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(special.gelu_erf_f32, srcs[0], dst)
 
 
+def _k_gelu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    return partial(gelu_f16_table_into, srcs[0], dst)
+
+
+def _k_geglu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    a = srcs[0]
+    if len(srcs) > 1 and srcs[1] is not None:
+        x, g = a, srcs[1]                          # split form: ggml ignores `swapped`
+    else:
+        n = dst.shape[-1]
+        swapped = bool(node.op_params[1]) if len(node.op_params) > 1 else False
+        x, g = (a[..., n:2 * n], a[..., :n]) if swapped else (a[..., :n], a[..., n:2 * n])
+    return partial(gelu_f16_table_into, x, dst, g)
+
+
 def _k_gelu_tanh_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(gelu_tanh_f32_into, srcs[0], dst)
 
@@ -269,6 +303,10 @@ def register(registry: KernelRegistry) -> None:
       fits=_fits_jit_unary, narrows=True)
     o(Op.UNARY, _k_gelu_erf_f32, _sup_gelu_erf_f32, name="fast.gelu_erf_f32",
       fits=_fits_contig, narrows=True)
+    o(Op.UNARY, _k_gelu_table, _sup_gelu_table, name="cpu.gelu_f16_table",
+      fits=_fits_dst_contig, narrows=True)
+    o(Op.GLU, _k_geglu_table, _sup_geglu_table, name="cpu.geglu_f16_table",
+      fits=_fits_dst_contig, narrows=True)
     o(Op.UNARY, _k_gelu_tanh_f32, _sup_gelu_tanh_f32, name="fast.gelu_tanh_f32",
       fits=_fits_contig, narrows=True)
     for op, ufunc_name in _BINARY_UFUNCS.items():

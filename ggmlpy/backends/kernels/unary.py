@@ -1,8 +1,10 @@
 """UNARY (ggml_unary_op activations) and GLU (gated linear units) kernels.
 
 Each activation maps a float32 array to a new float32 array (never writes its input). F16 tensors
-are computed in float32 and rounded once. GELU uses the exact float32 tanh formula (ggml's CPU
-looks it up in an f16 table).
+are computed in float32 and rounded once. The generic GELU (and GEGLU) is the exact float32 tanh
+formula; ggml's CPU backend reads GELU from an f16 table instead (``GGML_GELU_FP16``, on in
+ggml-cpu vec.h), and so do the CPU's variants on NumPy (:func:`gelu_f16_table_into`, stacked in
+:mod:`ggmlpy.backends.cpu.variants`; the formula again under ``GGMLPY_PRECISE_KERNELS=1``).
 
 GELU_ERF precision policy. The generic kernel here is the referee: ``0.5*x*erfc(-x/sqrt 2)`` in
 float64, rounded once (0.51 ulp; :mod:`ggmlpy.core.special` for NumPy,
@@ -18,6 +20,7 @@ fewer passes over memory).
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +31,7 @@ from ggmlpy.backends.kernels.common import (
     F64,
     FLOATS,
     as_f32,
+    c_contig,
     flatten_ew,
     is_numpy,
     src_of,
@@ -101,7 +105,7 @@ _GELU_A = F32(0.044715)
 
 
 def _act_gelu(xp, x):
-    # tanh approximation, exact float32 formula (ggml's CPU uses an f16 lookup table; see module doc)
+    # tanh approximation, exact float32 formula (ggml's CPU uses an f16 lookup table: module doc)
     return 0.5 * x * (1.0 + xp.tanh(_GELU_C * x * (1.0 + _GELU_A * x * x)))
 
 
@@ -184,6 +188,73 @@ def gelu_tanh_f32_into(x: Any, out: Any) -> None:
         add(t, F32(1.0), out=t)          # 1 + tanh(...)
         mul(xc, F32(0.5), out=u)         # 0.5*x (last read of xc: out may alias x)
         mul(u, t, out=oc)
+
+
+_GELU_TABLE: list[np.ndarray] = []
+_GELU_TABLE_LOCK = threading.Lock()
+
+
+def gelu_f16_table() -> np.ndarray:
+    """ggml-cpu's GELU table (ggml-cpu.c ``ggml_cpu_init``: ``ggml_table_gelu_f16[i]`` =
+    ``fp16(ggml_gelu_f32(fp32(f16 bits i)))``) as float32 ``(65536,)`` indexed by the f16 bit
+    pattern: ``0.5*x*(1 + tanh(sqrt(2/pi)*x*(1 + 0.044715*x*x)))`` in float32 with the inner
+    ``1 + (0.044715*x)*x`` as one fused multiply-add (as the compiler contracts it in ggml-cpu's
+    native x86 build) and ``tanh`` in float64 rounded to float32, then rounded to f16 and widened
+    back. This reproduces every entry of ggml-cpu's table on x86-64 (checked against ggml's
+    ``ggml_gelu`` over all 65536 f16 inputs). Built once, read-only."""
+    if not _GELU_TABLE:
+        with _GELU_TABLE_LOCK:
+            if not _GELU_TABLE:
+                x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+                x = x.astype(F32)
+                with np.errstate(all="ignore"):
+                    ax = (_GELU_A * x).astype(F64)
+                    fma = (ax * x.astype(F64) + 1.0).astype(F32)   # fmaf(a*x, x, 1)
+                    inner = (_GELU_C * x) * fma
+                    th = np.tanh(inner.astype(F64)).astype(F32)
+                    y = (F32(0.5) * x) * (F32(1.0) + th)
+                t = y.astype(np.float16).astype(F32)
+                t.flags.writeable = False
+                _GELU_TABLE.append(t)
+    return _GELU_TABLE[0]
+
+
+#: ggml-cpu's GELU bounds: ``x <= -10`` gives 0, ``x >= 10`` gives x, the table in between
+GELU_TABLE_LIMIT = F32(10.0)
+
+
+def gelu_f16_table_into(x: Any, out: Any, g: Any = None) -> None:
+    """ggml-cpu's float32 GELU / GEGLU with ``GGML_GELU_FP16`` (vec.h ``ggml_vec_gelu_f32``,
+    ``ggml_vec_geglu_f32``): ``x`` rounded to f16 and looked up in :func:`gelu_f16_table`
+    (``x <= -10``: 0, ``x >= 10``: ``x``), times ``g`` (float32) for GEGLU.
+
+    ``x``, ``out`` (and ``g``) float32 NumPy arrays of one shape, ``out`` C-contiguous (may be
+    ``x``); processed in chunks of :data:`_CHUNK` elements. The error against the exact GELU is
+    up to about 2**-11 relative (the f16 roundings of the input and of the table entry)."""
+    table = gelu_f16_table()
+    xf = x.reshape(-1) if c_contig(x) else np.ascontiguousarray(x).reshape(-1)
+    gf = None
+    if g is not None:
+        gf = g.reshape(-1) if c_contig(g) else np.ascontiguousarray(g).reshape(-1)
+    of = out.reshape(-1)
+    n = xf.size
+    m = min(_CHUNK, n)
+    if m == 0:
+        return
+    h_buf = np.empty(m, np.float16)
+    y_buf = np.empty(m, F32)
+    lim = GELU_TABLE_LIMIT
+    for s in range(0, n, m):
+        xc = xf[s:s + m]
+        k = xc.size
+        h, y = h_buf[:k], y_buf[:k]
+        np.copyto(h, xc, casting="unsafe")                      # RNE, as F16C's vcvtps2ph
+        np.take(table, h.view(np.uint16), out=y)
+        np.copyto(y, xc, where=xc >= lim)
+        if gf is not None:
+            np.multiply(y, gf[s:s + m], out=y)
+        y[xc <= -lim] = 0.0
+        of[s:s + m] = y
 
 
 @kernel(Op.UNARY, supports=_sup_unary)

@@ -73,10 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layers on --device (-1 all; default: all when --device is not the CPU)")
     p.add_argument("--parallel", action="store_true",
                    help="pipeline prompt micro-batches across the devices")
-    p.add_argument("-ctk", "--cache-type-k", choices=("f32", "f16"), default="f32",
-                   help="K cache type (default f32)")
-    p.add_argument("-ctv", "--cache-type-v", choices=("f32", "f16"), default="f32",
-                   help="V cache type (default f32)")
+    p.add_argument("-ctk", "--cache-type-k", choices=("f32", "f16"), default="f16",
+                   help="K cache type (default f16, as llama.cpp)")
+    p.add_argument("-ctv", "--cache-type-v", choices=("f32", "f16"), default="f16",
+                   help="V cache type (default f16, as llama.cpp)")
+    p.add_argument("-fa", "--flash-attn", choices=("on", "off", "auto"), default="auto",
+                   help="one fused attention op per layer (on; auto: on, as llama.cpp on the "
+                        "CPU), or llama.cpp's -fa off graph with its f16 roundings (off)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0: greedy)")
     p.add_argument("-s", "--seed", type=int, default=-1,
                    help="sampling seed (default -1: random)")
@@ -207,7 +210,8 @@ def _generate(a: argparse.Namespace) -> int:
     try:
         model = LLM.load(path, device=device, n_gpu_layers=ngl, n_threads=a.threads,
                          n_ctx=a.ctx_size, n_ubatch=n_ubatch, parallel=a.parallel,
-                         type_k=cache[a.cache_type_k], type_v=cache[a.cache_type_v])
+                         type_k=cache[a.cache_type_k], type_v=cache[a.cache_type_v],
+                         flash_attn=a.flash_attn != "off")
     except (ComputeError, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise _UsageError(f"-m/--model: {e}") from e
@@ -245,6 +249,8 @@ def _generate(a: argparse.Namespace) -> int:
                              "batch_size": a.batch_size, "ubatch_size": n_ubatch,
                              "threads": a.threads, "device": device, "n_gpu_layers": ngl,
                              "devices": model.devices, "parallel": a.parallel,
+                             "cache_type_k": a.cache_type_k, "cache_type_v": a.cache_type_v,
+                             "flash_attn": model.flash_attn,
                              "temp": a.temp, "seed": a.seed, "top_k": a.top_k,
                              "top_p": a.top_p, "min_p": a.min_p,
                              "repeat_penalty": a.repeat_penalty, "chat": a.chat},

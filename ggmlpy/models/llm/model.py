@@ -20,8 +20,9 @@ rows of logits (ggml ``ne`` order; NumPy shapes are the reverse):
   ``[head_dim, n_head(_kv), T]``; gemma: per-head ``rms_norm`` * ``attn_q_norm``/``attn_k_norm``;
   ``rope_ext`` (the architecture's mode, the layer's base); K and V written into the cache with
   SET_ROWS at ``inp_kv_idxs`` (:meth:`~.kv_cache.KVCache.store`, expanded into the graph before
-  the attention); ``flash_attn_ext(permute(Q), K[:n_kv], V[:n_kv], mask, 1/sqrt(head_dim))``
-  (``[head_dim, n_head, T]``) reshaped to ``[n_head*head_dim, T]``; ``attn_output``; in the last
+  the attention); the attention over ``K[:n_kv]``, ``V[:n_kv]`` with scale ``1/sqrt(head_dim)``
+  (:func:`~.attention.build_attn`: ``flash_attn_ext``, or with ``flash_attn=False`` llama.cpp's
+  ``mul_mat`` / ``soft_max_ext`` / ``mul_mat``) as ``[n_head*head_dim, T]``; ``attn_output``; in the last
   block the rows of ``inp_out_ids`` are kept (``get_rows``) from here on; gemma:
   ``post_attention_norm``; residual; ``ffn_norm``; ``geglu_split``/``swiglu_split`` of
   ``ffn_gate`` and ``ffn_up``; ``ffn_down``; gemma: ``post_ffw_norm``; residual;
@@ -60,6 +61,7 @@ from ggmlpy.core.opcodes import GluOp
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
 from ggmlpy.models.llm.arch import HParams, block_tensor_names
+from ggmlpy.models.llm.attention import build_attn
 from ggmlpy.models.llm.gguf_file import TypedWeight, read_decoder_gguf
 from ggmlpy.models.llm.kv_cache import KVCache
 from ggmlpy.models.llm.sampling import greedy
@@ -119,7 +121,7 @@ class LLM(SchedModel):
 
     Build it with :meth:`load`. Attributes: ``hp`` (:class:`~.arch.HParams`), ``path``,
     ``metadata`` (the file's key/value pairs, e.g. for the tokenizer), ``n_gpu_layers``,
-    ``n_ubatch``, ``parallel``,
+    ``n_ubatch``, ``parallel``, ``flash_attn``,
     ``kv`` (:class:`~.kv_cache.KVCache`), ``n_graph_builds``, ``sched``
     (:class:`~ggmlpy.sched.Scheduler`), ``tokenizer`` (the file's
     :class:`~ggmlpy.models.llm.tokenizer.Tokenizer`, None when it has no ``tokenizer.ggml.model``;
@@ -134,6 +136,7 @@ class LLM(SchedModel):
         self.n_gpu_layers = 0
         self.n_ubatch = 512
         self.parallel = False
+        self.flash_attn = True
         self.n_graph_builds = 0
         self.kv: KVCache | None = None
         self.sched: Any = None
@@ -150,8 +153,9 @@ class LLM(SchedModel):
     @classmethod
     def load(cls, path: str | Path, device: str | Device | Sequence[str | Device] = "CPU",
              n_gpu_layers: int = 0, n_threads: int | None = None, n_ctx: int = 4096,
-             n_ubatch: int = 512, parallel: bool = False, type_k: Type = Type.F32,
-             type_v: Type = Type.F32, op_offload: bool = False) -> LLM:
+             n_ubatch: int = 512, parallel: bool = False, type_k: Type = Type.F16,
+             type_v: Type = Type.F16, flash_attn: bool = True,
+             op_offload: bool = False) -> LLM:
         """Load a decoder GGUF file and prepare it for :meth:`eval` and :meth:`generate`.
 
         Args:
@@ -167,7 +171,11 @@ class LLM(SchedModel):
             n_ubatch: tokens per prompt micro-batch (llama.cpp's ``-ub``, >= 1).
             parallel: pipeline prompt micro-batches across the backends (scheduler
                 ``parallel=True``, 4 copies of every split input).
-            type_k, type_v: KV cache element types, F32 or F16 (llama.cpp's ``-ctk``/``-ctv``).
+            type_k, type_v: KV cache element types, F16 (llama.cpp's default) or F32
+                (llama.cpp's ``-ctk``/``-ctv``).
+            flash_attn: one FLASH_ATTN_EXT node per block (llama.cpp ``-fa on``), else
+                MUL_MAT / SOFT_MAX / MUL_MAT with ggml's CPU f16 roundings of Q and of the
+                softmax probabilities for an F16 cache (``-fa off``; :mod:`.attention`).
             op_offload: the scheduler's ``op_offload`` (off: ``n_gpu_layers`` alone decides).
 
         Returns:
@@ -191,6 +199,7 @@ class LLM(SchedModel):
         check_int("n_ubatch", n_ubatch, 1, None, where)
         check_bool("parallel", parallel, where)
         check_bool("op_offload", op_offload, where)
+        check_bool("flash_attn", flash_attn, where)
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in (Type.F32, Type.F16):
                 raise ArgumentValueError(name, f"must be Type.F32 or Type.F16, got {t!r}", where)
@@ -212,6 +221,7 @@ class LLM(SchedModel):
             self.tokenizer = Tokenizer.from_gguf_metadata(meta, str(path))
         self.n_ubatch = n_ubatch
         self.parallel = parallel
+        self.flash_attn = flash_attn
         try:
             self._backends = [cpu_backend(n_threads)]
             if devs[0].type != DeviceType.CPU and n_gpu_layers > 0:
@@ -366,11 +376,9 @@ class LLM(SchedModel):
             k.set_name(f"Kcur-{il}")
             for w in kv.store(ctx, il, k, v, kv_idxs):
                 graph.build_forward_expand(w)  # the cache is written before it is read
-            attn = ops.flash_attn_ext(
-                ctx, ops.permute(ctx, q, 0, 2, 1, 3), kv.view_k(ctx, il, n_kv),
-                kv.view_v(ctx, il, n_kv), mask_swa if hp.is_swa(il) else mask,
-                hp.attn_scale, 0.0, 0.0)                                  # [dv, n_head, T]
-            cur = ops.reshape_2d(ctx, attn, dv * hp.n_head, T)
+            cur = build_attn(ctx, q, kv.view_k(ctx, il, n_kv), kv.view_v(ctx, il, n_kv),
+                             mask_swa if hp.is_swa(il) else mask, hp.attn_scale,
+                             self.flash_attn)                     # [dv*n_head, T]
             cur = ops.mul_mat(ctx, lw.wo, cur)
             if il == hp.n_layer - 1 and out_ids is not None:
                 cur = ops.get_rows(ctx, cur, out_ids)

@@ -16,7 +16,7 @@ from ggmlpy.backends.cpu import fastpath
 from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.kernels.registry import REGISTRY, KernelRegistry, layout_arrays
 from ggmlpy.core import env, special
-from ggmlpy.core.opcodes import Op
+from ggmlpy.core.opcodes import GluOp, Op
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
@@ -34,7 +34,8 @@ def _names(op: Op) -> list[str]:
 
 def test_variant_table_in_try_order() -> None:
     assert _names(Op.UNARY) == ["cuda.fused", "cpu.jit.gelu_erf", "fast.gelu_erf_f32",
-                                "fast.gelu_tanh_f32"]
+                                "cpu.gelu_f16_table", "fast.gelu_tanh_f32"]
+    assert _names(Op.GLU) == ["cuda.fused", "cpu.geglu_f16_table"]
     assert _names(Op.NORM) == ["cuda.fused", "cpu.jit.norm", "fast.norm"]
     assert _names(Op.SOFT_MAX) == ["cuda.fused", "cpu.jit.soft_max", "cpu.jit.soft_max_f16",
                                    "fast.soft_max"]
@@ -62,7 +63,13 @@ def test_settings_pick_the_gelu_erf_variant(settings) -> None:
     assert REGISTRY.select(p, np) is REGISTRY.entry(Op.UNARY)
     # F16 and GELU (tanh form)
     assert REGISTRY.select(ops.gelu_erf(ctx, ctx.new_tensor(Type.F16, (8,))), np).name == "generic"
+    # GELU (tanh form): ggml-cpu's f16 table by default, the float32 formula when precise
+    assert REGISTRY.select(ops.gelu(ctx, a), np).name == "cpu.gelu_f16_table"
+    geglu = ops.glu_split(ctx, a, ctx.new_tensor(Type.F32, (64, 8)), GluOp.GEGLU)
+    assert REGISTRY.select(geglu, np).name == "cpu.geglu_f16_table"
+    settings.setenv(env.PRECISE_KERNELS, "1")
     assert REGISTRY.select(ops.gelu(ctx, a), np).name == "fast.gelu_tanh_f32"
+    assert REGISTRY.select(geglu, np) is REGISTRY.entry(Op.GLU)
 
 
 def test_fits_sees_the_arrays_compiled_not_the_node(settings) -> None:

@@ -17,6 +17,7 @@ import pytest
 from helpers import ggml_tile, np_permute, run_graph, uniform
 
 from ggmlpy import ops
+from ggmlpy.core import env
 from ggmlpy.core.opcodes import GluOp, UnaryOp
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
@@ -219,7 +220,10 @@ _UNARY_REF = {
 
 @pytest.mark.parametrize("op", list(UnaryOp))
 @pytest.mark.parametrize("rng_range", [(-10.0, 10.0), (-150.0, 150.0)])
-def test_unary_f32(op, rng_range):
+def test_unary_f32(op, rng_range, monkeypatch):
+    # GELU: the float32 formula (the referee); the CPU's default f16 table has its own test
+    # (tests/backends/cpu/test_gelu_f16_table.py)
+    monkeypatch.setenv(env.PRECISE_KERNELS, "1")
     rng = np.random.default_rng(int(op) + 100)
     ctx = Context()
     base = ctx.new_tensor(Type.F32, (33, 7, 3, 2))
@@ -281,7 +285,8 @@ _ACT = {
 @pytest.mark.parametrize("op", list(GluOp))
 @pytest.mark.parametrize("form", ["halves", "swapped", "split"])
 @pytest.mark.parametrize("typ", [Type.F32, Type.F16])
-def test_glu(op, form, typ):
+def test_glu(op, form, typ, monkeypatch):
+    monkeypatch.setenv(env.PRECISE_KERNELS, "1")  # GEGLU: the formula, as in test_unary_f32
     rng = np.random.default_rng(int(op) * 7 + len(form))
     ctx = Context()
     n = 12

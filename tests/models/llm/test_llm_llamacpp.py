@@ -51,7 +51,9 @@ def _need(path: Path) -> Path:
 def tiny():
     ref = np.load(_need(DATA / "tiny_llama_bpe_logits.npz"))
     meta = json.loads(str(ref["meta_json"]))
-    with LLM.load(_need(DATA / "tiny_llama_bpe.gguf"), n_ctx=256, n_threads=2) as m:
+    # the reference's settings: an F32 KV cache, flash attention off
+    with LLM.load(_need(DATA / "tiny_llama_bpe.gguf"), n_ctx=256, n_threads=2,
+                  type_k=Type.F32, type_v=Type.F32, flash_attn=False) as m:
         yield m, ref, meta["names"]
 
 

@@ -47,10 +47,16 @@ def files(tmp_path_factory):
     return out
 
 
+#: the reference's cache: F32 (the default F16 cache rounds K and V: test_f16_cache_stays_close)
+F32_CACHE = {"type_k": Type.F32, "type_v": Type.F32}
+
+
 @pytest.fixture(autouse=True)
 def exact_matmul(monkeypatch):
-    """The exact dequantize-then-GEMM MUL_MAT (read when plans are built), the reference's maths."""
+    """The reference's maths: the exact dequantize-then-GEMM MUL_MAT and the exact GELU instead of
+    ggml-cpu's f16 table (both read when plans are built)."""
     monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dequant")
+    monkeypatch.setenv("GGMLPY_PRECISE_KERNELS", "1")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +67,7 @@ def sim0():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_all_logits_match_the_float64_reference(files, arch):
     path, ref = files[arch]
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
+    with LLM.load(path, n_ubatch=8, n_ctx=64, **F32_CACHE) as m:
         lg = m.eval(TOKENS, all_logits=True)
     assert lg.shape == ref.shape and lg.dtype == np.float32
     np.testing.assert_allclose(lg, ref, rtol=0, atol=ATOL)
@@ -69,18 +75,22 @@ def test_all_logits_match_the_float64_reference(files, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_default_path_tracks_the_reference(files, arch, monkeypatch):
-    """ggml's numerics: every activation row feeding a quantized weight is rounded to Q8_0/Q8_K
-    blocks (a step of max|x|/127 per block of 32 or 256), so the logits move away from the exact
-    ones by a few such steps through 2-7 blocks: observed at most 0.094 on logits of magnitude ~4;
-    the bound 0.25 is 2.5 times that, while a wrong kernel (a mis-decoded block) gives errors of
-    the order of the logits themselves."""
+    """ggml's numerics, the defaults: every activation row feeding a quantized weight is rounded
+    to Q8_0/Q8_K blocks (a step of max|x|/127 per block of 32 or 256), GELU read from ggml-cpu's
+    f16 table (2**-11 relative steps), K and V (and, without flash attention, Q and the softmax
+    probabilities) rounded to f16, so the logits move away from the exact ones by a few q8 steps
+    through 2-7 blocks: observed at most 0.094 on logits of magnitude ~4; the bound 0.25 is 2.5
+    times that, while a wrong kernel (a mis-decoded block) gives errors of the order of the
+    logits themselves."""
     monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "ggml")
+    monkeypatch.delenv("GGMLPY_PRECISE_KERNELS")
     path, ref = files[arch]
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
-        lg = m.eval(TOKENS, all_logits=True)
-    err = np.abs(lg - ref).max()
-    assert 0 < err <= 0.25, err
-    assert (lg.argmax(axis=1) == ref.argmax(axis=1)).mean() >= 0.9
+    for fa in (True, False):
+        with LLM.load(path, n_ubatch=8, n_ctx=64, flash_attn=fa) as m:
+            lg = m.eval(TOKENS, all_logits=True)
+        err = np.abs(lg - ref).max()
+        assert 0 < err <= 0.25, (fa, err)
+        assert (lg.argmax(axis=1) == ref.argmax(axis=1)).mean() >= 0.9
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -88,7 +98,7 @@ def test_incremental_decode_equals_the_full_evaluation(files, arch):
     """A 13-token prompt (two micro-batches), then one token per step: each step's logits are the
     reference's row at that position; only the prompt's last row is computed."""
     path, ref = files[arch]
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
+    with LLM.load(path, n_ubatch=8, n_ctx=64, **F32_CACHE) as m:
         last = m.eval(TOKENS[:13])
         assert last.shape == (ref.shape[1],) and m.n_past == 13
         np.testing.assert_allclose(last, ref[12], rtol=0, atol=ATOL)
@@ -101,7 +111,7 @@ def test_incremental_decode_equals_the_full_evaluation(files, arch):
 def test_truncate_and_clear(files):
     path, ref = files["gemma3"]
     other = [11, 12, 13, 14]
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
+    with LLM.load(path, n_ubatch=8, n_ctx=64, **F32_CACHE) as m:
         m.eval(TOKENS[:12])
         m.truncate(8)                      # drop positions 8..11 (llama_memory_seq_rm)
         assert m.n_past == 8
@@ -161,7 +171,7 @@ def test_two_sim_devices_share_the_blocks(files):
     path, ref = files["gemma3"]
     reg = sim_reg(2, latency_us=0.0)
     with LLM.load(path, device=list(reg.devices), n_gpu_layers=-1, n_ubatch=8, n_ctx=64,
-                  parallel=True) as m:
+                  parallel=True, **F32_CACHE) as m:
         bufts = [b.get_default_buffer_type() for b in m._backends[:2]]
         assert [bufts.index(m.kv.k[il].buffer.buft) for il in range(7)] == [0] * 4 + [1] * 3
         assert m.output.buffer.buft is bufts[1]
@@ -175,7 +185,7 @@ def test_sim_offload_matches_the_reference(files, sim0, ngl, parallel):
     pipelines the 8-token micro-batches."""
     path, ref = files["gemma3"]
     with LLM.load(path, device=sim0, n_gpu_layers=ngl, n_ubatch=8, n_ctx=64,
-                  parallel=parallel) as m:
+                  parallel=parallel, **F32_CACHE) as m:
         sim_buft = m._backends[0].get_default_buffer_type()
         n_layer = m.hp.n_layer
         first_dev = n_layer - (n_layer if ngl == -1 else ngl)
@@ -202,12 +212,47 @@ def test_f16_cache_stays_close(files):
     assert err > 0  # the rounding is really there (an F32 cache would be ~3e-6)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_attention_without_flash_attn_matches_the_reference(files, arch):
+    """``flash_attn=False``: llama.cpp's ``-fa off`` graph (KQ mul_mat, soft_max_ext, KQV mul_mat
+    of the transposed V) over an F32 cache is the same float32 maths, prompt and decode steps."""
+    path, ref = files[arch]
+    with LLM.load(path, n_ubatch=8, n_ctx=64, flash_attn=False, **F32_CACHE) as m:
+        assert not m.flash_attn
+        ops_seen = {n.op.name for n in m._graph_for(1, m.kv.n_kv(1), 1).graph.nodes}
+        assert "FLASH_ATTN_EXT" not in ops_seen and "SOFT_MAX" in ops_seen
+        np.testing.assert_allclose(m.eval(TOKENS[:13], all_logits=True), ref[:13], rtol=0,
+                                   atol=ATOL)
+        for i in range(13, 16):
+            np.testing.assert_allclose(m.eval([TOKENS[i]]), ref[i], rtol=0, atol=ATOL)
+
+
+def test_f16_cache_without_flash_attn_rounds_q_and_probabilities(files):
+    """With an F16 cache and ``flash_attn=False``, Q and the softmax probabilities are rounded to
+    f16 before their products (ggml-cpu's ``vec_dot_type`` of F16): the graph holds those casts,
+    the logits differ from the fused attention's over the same cache, and stay within the same
+    2e-2 of the float64 reference as the cache rounding alone (2**-11 relative per value)."""
+    path, ref = files["gemma3"]
+    with LLM.load(path, n_ctx=64) as m:                       # defaults: F16 cache, fused
+        assert m.flash_attn and m.kv.k[0].type == Type.F16 and m.kv.v[0].type == Type.F16
+        fused = m.eval(TOKENS, all_logits=True)
+    with LLM.load(path, n_ctx=64, flash_attn=False) as m:
+        casts = [n for n in m._graph_for(1, m.kv.n_kv(1), 1).graph.nodes
+                 if n.op.name == "CPY" and n.type == Type.F16 and "cache" not in n.name]
+        assert len(casts) == 2 * m.hp.n_layer                # Q and the probabilities, per block
+        split = m.eval(TOKENS, all_logits=True)
+    assert np.abs(split - fused).max() > 0
+    assert np.abs(split - ref).max() < 2e-2
+
+
 def test_load_and_eval_errors(files):
     path, _ = files["llama"]
     with pytest.raises(ValueError, match="n_gpu_layers"):
         LLM.load(path, n_gpu_layers=5)
     with pytest.raises(ValueError, match="type_k"):
         LLM.load(path, type_k=Type.Q8_0)
+    with pytest.raises(TypeError, match="flash_attn"):
+        LLM.load(path, flash_attn="off")
     with LLM.load(path, n_ctx=256) as m:
         with pytest.raises(ValueError, match="0..319"):
             m.eval([320])
@@ -229,6 +274,7 @@ def test_ray_offload_matches_the_reference(files, ray_reg2, monkeypatch):
     reads the ``GGMLPY_*`` settings of its own process (the environment Ray started with, here
     the default MUL_MAT path), so the comparison is with the CPU on that same path."""
     monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "ggml")
+    monkeypatch.delenv("GGMLPY_PRECISE_KERNELS")
     path, _ = files["llama"]
     with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
         want = m.eval(TOKENS[:10], all_logits=True)
@@ -255,6 +301,6 @@ def test_gemma3_without_a_global_layer(tmp_path):
     write_tiny_gguf(p, "gemma3", seed=5, config=cfg)
     hp, w = load_weights_f64(str(p))
     ref = forward(hp, w, TOKENS)
-    with LLM.load(p, n_ubatch=8, n_ctx=64) as m:
+    with LLM.load(p, n_ubatch=8, n_ctx=64, **F32_CACHE) as m:
         lg = m.eval(TOKENS, all_logits=True)
     np.testing.assert_allclose(lg, ref, rtol=0, atol=ATOL)
