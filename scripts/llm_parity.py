@@ -1,7 +1,8 @@
 """How close ggmlpy's Gemma 3 run is to llama.cpp's reference data (``tests/data``); JSON out.
 
     python scripts/llm_parity.py [--model FILE.gguf] [--threads 2] [--cache-type f16|f32]
-        [--flash-attn on|off] [--n-ctx 2048] [--prompts name,name,...] [--no-greedy] [--all-dot]
+        [--flash-attn on|off] [--n-ctx 2048] [--prompts name,name,...] [--no-greedy]
+        [--without VARIANT,...] [--x86-q8] [--all-dot]
 
 Reads ``gemma3_logits.npz`` and ``gemma3_greedy.json`` (made by ``scripts/make_llm_reference.py``
 with llama-cpp-python; its header has llama.cpp's settings) and runs the same prompts through
@@ -16,6 +17,13 @@ is below ``err``) and ``ok_to_tie`` (``n_same >= first_tie``).
 ``err`` ("the measured logit error") is the largest first-token ``max_abs`` over the prompts run
 (a continuation step differs from the reference by about as much as a first token does); the
 summary also gives ``ok_to_tie`` counts for the fixed thresholds 0.1, 0.25 and 0.5.
+
+Experiments (this script only): ``--without`` takes named kernel variants out of the registry
+(e.g. ``cpu.jit.rope``, ``cpu.gelu_f16_table,cpu.geglu_f16_table``) to measure each one's effect;
+``--x86-q8`` rounds Q8_0 activations as ggml-cpu's AVX2 ``quantize_row_q8_0`` does (``id =
+127/amax``, ties to even; ggmlpy's dot kernels follow ggml's reference quantizer, ``id = 1/d``,
+ties away from zero), replacing the compiled quantizer; ``--all-dot`` sends every quantized
+MUL_MAT, prompt batches included, through the dot kernels (q8 activations, as ggml-cpu does).
 
 The model file: ``--model``, else ``$GGMLPY_GEMMA3_GGUF``.
 """
@@ -37,6 +45,20 @@ DATA = ROOT / "tests" / "data"
 
 def _first_below(gaps: list[float], thr: float, n: int) -> int:
     return next((k for k, g in enumerate(gaps) if g < thr), n)
+
+
+def _drop_variants(names: set[str]) -> None:
+    import ggmlpy.backends
+    from ggmlpy.backends.kernels.registry import REGISTRY
+
+    ggmlpy.backends.install()
+    found = set()
+    for op, stack in REGISTRY._overrides.items():
+        keep = [e for e in stack if e.name not in names]
+        found |= {e.name for e in stack} & names
+        REGISTRY._overrides[op] = keep
+    if found != names:
+        raise SystemExit(f"--without: no variant named {sorted(names - found)}")
 
 
 def _patch_x86_q8() -> None:
@@ -67,6 +89,10 @@ def main() -> int:
     ap.add_argument("--prompts", default="", help="comma-separated names (default: all)")
     ap.add_argument("--no-greedy", action="store_true")
     ap.add_argument("--label", default="")
+    ap.add_argument("--without", default="",
+                    help="comma-separated kernel variants taken out of the registry for this "
+                         "run (e.g. cpu.jit.rope,cpu.gelu_f16_table,cpu.geglu_f16_table), to "
+                         "measure what each one changes")
     ap.add_argument("--x86-q8", action="store_true",
                     help="experiment: Q8_0 activations rounded as ggml-cpu's AVX2 "
                          "quantize_row_q8_0 (id = 127/amax, round to nearest even)")
@@ -81,6 +107,8 @@ def main() -> int:
     from ggmlpy.models.llm.model import LLM
 
     os.environ.setdefault("GGMLPY_WEIGHT_CACHE_MB", "2048")
+    if args.without:
+        _drop_variants(set(args.without.split(",")))
     if args.x86_q8:
         _patch_x86_q8()
     if args.all_dot:

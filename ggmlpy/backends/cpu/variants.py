@@ -18,6 +18,10 @@ name                        op          applies when
 ``cpu.geglu_f16_table``     GLU         GEGLU, F32 sources and destination, NumPy, not precise,
                                         a C-contiguous destination: the same table, times the gate
 ``fast.gelu_tanh_f32``      UNARY       GELU, F32, NumPy, C-contiguous arrays
+``cpu.jit.rope``            ROPE        NORMAL/NEOX without YaRN, F32, NumPy, Numba, not precise,
+                                        C-contiguous arrays: ggml-cpu's float32 theta steps,
+                                        ``cosf``/``sinf`` and contracted rotation
+                                        (:mod:`ggmlpy.backends.cpu.rope_ggml`)
 ``cpu.jit.binary``          ADD..DIV    NumPy, Numba, C-contiguous float32 arrays of at least
                                         :data:`JIT_MIN_ELEMENTS`, ``b`` the same shape or one
                                         row
@@ -28,7 +32,7 @@ name                        op          applies when
 ``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
 ==========================  ==========  ===================================================
 
-With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF and NORM variants step aside and the generic
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE and NORM variants step aside and the generic
 kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
 and apply to CuPy only.
 """
@@ -43,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backends.cpu import fastpath
+from ggmlpy.backends.cpu import fastpath, rope_ggml
 from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
 from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels.common import F32, c_contig
@@ -136,6 +140,21 @@ def _sup_geglu_table(node: Tensor, xp: Any) -> bool:
 
 def _fits_dst_contig(dst: Any, srcs: list[Any]) -> bool:
     return c_contig(dst)
+
+
+def _sup_rope_ggml(node: Tensor, xp: Any) -> bool:
+    a, pos = node.src[0], node.src[1] if len(node.src) > 1 else None
+    ff = node.src[2] if len(node.src) > 2 else None
+    p = list(node.op_params) + [0] * (16 - len(node.op_params))
+    return (xp is np and node.type == Type.F32 and a is not None and a.type == Type.F32
+            and pos is not None and int(p[1]) > 0 and int(p[2]) in (0, 2)
+            and float(p[7]) == 0.0
+            and int(p[15]) == 0 and (ff is None or ff.type == Type.F32)
+            and not env.precise_kernels())
+
+
+def _fits_jit_rope(dst: Any, srcs: list[Any]) -> bool:
+    return c_contig(srcs[0]) and c_contig(dst) and jit_arrays(srcs[0], dst) and jit_ready()
 
 
 def _sup_gelu_tanh_f32(node: Tensor, xp: Any) -> bool:
@@ -243,6 +262,13 @@ def _k_geglu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(gelu_f16_table_into, x, dst, g)
 
 
+def _k_rope_ggml(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    p = list(node.op_params) + [0] * (16 - len(node.op_params))
+    ff = srcs[2] if len(srcs) > 2 else None
+    return rope_ggml.rope_step(srcs[0], srcs[1], dst, ff, int(p[1]), int(p[2]), float(p[5]),
+                               float(p[6]), float(p[8]))
+
+
 def _k_gelu_tanh_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(gelu_tanh_f32_into, srcs[0], dst)
 
@@ -309,6 +335,8 @@ def register(registry: KernelRegistry) -> None:
       fits=_fits_dst_contig, narrows=True)
     o(Op.UNARY, _k_gelu_tanh_f32, _sup_gelu_tanh_f32, name="fast.gelu_tanh_f32",
       fits=_fits_contig, narrows=True)
+    o(Op.ROPE, _k_rope_ggml, _sup_rope_ggml, name="cpu.jit.rope", fits=_fits_jit_rope,
+      narrows=True)
     for op, ufunc_name in _BINARY_UFUNCS.items():
         o(op, _k_binary_jit(ufunc_name), _sup_jit, name="cpu.jit.binary",
           fits=_fits_jit_binary, narrows=True)

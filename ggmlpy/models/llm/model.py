@@ -54,6 +54,7 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.backends.cpu import rope_ggml
 from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
@@ -238,7 +239,8 @@ class LLM(SchedModel):
             if not self.sched.reserve(first.graph):
                 raise ComputeError(f"out of memory reserving the compute buffers of a one-token "
                                    f"step on {', '.join(self.devices)}")
-            cpu_jit.warm_up()  # compiled CPU kernels loaded now, not in the first eval
+            if cpu_jit.warm_up():  # compiled CPU kernels loaded now, not in the first eval
+                rope_ggml.warm_up()
         except BaseException:
             self.close()
             raise

@@ -19,6 +19,7 @@ import pytest
 from helpers import run_graph, uniform
 
 from ggmlpy import ops
+from ggmlpy.core import env
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
@@ -83,7 +84,10 @@ _CASES = [
 
 
 @pytest.mark.parametrize("case", _CASES)
-def test_rope(case):
+def test_rope(case, monkeypatch):
+    # the generic kernel, the referee (the CPU's default for NORMAL/NEOX without YaRN is ggml's
+    # float32 theta, cpu.jit.rope: tests/backends/cpu/test_rope_ggml.py)
+    monkeypatch.setenv(env.PRECISE_KERNELS, "1")
     ne, n_dims, mode, nco, base, fs, ef, af, bf, bsl, use_ff = case
     rng = np.random.default_rng(sum(ne) + n_dims + mode + nco)
     ctx = Context()
