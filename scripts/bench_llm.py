@@ -78,10 +78,11 @@ def prompt_ids(n: int, bos: int | None, n_vocab: int) -> list[int]:
 
 class _GgmlpyModel:
     def __init__(self, path: str, threads: int, device: str, ngl: int) -> None:
+        from ggmlpy.core.types import Type
         from ggmlpy.models.llm.model import LLM
 
         self.m = LLM.load(path, device=device, n_gpu_layers=ngl, n_threads=threads,
-                          n_ctx=N_CTX, n_ubatch=N_BATCH)
+                          n_ctx=N_CTX, n_ubatch=N_BATCH, type_k=Type.F32, type_v=Type.F32)
         hp = self.m.hp
         self.n_vocab = hp.n_vocab
         self.bos = self.m.tokenizer.bos_id if self.m.tokenizer is not None else None

@@ -18,6 +18,9 @@ name                        op          applies when
 ``cpu.geglu_f16_table``     GLU         GEGLU, F32 sources and destination, NumPy, not precise,
                                         a C-contiguous destination: the same table, times the gate
 ``fast.gelu_tanh_f32``      UNARY       GELU, F32, NumPy, C-contiguous arrays
+``fast.rms_norm``           RMS_NORM    F32, NumPy, not precise: ggml-cpu's roundings (float32
+                                        squares summed in float64, ``mean`` float32, ``scale =
+                                        1.0f/sqrtf(mean + eps)``, ``x*scale`` float32)
 ``cpu.jit.rope``            ROPE        NORMAL/NEOX without YaRN, F32, NumPy, Numba, not precise,
                                         C-contiguous arrays: ggml-cpu's float32 theta steps,
                                         ``cosf``/``sinf`` and contracted rotation
@@ -32,7 +35,8 @@ name                        op          applies when
 ``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
 ==========================  ==========  ===================================================
 
-With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE and NORM variants step aside and the generic
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM and NORM variants step
+aside and the generic
 kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
 and apply to CuPy only.
 """
@@ -140,6 +144,12 @@ def _sup_geglu_table(node: Tensor, xp: Any) -> bool:
 
 def _fits_dst_contig(dst: Any, srcs: list[Any]) -> bool:
     return c_contig(dst)
+
+
+def _sup_rms_norm(node: Tensor, xp: Any) -> bool:
+    a = node.src[0]
+    return (xp is np and node.type == Type.F32 and a is not None and a.type == Type.F32
+            and not env.precise_kernels())
 
 
 def _sup_rope_ggml(node: Tensor, xp: Any) -> bool:
@@ -262,6 +272,23 @@ def _k_geglu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(gelu_f16_table_into, x, dst, g)
 
 
+def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # ggml-cpu ops.cpp ggml_compute_forward_rms_norm_f32: sum += (double)(x*x); mean = (float)
+    # (sum/n); scale = 1.0f/sqrtf(mean + eps); y = x*scale (all float32 but the sum)
+    a = srcs[0]
+    eps = F32(node.op_params[0])
+    n = a.shape[-1]
+    multiply, sqrt = np.multiply, np.sqrt
+    f64 = np.float64
+
+    def run() -> None:
+        ss = multiply(a, a).sum(axis=-1, keepdims=True, dtype=f64)
+        mean = (ss / n).astype(F32)
+        scale = F32(1.0) / sqrt(mean + eps)
+        multiply(a, scale, out=dst)
+    return run
+
+
 def _k_rope_ggml(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     p = list(node.op_params) + [0] * (16 - len(node.op_params))
     ff = srcs[2] if len(srcs) > 2 else None
@@ -335,6 +362,7 @@ def register(registry: KernelRegistry) -> None:
       fits=_fits_dst_contig, narrows=True)
     o(Op.UNARY, _k_gelu_tanh_f32, _sup_gelu_tanh_f32, name="fast.gelu_tanh_f32",
       fits=_fits_contig, narrows=True)
+    o(Op.RMS_NORM, _k_rms_norm, _sup_rms_norm, name="fast.rms_norm", narrows=True)
     o(Op.ROPE, _k_rope_ggml, _sup_rope_ggml, name="cpu.jit.rope", fits=_fits_jit_rope,
       narrows=True)
     for op, ufunc_name in _BINARY_UFUNCS.items():
