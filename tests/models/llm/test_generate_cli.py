@@ -171,6 +171,18 @@ def test_json_document(capsys, tmp_path):
     assert t["first_token_ms"] >= t["prompt_ms"]
     assert abs(t["eval_tok_s"] - 4e3 / t["eval_ms"]) < 1e-9 * t["eval_tok_s"]
     assert r["settings"]["ubatch_size"] == 512 and r["settings"]["devices"] == ["CPU"]
+    # llama.cpp's defaults: an F16 KV cache, flash attention auto (on)
+    assert (r["settings"]["cache_type_k"], r["settings"]["cache_type_v"]) == ("f16", "f16")
+    assert r["settings"]["flash_attn"] is True
+
+
+def test_reference_settings_same_tokens(capsys, llama_ref):
+    """-ctk f32 -ctv f32 -fa off: the settings llama.cpp's tiny-model reference was made with
+    (tests/data/tiny_llama_bpe_logits.npz), its greedy tokens."""
+    r = _json(capsys, "-m", str(BPE), "-p", PROMPTS["fox"], "-n", "16", "--temp", "0",
+              "-ctk", "f32", "-ctv", "f32", "-fa", "off")
+    assert r["settings"]["flash_attn"] is False and r["settings"]["cache_type_k"] == "f32"
+    assert r["tokens"] == llama_ref["fox/greedy_ids"].tolist()
 
 
 def test_prompt_in_batches_and_ubatches_same_tokens(capsys, llama_ref):
