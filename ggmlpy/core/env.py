@@ -10,7 +10,8 @@ variable                   accepted value
 ``GGMLPY_SIM_PINNED_DIRECT``  0 or 1: SIM uploads straight from pinned ``SIM_Host`` tensors in
                            stream order, as the CUDA runtime does (default 0: staged snapshot)
 ``GGMLPY_SCHED_DEBUG``     0, 1 or 2: scheduler debug printing
-``GGMLPY_PRECISE_KERNELS``  0 or 1: float64 GELU/NORM CPU kernels (ggml's precision)
+``GGMLPY_PRECISE_KERNELS``  0 or 1: the reference CPU kernels (GELU, NORM, RMS_NORM, ROPE in
+                           float64) instead of the fast paths and ggml-cpu's roundings
 ``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
 ``GGMLPY_BLAS``            ``auto``, ``numpy``, ``mkl`` or a CBLAS library's path: the CPU's
                            float32 GEMMs (default ``auto``: MKL when installed, else NumPy)
@@ -294,9 +295,11 @@ def ray_requested() -> bool:
 
 
 def precise_kernels() -> bool:
-    """``GGMLPY_PRECISE_KERNELS`` as a bool (False when unset): True selects the float64
-    reference formulations of the CPU's GELU/GELU_ERF and NORM kernels (ggml's double sums; the
-    test referee) instead of the float32 fast paths. Read when a plan is built.
+    """``GGMLPY_PRECISE_KERNELS`` as a bool (False when unset): True selects the reference
+    formulations of the CPU's GELU/GEGLU (the float32 formula), GELU_ERF, NORM, RMS_NORM and
+    ROPE kernels (float64 sums and angles; the test referee) instead of the float32 fast paths
+    and ggml-cpu's own roundings (its f16 GELU table, float32 RoPE angles). Read when a plan is
+    built.
 
     Raises:
         EnvError: a value other than 0 or 1.

@@ -35,9 +35,8 @@ name                        op          applies when
 ``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
 ==========================  ==========  ===================================================
 
-With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM and NORM variants step
-aside and the generic
-kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM and NORM variants
+step aside and the generic kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
 and apply to CuPy only.
 """
 

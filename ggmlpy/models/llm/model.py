@@ -22,8 +22,8 @@ rows of logits (ggml ``ne`` order; NumPy shapes are the reverse):
   SET_ROWS at ``inp_kv_idxs`` (:meth:`~.kv_cache.KVCache.store`, expanded into the graph before
   the attention); the attention over ``K[:n_kv]``, ``V[:n_kv]`` with scale ``1/sqrt(head_dim)``
   (:func:`~.attention.build_attn`: ``flash_attn_ext``, or with ``flash_attn=False`` llama.cpp's
-  ``mul_mat`` / ``soft_max_ext`` / ``mul_mat``) as ``[n_head*head_dim, T]``; ``attn_output``; in the last
-  block the rows of ``inp_out_ids`` are kept (``get_rows``) from here on; gemma:
+  ``mul_mat`` / ``soft_max_ext`` / ``mul_mat``) as ``[n_head*head_dim, T]``; ``attn_output``; in
+  the last block the rows of ``inp_out_ids`` are kept (``get_rows``) from here on; gemma:
   ``post_attention_norm``; residual; ``ffn_norm``; ``geglu_split``/``swiglu_split`` of
   ``ffn_gate`` and ``ffn_up``; ``ffn_down``; gemma: ``post_ffw_norm``; residual;
 * ``rms_norm`` * ``output_norm``; ``logits = mul_mat(output, x)`` ``[n_vocab, n_out]``
