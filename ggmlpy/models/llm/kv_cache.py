@@ -15,8 +15,10 @@ cell ``c`` holds position ``c``:
 * :meth:`KVCache.clear` (``llama_memory_clear``) and :meth:`KVCache.truncate`
   (``llama_memory_seq_rm(seq, n, -1)``: drop positions ``n..``).
 
-Every layer keeps ``n_ctx`` cells, sliding-window layers included (llama.cpp gives those a
-smaller ring of ``n_swa + n_ubatch`` cells; here the window is applied by the mask only).
+Every layer keeps ``n_ctx`` cells, sliding-window layers included, the window applied by the mask
+only: llama.cpp's ``swa_full = true`` (the default of ``llama_context_default_params``, which
+llama-cpp-python keeps; ``llama-cli`` defaults to false and gives those layers a ring of
+``n_swa + n_ubatch`` cells, ``llama_kv_cache_iswa``).
 """
 
 from __future__ import annotations

@@ -227,6 +227,18 @@ def test_attention_without_flash_attn_matches_the_reference(files, arch):
             np.testing.assert_allclose(m.eval([TOKENS[i]]), ref[i], rtol=0, atol=ATOL)
 
 
+def test_attention_without_flash_attn_on_a_sim_device(files, sim0):
+    """The same graph with every block on a SIM device, pipelined micro-batches, an F16 cache:
+    the device computes the casts and products with the CPU's kernels, so the logits are the
+    CPU's, bit for bit."""
+    path, _ = files["gemma3"]
+    with LLM.load(path, n_ubatch=8, n_ctx=64, flash_attn=False) as m:
+        want = m.eval(TOKENS, all_logits=True)
+    with LLM.load(path, device=sim0, n_gpu_layers=-1, n_ubatch=8, n_ctx=64, flash_attn=False,
+                  parallel=True) as m:
+        np.testing.assert_array_equal(m.eval(TOKENS, all_logits=True), want)
+
+
 def test_f16_cache_without_flash_attn_rounds_q_and_probabilities(files):
     """With an F16 cache and ``flash_attn=False``, Q and the softmax probabilities are rounded to
     f16 before their products (ggml-cpu's ``vec_dot_type`` of F16): the graph holds those casts,
