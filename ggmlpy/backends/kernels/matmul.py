@@ -52,7 +52,7 @@ import numpy as np
 
 from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backends.cpu import blas as cpu_blas
-from ggmlpy.backends.cpu import qmatmul
+from ggmlpy.backends.cpu import qgemm, qmatmul
 from ggmlpy.backends.cuda.gemm import gemm_f16, gemm_f16_ok
 from ggmlpy.backends.kernels.common import F32, FLOATS, as_f32, as_strided, c_contig, is_numpy, src_of
 from ggmlpy.backends.kernels.registry import Step, kernel
@@ -226,8 +226,9 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
     if uses_dot_kernel(node):
         return _dot_step(ta, a, b, dst)
     lib = cpu_blas.active()  # the GEMM library, fixed at plan build as for an F32 MUL_MAT
+    numerics = qgemm.gemm_numerics(ta, node.src[1].type)
     jobs = _row_block_jobs(a, b, dst, K)
-    run_blocks = _row_block_step(xp, ta, jobs, b, K, lib)
+    run_blocks = _row_block_step(xp, ta, jobs, b, K, lib, numerics)
     # block-quantized weights are cached only when GGMLPY_WEIGHT_CACHE_MB is set (a trade of
     # memory for speed); F16/BF16 ones within its default budget
     cache_ok = ta in (Type.F16, Type.BF16) or env.weight_cache_mb_set()
@@ -235,30 +236,43 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
     if cached is None:
         return run_blocks
     buf, key = cached
-    nbytes = int(np.prod(a.shape[:-1], dtype=np.int64)) * K * 4
+    split = numerics == "ggml" and ta in qgemm.SPLIT_MIN_TYPES
+    key = key + (split,)  # the tile form is part of what is cached
+    C = qgemm.gemm_cols(ta, K, numerics)
+    nbytes = int(np.prod(a.shape[:-1], dtype=np.int64)) * C * 4
 
     def convert() -> np.ndarray:
-        w = np.ascontiguousarray(to_f32(xp, ta, a, K), dtype=F32)
+        if split:
+            rows = a.reshape(-1, a.shape[-1])
+            w = qgemm.dequantize_rows(ta, rows, split=True).reshape(*a.shape[:-1], C)
+        else:
+            w = np.ascontiguousarray(to_f32(xp, ta, a, K), dtype=F32)
         w.flags.writeable = False
         return w
 
-    # the cached copy is multiplied in the same row blocks, by the same GEMM calls, as the
-    # per-call conversion: only where the float32 block comes from differs, never the bits.
-    # (weak reference to the copy the calls were built over, the calls): the calls hold
-    # addresses only, so an evicted copy is not kept alive by the plan
-    calls: list[Any] = [None, None]
+    # the cached copy is multiplied in the same row blocks, by the same GEMM calls, with the same
+    # left operand as the per-call conversion: only where the float32 tile comes from differs,
+    # never the bits. Activations that overflow the vec_dot type run the per-call path (exact
+    # tiles) whatever the cache holds.
+    # (weak reference to the copy the calls were built over, the calls, the address of the left
+    # operand they read): the calls hold addresses only, so an evicted copy is not kept alive
+    calls: list[Any] = [None, None, None]
 
     def run() -> None:
         w = CACHE.get(buf, key, nbytes, convert)
         if w is None:
             run_blocks()
             return
-        b_f32 = b if b32 else b.astype(F32)
+        xa = _left_operand(ta, b, K, numerics)
+        if xa is None:
+            run_blocks()
+            return
         ref = calls[0]
-        if ref is None or ref() is not w or not b32:  # a new copy (first call, or an eviction)
-            built = [_block_gemm(lib, w[i3:i3 + 1, i2:i2 + 1, r0:r1], b_f32[sl], d_blk)
+        addr = array_address(xa)
+        if ref is None or ref() is not w or calls[2] != addr:
+            built = [_block_gemm(lib, w[i3:i3 + 1, i2:i2 + 1, r0:r1], xa[sl], d_blk)
                      for _, sl, d_blk, (i3, i2, r0, r1) in jobs]
-            calls[:] = [weakref.ref(w), built]
+            calls[:] = [weakref.ref(w), built, addr]
         for c in calls[1]:
             c()  # ``w`` (alive in this frame) is the memory the calls read
     return run
@@ -318,17 +332,59 @@ def _row_block_jobs(a: Any, b: Any, dst: Any, K: int) -> list[tuple[Any, tuple, 
 
 
 def _row_block_step(xp: Any, ta: Type, jobs: list[tuple[Any, tuple, Any, tuple]], b: Any, K: int,
-                    lib: Any) -> Step:
-    """The NumPy per-call conversion: each row block of the weight converted to float32, then
+                    lib: Any, numerics: str) -> Step:
+    """The NumPy per-call conversion: the left operand once per call (:func:`_left_operand`),
+    then each row block of the weight dequantized into this thread's tile and multiplied by
     its GEMM (:func:`_block_gemm` with CBLAS ``lib`` or NumPy)."""
-    b32 = b.dtype == F32
+    split = numerics == "ggml" and ta in qgemm.SPLIT_MIN_TYPES
+    C = qgemm.gemm_cols(ta, K, numerics)
 
     def run() -> None:
-        b_f32 = b if b32 else b.astype(F32)  # F16 activations: converted once per call
+        xa = _left_operand(ta, b, K, numerics)
+        sp = split
+        if xa is None:  # activations beyond the vec_dot type: the exact product
+            xa, sp = (b if b.dtype == F32 else b.astype(F32)), False
         for a_blk, sl, d_blk, _ in jobs:
-            w = to_f32(xp, ta, a_blk, K)  # (1, 1, rows, K) float32, cache-sized
-            _block_gemm(lib, w, b_f32[sl], d_blk)()
+            w = _tile(ta, a_blk, K, C if sp else K, sp)
+            _block_gemm(lib, w, xa[sl], d_blk)()
     return run
+
+
+def _thread_buf(name: str, n: int) -> np.ndarray:
+    """This thread's float32 scratch ``name`` of at least ``n`` elements (grown as needed, never
+    shrunk; valid until the next call on the same thread)."""
+    buf = getattr(_tls, name, None)
+    if buf is None or buf.size < n:
+        buf = np.empty(max(n, 1), F32)
+        setattr(_tls, name, buf)
+    return buf
+
+
+def _tile(ta: Type, a_blk: Any, K: int, C: int, split: bool) -> np.ndarray:
+    """Weight rows ``a_blk`` (NumPy ``(1, 1, R, row)``) as float32 ``(1, 1, R, C)``: block types
+    dequantized into this thread's tile (:func:`ggmlpy.backends.cpu.qgemm.dequantize_rows`,
+    ``split``: Q4_1/Q5_1 mins in the extra columns), F16/BF16 converted."""
+    if ta not in QUANT_TYPES:
+        return to_f32(np, ta, a_blk, K)
+    R = a_blk.shape[2]
+    out = _thread_buf("tile", R * C)[:R * C].reshape(R, C)
+    qgemm.dequantize_rows(ta, a_blk[0, 0], out, split=split)
+    return out.reshape(1, 1, R, C)
+
+
+def _left_operand(ta: Type, b: np.ndarray, K: int, numerics: str) -> np.ndarray | None:
+    """The GEMM's left operand for activations ``b`` (NumPy ``(B3, B2, N, K)``): ``"exact"``
+    numerics: ``b`` as float32; ``"ggml"``: ``b`` in the weight type's ``vec_dot_type`` as the
+    values its blocks stand for (:func:`ggmlpy.backends.cpu.qgemm.act_operand`, ``(B3, B2, N,
+    C)`` in this thread's scratch), or None when ``b`` overflows that type."""
+    if numerics != "ggml":
+        return b if b.dtype == F32 else b.astype(F32)
+    C = qgemm.gemm_cols(ta, K, numerics)
+    rows = int(np.prod(b.shape[:-1], dtype=np.int64))
+    out = _thread_buf("act", rows * C)[:rows * C].reshape(rows, C)
+    if not qgemm.act_operand(ta, b.reshape(rows, K), out):
+        return None
+    return out.reshape(*b.shape[:-1], C)
 
 
 def uses_dot_kernel(node: Tensor) -> bool:

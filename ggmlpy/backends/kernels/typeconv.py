@@ -12,9 +12,11 @@ Array forms (what the runtimes' ``_array`` hooks give the kernels):
 
 Where the work runs:
 
-* NumPy (CPU and SIM): blocks through :mod:`ggmlpy.quants` (gguf-py's dequantizers, the own
-  K-quant quantizers), bit-exact with ggml's reference code, in chunks of :data:`ROW_BLOCK_ELEMS`
-  elements so temporaries stay in cache.
+* NumPy (CPU and SIM): dequantization by :func:`ggmlpy.backends.cpu.qgemm.dequantize_rows`
+  (compiled per block type with the ``jit`` extra, else gguf-py's dequantizers in cache-sized
+  chunks; bit-identical to :func:`ggmlpy.quants.dequantize` either way); quantization through
+  :mod:`ggmlpy.quants` (gguf-py's quantizers, the own K-quant ones), bit-exact with ggml's
+  reference code.
 * CuPy: dequantization on the device with the RawKernels of :mod:`ggmlpy.backends.cuda.quant`
   (never through host memory). Quantizing (CPY into a block type) is host-only: the CuPy support
   predicates refuse it.
@@ -30,7 +32,7 @@ from ggmlpy.backends.kernels.common import F32, is_numpy
 from ggmlpy.core.types import Type
 
 __all__ = ["FLOAT_TYPES", "QUANT_TYPES", "CONVERTIBLE", "ROW_BLOCK_ELEMS", "MIN_BLOCK_ROWS",
-           "DEQUANT_CHUNK_ELEMS", "block_rows", "bf16_bits",
+           "block_rows", "bf16_bits",
            "to_f32", "from_f32", "rows_ok", "host_quantizable"]
 
 #: element types with a per-element dtype that the conversion kernels read and write
@@ -41,12 +43,8 @@ QUANT_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K,
 #: every type :func:`to_f32` reads and :func:`from_f32` writes (the latter: quantized on NumPy only)
 CONVERTIBLE = FLOAT_TYPES + QUANT_TYPES
 
-#: float32 elements per dequantization chunk (32K = 128 KiB, inside L2): gguf-py's dequantizers
-#: reach their best rate from a few ten thousand elements on, and slow down several times when a
-#: call covers a whole weight (their temporaries leave the cache).
-DEQUANT_CHUNK_ELEMS = 1 << 15
-#: float32 elements of weight per MUL_MAT block (512K = 2 MiB): each block is dequantized chunk by
-#: chunk into one buffer, then multiplied with one GEMM. Blocks are as large as this because a
+#: float32 elements of weight per MUL_MAT block (512K = 2 MiB, one core's L2 here): each block is
+#: dequantized into one tile, then multiplied with one GEMM. Blocks are as large as this because a
 #: GEMM writing a thin column slice of dst is slow (a few hundred columns cost up to several times
 #: one full F32 GEMM; ``scripts/bench_quant.py`` measures it).
 ROW_BLOCK_ELEMS = 1 << 19
@@ -133,17 +131,11 @@ def to_f32(xp: Any, t: Type, x: Any, ne0: int) -> Any:
 
 
 def _host_dequantize(t: Type, x: np.ndarray, ne0: int) -> np.ndarray:
-    from ggmlpy.quants.legacy import gguf_dequantize_blocks  # noqa: PLC0415 - optional gguf extra
+    from ggmlpy.backends.cpu.qgemm import dequantize_rows  # noqa: PLC0415 - host path only
 
     lead = x.shape[:-1]
     rows = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
-    n = rows.shape[0]
-    out = np.empty((n, ne0), F32)
-    step = max(1, DEQUANT_CHUNK_ELEMS // max(ne0, 1))
-    nblk_row = ne0 // t.blck_size
-    for r in range(0, n, step):
-        blk = np.ascontiguousarray(rows[r:r + step]).reshape(-1, t.type_size)
-        out[r:r + step] = gguf_dequantize_blocks(blk, t).reshape(-1, nblk_row * t.blck_size)
+    out = dequantize_rows(t, rows)
     return out.reshape(*lead, ne0)
 
 

@@ -160,9 +160,11 @@ def test_mul_mat_graph_under_each_choice(choice, n_threads, monkeypatch):
 
 def test_weight_cache_path_uses_the_same_library(monkeypatch):
     """An F16 weight's cached float32 copy goes to the same library as an F32 weight: the result
-    equals the F32 product of the converted values bit for bit."""
+    equals the F32 product of the converted values bit for bit. (``dequant``: the float32
+    activations as they are; under ``ggml`` numerics they are first rounded to F16.)"""
     _mkl()
     monkeypatch.setenv("GGMLPY_BLAS", "mkl")
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dequant")
     used = []
     real = cpu_blas.CBlas.gemm_call
     monkeypatch.setattr(cpu_blas.CBlas, "gemm_call",

@@ -1,9 +1,9 @@
 """One numeric path per (op, types, shape, backend, n_threads): the same graph on the CPU (and
 SIM) backend gives the same bits wherever its tensors are placed.
 
-Seeded random graphs (MUL_MAT with F16 / BF16 / Q8_0 / Q4_0 / F32 weights, then ADD, MUL, GELU,
-SILU, SCALE, SOFT_MAX and a second MUL_MAT downstream) are evaluated with new inputs under every
-placement a user can reach: one plain buffer for everything; weights in a WEIGHTS buffer and the
+Seeded random graphs (MUL_MAT with F16 / BF16 / Q8_0 / Q4_0 / Q4_1 / Q4_K / F32 weights, then
+ADD, MUL, GELU, SILU, SCALE, SOFT_MAX and a second MUL_MAT downstream) are evaluated with new
+inputs under every placement a user can reach: one plain buffer for everything; weights in a WEIGHTS buffer and the
 rest in a plain one; the graph allocator (policies "ggml" and "compact") over weights in a
 WEIGHTS buffer, evaluated twice with new inputs; and with the weight cache off
 (``GGMLPY_WEIGHT_CACHE_MB=0``), with MKL and with NumPy's matmul as the GEMM library. Every
@@ -33,7 +33,7 @@ from ggmlpy.quants import quantize
 
 pytest.importorskip("gguf")
 
-WTYPES = [Type.F16, Type.BF16, Type.Q8_0, Type.Q4_0, Type.F32]
+WTYPES = [Type.F16, Type.BF16, Type.Q8_0, Type.Q4_0, Type.F32, Type.Q4_1, Type.Q4_K]
 
 
 @dataclass
@@ -56,8 +56,10 @@ def _spec(seed: int) -> Spec:
     N = int(rng.choice([1, 3, 8, 33]))
     chain = list(rng.choice(["add", "mul", "gelu", "silu", "scale", "soft_max"],
                             int(rng.integers(1, 4))))
-    return Spec(K, M, N, WTYPES[int(rng.integers(len(WTYPES)))],
-                WTYPES[int(rng.integers(len(WTYPES)))], chain, seed)
+    fit1 = [t for t in WTYPES if K % t.blck_size == 0]  # Q4_K: rows of whole 256-blocks
+    fit2 = [t for t in WTYPES if M % t.blck_size == 0]
+    return Spec(K, M, N, fit1[int(rng.integers(len(fit1)))], fit2[int(rng.integers(len(fit2)))],
+                chain, seed)
 
 
 def _weights(spec: Spec) -> dict[str, tuple[Type, tuple[int, ...], np.ndarray]]:

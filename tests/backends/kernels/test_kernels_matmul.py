@@ -14,7 +14,6 @@ import pytest
 from helpers import np_permute, run_graph, uniform
 
 from ggmlpy import ops
-from ggmlpy.backends.kernels.matmul import uses_dot_kernel
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
@@ -63,9 +62,9 @@ def test_mul_mat_broadcast(m, n, k, bs, nr, type_a):
     B = uniform(rng, b.ne[::-1])
     (r,) = run_graph(ctx, [out], {a: A, b: B})
     assert r.dtype == np.float32 and r.shape == (b.ne[3], b.ne[2], n, m)
-    # an F16 weight with a one-row src1 runs ggml's F16 dot product: src1 rounded to f16 first
-    # (ggmlpy/backends/cpu/qmatmul.py), products summed in float64
-    Bref = B.astype(np.float16).astype(np.float32) if uses_dot_kernel(out) else B
+    # an F16 weight rounds src1 to f16 first (ggml's vec_dot_type), on the dot kernels
+    # (ggmlpy/backends/cpu/qmatmul.py) and on the GEMM path (ggmlpy/backends/cpu/qgemm.py)
+    Bref = B.astype(np.float16).astype(np.float32) if type_a == Type.F16 else B
     np.testing.assert_allclose(r, _mul_mat_ref(A, Bref), **_tol(k))
 
 

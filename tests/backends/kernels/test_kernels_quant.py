@@ -5,7 +5,9 @@ MUL_MAT takes one of two numeric paths (``GGMLPY_QUANT_MATMUL``): ``ggml`` (the 
 ggml's quantized-activation dot products below the type's batch crossover; its reference is the
 vec_dot referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic loops) on the activations quantized
 as ggml quantizes them, exact for block types, within ``ulp32 + K * eps64 * sum|x w|`` for
-F16/BF16. Larger batches and ``dequant`` multiply the exact weight values in float32:
+F16/BF16. Larger batches (the GEMM path) keep those numerics: the referee within the float32
+summation-order bound of :mod:`ggmlpy.backends.cpu.qgemm` (``tests/qgemm_ref.py``). ``dequant``
+multiplies the exact weight values in float32:
 
 References: the weight's float values are ``ggmlpy.dequantize`` of its bytes (bit-exact with
 ggml's ``dequantize_row_*``, held by test_quants.py against ggml's C vectors); products are then
@@ -20,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import BLOCK_TYPES, _backend, alloc_ctx
+from qgemm_ref import ggml_gemm_expected
 
 from ggmlpy import ops
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
@@ -97,6 +100,18 @@ def _dot_ref(t: Type, raw: np.ndarray, ne_a, B: np.ndarray) -> tuple[np.ndarray,
     return out, mag
 
 
+def _check_gemm_ggml(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray) -> None:
+    """The GEMM path under ggml numerics: the referee within the float32 summation-order bound
+    (:func:`qgemm_ref.ggml_gemm_expected`), per batch matrix."""
+    A3, A2, M = ne_a[3], ne_a[2], ne_a[1]
+    rows = raw.reshape(A3, A2, M, -1)
+    B3, B2 = B.shape[:2]
+    for l in range(B3):
+        for k in range(B2):
+            want, bound = ggml_gemm_expected(t, rows[l // (B3 // A3), k // (B2 // A2)], B[l, k])
+            assert (np.abs(got[l, k].astype(np.float64) - want) <= bound).all()
+
+
 def _check_mm(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray, dot: bool) -> None:
     if dot:
         want, mag = _dot_ref(t, raw, ne_a, B)
@@ -130,6 +145,9 @@ def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr, mode, monkeyp
     B = rng.uniform(-1, 1, b.ne[::-1]).astype(np.float32)
     (r,) = _run(ctx, [out], {a: raw, b: B})
     dot = mode == "ggml" and n < qmatmul.CROSSOVER[t]
+    if mode == "ggml" and not dot:
+        _check_gemm_ggml(t, _f32(r).reshape(out.ne[::-1]), raw, a.ne, B)
+        return
     _check_mm(t, _f32(r).reshape(out.ne[::-1]), raw, a.ne, B, dot)
 
 

@@ -1,0 +1,251 @@
+"""The Numba kernels behind :mod:`ggmlpy.backends.cpu.qgemm` (imported by it on first use only;
+importing this module imports Numba): block-quantized weight rows to float32 tiles, and
+quantized activations to the float32 values their blocks stand for.
+
+Module-level functions so that Numba's on-disk cache (``cache=True``) finds them again in a later
+process. Shapes and layouts are checked by the caller, not here. No ``fastmath``: every float32
+operation is the one written (no reassociation, no fused multiply-add), so the results are
+bit-identical to NumPy evaluating the same expressions.
+
+Dequantizers (``deq_<type>(w, out, f16, split, n16)``): ``w`` uint8 ``(R, row_bytes)`` weight rows as
+they lie (whole blocks), ``out`` float32 ``(R, >= K)``; ``f16`` the float32 value of every f16
+bit pattern (``(65536,)``, NumPy's conversion: the scales decode exactly as NumPy decodes them,
+subnormals, inf and NaN included). Each element is computed with the float32 expression of
+gguf-py's NumPy dequantizer for its type (ggml-quants.c ``dequantize_row_*``), which is what
+:func:`ggmlpy.quants.dequantize` returns: Q4_0/Q5_0 ``d * (q - off)``, Q8_0 ``q * d``, Q4_1/Q5_1
+``d * q + m``, Q4_K/Q5_K ``(d * sc) * q - dmin * mn``, Q6_K ``(d * sc) * (q - 32)``. With ``split``
+(Q4_1/Q5_1 only) the min is left out, ``out[r, k] = d * q``, and block ``b``'s ``m`` is written to
+``out[r, K + b]`` (the extra columns that :mod:`ggmlpy.backends.cpu.qgemm` pairs with Q8_1's
+``s``). ``n16`` is 16, passed at run time: a block loop of a trip count LLVM cannot see is
+vectorized, where a constant 16 is unrolled into scalar code (several times slower for Q4_0,
+Q4_1 and Q8_0).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+F32 = np.float32
+
+
+@njit(inline="always", **_OPTS)
+def _h(wr, o, f16):
+    return f16[np.int32(wr[o]) | (np.int32(wr[o + 1]) << 8)]
+
+
+@njit(inline="always", **_OPTS)
+def _u32(wr, o):
+    return (np.uint32(wr[o]) | (np.uint32(wr[o + 1]) << np.uint32(8))
+            | (np.uint32(wr[o + 2]) << np.uint32(16)) | (np.uint32(wr[o + 3]) << np.uint32(24)))
+
+
+@njit(**_OPTS)
+def deq_q4_0(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 18
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 18
+            d = _h(wr, p, f16)
+            for j in range(n16):
+                v = wr[p + 2 + j]
+                o[b * 32 + j] = d * F32(np.int32(v & np.uint8(0xF)) - np.int32(8))
+                o[b * 32 + 16 + j] = d * F32(np.int32(v >> np.uint8(4)) - np.int32(8))
+
+
+@njit(**_OPTS)
+def deq_q4_1(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 20
+    K = nb * 32
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 20
+            d = _h(wr, p, f16)
+            m = _h(wr, p + 2, f16)
+            if split:
+                for j in range(n16):
+                    v = wr[p + 4 + j]
+                    o[b * 32 + j] = d * F32(np.int32(v) & 0xF)
+                    o[b * 32 + 16 + j] = d * F32(np.int32(v) >> 4)
+                o[K + b] = m
+            else:
+                for j in range(n16):
+                    v = wr[p + 4 + j]
+                    o[b * 32 + j] = d * F32(np.int32(v & np.uint8(0xF))) + m
+                    o[b * 32 + 16 + j] = d * F32(np.int32(v >> np.uint8(4))) + m
+
+
+@njit(**_OPTS)
+def deq_q5_0(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 22
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 22
+            d = _h(wr, p, f16)
+            qh = _u32(wr, p + 2)
+            for j in range(16):
+                v = wr[p + 6 + j]
+                lo = np.int32(v & 0xF) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << 4)
+                hi = np.int32(v >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4)
+                o[b * 32 + j] = d * F32(lo - 16)
+                o[b * 32 + 16 + j] = d * F32(hi - 16)
+
+
+@njit(**_OPTS)
+def deq_q5_1(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 24
+    K = nb * 32
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 24
+            d = _h(wr, p, f16)
+            m = _h(wr, p + 2, f16)
+            qh = _u32(wr, p + 4)
+            if split:
+                for j in range(16):
+                    v = wr[p + 8 + j]
+                    lo = np.int32(v & 0xF) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << 4)
+                    hi = (np.int32(v >> 4)
+                          | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4))
+                    o[b * 32 + j] = d * F32(lo)
+                    o[b * 32 + 16 + j] = d * F32(hi)
+                o[K + b] = m
+            else:
+                for j in range(16):
+                    v = wr[p + 8 + j]
+                    lo = np.int32(v & 0xF) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << 4)
+                    hi = (np.int32(v >> 4)
+                          | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4))
+                    o[b * 32 + j] = d * F32(lo) + m
+                    o[b * 32 + 16 + j] = d * F32(hi) + m
+
+
+@njit(**_OPTS)
+def deq_q8_0(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 34
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 34
+            d = _h(wr, p, f16)
+            for j in range(2 * n16):
+                o[b * 32 + j] = F32(np.int8(wr[p + 2 + j])) * d
+
+
+@njit(inline="always", **_OPTS)
+def _scale_min(wr, p, j):
+    """Q4_K/Q5_K's 6-bit scale and min of sub-block ``j`` (``scales`` at ``wr[p:p + 12]``)."""
+    if j < 4:
+        return np.int32(wr[p + j] & 63), np.int32(wr[p + j + 4] & 63)
+    sc = np.int32(wr[p + j + 4] & 0xF) | (np.int32(wr[p + j - 4] >> 6) << 4)
+    mn = np.int32(wr[p + j + 4] >> 4) | (np.int32(wr[p + j] >> 6) << 4)
+    return sc, mn
+
+
+@njit(**_OPTS)
+def deq_q4_k(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 144
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 144
+            d = _h(wr, p, f16)
+            dmin = _h(wr, p + 2, f16)
+            for c in range(4):
+                sc0, mn0 = _scale_min(wr, p + 4, 2 * c)
+                sc1, mn1 = _scale_min(wr, p + 4, 2 * c + 1)
+                d0, m0 = d * F32(sc0), dmin * F32(mn0)
+                d1, m1 = d * F32(sc1), dmin * F32(mn1)
+                q = p + 16 + c * 32
+                e = b * 256 + c * 64
+                for j in range(32):
+                    v = wr[q + j]
+                    o[e + j] = d0 * F32(v & 0xF) - m0
+                    o[e + 32 + j] = d1 * F32(v >> 4) - m1
+
+
+@njit(**_OPTS)
+def deq_q5_k(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 176
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 176
+            d = _h(wr, p, f16)
+            dmin = _h(wr, p + 2, f16)
+            for c in range(4):
+                sc0, mn0 = _scale_min(wr, p + 4, 2 * c)
+                sc1, mn1 = _scale_min(wr, p + 4, 2 * c + 1)
+                d0, m0 = d * F32(sc0), dmin * F32(mn0)
+                d1, m1 = d * F32(sc1), dmin * F32(mn1)
+                q = p + 48 + c * 32
+                e = b * 256 + c * 64
+                for j in range(32):
+                    v = wr[q + j]
+                    h = wr[p + 16 + j]
+                    lo = np.int32(v & 0xF) | (np.int32((h >> (2 * c)) & 1) << 4)
+                    hi = np.int32(v >> 4) | (np.int32((h >> (2 * c + 1)) & 1) << 4)
+                    o[e + j] = d0 * F32(lo) - m0
+                    o[e + 32 + j] = d1 * F32(hi) - m1
+
+
+@njit(**_OPTS)
+def deq_q6_k(w, out, f16, split, n16):
+    R, nb = w.shape[0], w.shape[1] // 210
+    for r in range(R):
+        wr = w[r]
+        o = out[r]
+        for b in range(nb):
+            p = b * 210
+            d = _h(wr, p + 208, f16)
+            for h in range(2):
+                ql = p + h * 64
+                qh = p + 128 + h * 32
+                sc = p + 192 + h * 8
+                e = b * 256 + h * 128
+                for g in range(2):  # elements 16g .. 16g + 15 of each 32: scale sc + 2t + g
+                    d0 = d * F32(np.int8(wr[sc + g]))
+                    d1 = d * F32(np.int8(wr[sc + 2 + g]))
+                    d2 = d * F32(np.int8(wr[sc + 4 + g]))
+                    d3 = d * F32(np.int8(wr[sc + 6 + g]))
+                    for j in range(16 * g, 16 * g + 16):
+                        a = np.int32(wr[ql + j])
+                        c = np.int32(wr[ql + 32 + j])
+                        hb = np.int32(wr[qh + j])
+                        o[e + j] = d0 * F32(((a & 0xF) | ((hb & 3) << 4)) - 32)
+                        o[e + 32 + j] = d1 * F32(((c & 0xF) | (((hb >> 2) & 3) << 4)) - 32)
+                        o[e + 64 + j] = d2 * F32(((a >> 4) | (((hb >> 4) & 3) << 4)) - 32)
+                        o[e + 96 + j] = d3 * F32(((c >> 4) | (((hb >> 6) & 3) << 4)) - 32)
+
+
+@njit(**_OPTS)
+def act_values(q, d, bs, out):
+    """``out[n, k] = float32(q[n, k]) * d[n, k // bs]`` for int8 quants ``q`` ``(N, K)`` and
+    float32 block scales ``d`` ``(N, K // bs)``: the values an activation row's blocks stand for
+    (exact for f16 scales; one float32 rounding for Q8_K's float32 scale). ``out`` ``(N, >= K)``."""
+    N, K = q.shape
+    nb = K // bs
+    for n in range(N):
+        qr = q[n]
+        o = out[n]
+        for b in range(nb):
+            s = d[n, b]
+            for j in range(b * bs, b * bs + bs):
+                o[j] = F32(qr[j]) * s
+
+
+#: the dequantizer of each block type, by ggml type name
+DEQUANT = {"q4_0": deq_q4_0, "q4_1": deq_q4_1, "q5_0": deq_q5_0, "q5_1": deq_q5_1,
+           "q8_0": deq_q8_0, "q4_K": deq_q4_k, "q5_K": deq_q5_k, "q6_K": deq_q6_k}

@@ -1,0 +1,253 @@
+"""The GEMM path of a MUL_MAT with a quantized weight: float32 tiles of weight rows, and
+activations with ggml's numerics.
+
+From the crossover batch on (:data:`ggmlpy.backends.cpu.qmatmul.CROSSOVER`: prompt processing,
+sentence batches) a CPU MUL_MAT ``y = x @ W^T`` (weight ``W``, ggml ``src0``, ``ne = [K, M]``;
+activations ``x``, ``src1``, ``ne = [K, N]``, NumPy ``(N, K)``) dequantizes row blocks of the
+weight into float32 tiles and multiplies each with one BLAS GEMM
+(:mod:`ggmlpy.backends.kernels.matmul`). This module makes both GEMM operands.
+
+Weight tiles (:func:`dequantize_rows`): compiled dequantizers per block type
+(:mod:`ggmlpy.backends.cpu.dequant_kernels`, the ``jit`` extra; ``GGMLPY_JIT=0`` turns them
+off) that write the float32 rows straight from the weight's bytes, bit-identical to
+:func:`ggmlpy.quants.dequantize`; the NumPy fallback runs gguf-py's dequantizers over chunks of
+:data:`DEQUANT_CHUNK_ELEMS` elements.
+
+Numerics (:func:`gemm_numerics`). ``"ggml"`` (``GGMLPY_QUANT_MATMUL=ggml``, the default): ``x`` is
+quantized to the weight type's ``vec_dot_type`` exactly as the dot path quantizes it
+(:func:`ggmlpy.backends.cpu.qmatmul.quantize_act`, bit-exact with ggml's reference quantizers)
+and the GEMM's left operand is what those blocks stand for, ``xa = d_a * q_a``
+(:func:`act_operand`). ggml's ``vec_dot`` computes ``sum_b d_w d_a isum_b`` (plus the min
+terms) from integer block sums; the GEMM computes the same sum of the products
+``xa_k * w_k`` in another order, so against the referee :func:`ggmlpy.quants.vec_dot.vec_dot`::
+
+    |y - y_ref| <= (K + 2 * nb + 16) * 2**-24 * sum_k |xa_k| * (|w_k| + |m_k|)
+
+``nb`` blocks per row, ``w_k`` the weight element without its min and ``m_k`` its min (Q4_1/Q5_1
+``m``, Q4_K/Q5_K ``dmin * min``; 0 elsewhere): the referee rounds each block term and its
+running sum (at most ``2 * nb + 16`` float32 roundings of terms bounded by that sum), the GEMM
+rounds at most ``K`` times in its summation (any order, fused or not), Q8_K's float32 scale
+rounds ``xa`` once (``2**-24`` relative; Q8_0/Q8_1 and F16/BF16 values are exact), and Q4_K/Q5_K
+tiles round ``(d * sc) * q - dmin * min`` once. Q4_1/Q5_1: ggml adds ``m_w * s_a`` per block with
+Q8_1's f16 ``s = d_a * sum(q_a)``; the tile keeps ``d * q`` and carries the block mins in ``nb``
+extra columns that meet ``s`` in ``nb`` extra columns of the left operand (``K + nb`` columns in
+all), so the f16 rounding of ``s`` is ggml's. F16/BF16 weights: ``x`` rounded to F16/BF16 (ggml's
+``vec_dot_type``), its products with the weight exact in float32, same bound with ``nb = 0``.
+
+Activations the ``vec_dot_type`` cannot hold (:func:`ggmlpy.backends.cpu.qmatmul` ``_overflowed``:
+a Q8_0/Q8_1 scale or an F16 value beyond float16's range) make :func:`act_operand` return False;
+the caller then multiplies the float32 ``x`` with exactly dequantized tiles, as the dot path does.
+``"exact"`` (``GGMLPY_QUANT_MATMUL=dequant``, and F16 activations): the float32 ``x`` times
+:func:`ggmlpy.quants.dequantize`'s values, the GEMM's own rounding only.
+
+Threads: callers split the weight rows (each part dequantizes its own rows; the activation
+operand is made per part); every function here is synchronous on the calling thread and the
+compiled kernels release the GIL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.backends.cpu import qmatmul
+from ggmlpy.core import env
+from ggmlpy.core.types import Type
+from ggmlpy.quants.vec_dot import VEC_DOT_TYPE
+
+__all__ = ["BLOCK_TYPES", "SPLIT_MIN_TYPES", "DEQUANT_CHUNK_ELEMS", "dequantize_rows",
+           "gemm_numerics", "gemm_cols", "act_operand", "kernels_available"]
+
+F32 = np.float32
+#: block types with a compiled dequantizer (every block type ggmlpy multiplies)
+BLOCK_TYPES = (Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q5_K,
+               Type.Q6_K)
+#: weight types whose ``"ggml"`` tiles keep the block mins in extra columns (paired with Q8_1's s)
+SPLIT_MIN_TYPES = frozenset((Type.Q4_1, Type.Q5_1))
+#: float32 elements per chunk of the NumPy fallback (32K = 128 KiB, inside L2): gguf-py's
+#: dequantizers reach their best rate from a few ten thousand elements on, and slow down several
+#: times when a call covers a whole weight (their temporaries leave the cache)
+DEQUANT_CHUNK_ELEMS = 1 << 15
+
+_state: dict[str, Any] = {}
+
+
+def _kernels() -> Any:
+    k = _state.get("k")
+    if k is None:
+        try:
+            from ggmlpy.backends.cpu import dequant_kernels as k
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
+            k = f"numba is not importable ({type(e).__name__}: {e})"
+        _state["k"] = k
+    return None if isinstance(k, str) else k
+
+
+def kernels_available() -> bool:
+    """True when the compiled dequantizers run: Numba imports and ``GGMLPY_JIT`` is not 0.
+
+    Raises:
+        EnvError: ``GGMLPY_JIT`` is malformed.
+    """
+    return env.jit_enabled() and _kernels() is not None
+
+
+def _f16_table() -> np.ndarray:
+    tbl = _state.get("f16")
+    if tbl is None:
+        tbl = _state["f16"] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(F32)
+    return tbl
+
+
+def gemm_numerics(t: Type, src1_type: Type) -> str:
+    """The numerics of a GEMM-path MUL_MAT with a weight of type ``t`` and activations of type
+    ``src1_type``: ``"ggml"`` (activations rounded to ``VEC_DOT_TYPE[t]``, see the module doc)
+    when ``GGMLPY_QUANT_MATMUL`` is ``ggml``, ``t`` has a ``vec_dot_type`` and the activations are
+    F32; else ``"exact"``. Depends on nothing else (not on buffers, caches or Numba).
+
+    Raises:
+        EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
+    """
+    if t in VEC_DOT_TYPE and src1_type == Type.F32 and env.quant_matmul() == "ggml":
+        return "ggml"
+    return "exact"
+
+
+def gemm_cols(t: Type, K: int, numerics: str) -> int:
+    """Columns of both GEMM operands for rows of ``K`` elements: ``K + K / 32`` for a Q4_1/Q5_1
+    weight under ``"ggml"`` numerics (the block mins' columns), else ``K``."""
+    return K + K // 32 if numerics == "ggml" and t in SPLIT_MIN_TYPES else K
+
+
+def _check_rows(t: Type, w: Any, fn: str) -> int:
+    if t not in BLOCK_TYPES:
+        raise ValueError(f"{fn}: type {t.type_name} is not a block type with a dequantizer")
+    if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
+        raise ValueError(f"{fn}: w must be a 2-D uint8 array of weight rows, got "
+                         f"{getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
+    if w.shape[1] % t.type_size:
+        raise ValueError(f"{fn}: rows of {w.shape[1]} bytes are not whole {t.type_name} blocks "
+                         f"of {t.type_size} bytes")
+    return w.shape[1] // t.type_size * t.blck_size
+
+
+def dequantize_rows(t: Type, w: np.ndarray, out: np.ndarray | None = None, split: bool = False,
+                    jit: bool | None = None) -> np.ndarray:
+    """*Sync*: weight rows of block type ``t`` as float32 (ggml's ``to_float``,
+    ggml-quants.c ``dequantize_row_*``), bit-identical to :func:`ggmlpy.quants.dequantize`.
+
+    Args:
+        t: one of :data:`BLOCK_TYPES`.
+        w: uint8 ``(R, row_bytes)``, whole blocks, any row stride (read in place when its rows
+            are contiguous); ``K = row_bytes / type_size * blck_size`` elements per row.
+        out: float32 ``(R, C)`` to write (``C = K``, or ``K + K / 32`` with ``split``; any row
+            stride, unit element stride), or None for a new array.
+        split: Q4_1/Q5_1 only: ``out[:, :K] = d * q`` without the min, block ``b``'s min in
+            ``out[:, K + b]`` (the ``"ggml"`` tile, see the module doc).
+        jit: use the compiled kernels (None: when :func:`kernels_available`).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: ``t`` is not a block type; ``w`` is not uint8 rows of whole blocks; ``out``
+            has the wrong dtype or shape; ``split`` for a type without mins.
+    """
+    K = _check_rows(t, w, "dequantize_rows")
+    if split and t not in SPLIT_MIN_TYPES:
+        raise ValueError(f"dequantize_rows: split applies to Q4_1/Q5_1, not {t.type_name}")
+    R = w.shape[0]
+    C = K + K // 32 if split else K
+    if out is None:
+        out = np.empty((R, C), F32)
+    elif (not isinstance(out, np.ndarray) or out.dtype != F32 or out.shape != (R, C)
+          or out.strides[1] != 4 or not out.flags.writeable):
+        raise ValueError(f"dequantize_rows: out must be a writeable float32 ({R}, {C}) array "
+                         f"with unit element stride, got {getattr(out, 'dtype', type(out))} "
+                         f"{getattr(out, 'shape', '')}")
+    if R == 0:
+        return out
+    if w.strides[1] != 1:
+        w = np.ascontiguousarray(w)
+    if jit is None:
+        jit = kernels_available()
+    k = _kernels() if jit else None
+    if k is not None:
+        k.DEQUANT[t.type_name](w, out, _f16_table(), split, 16)
+        return out
+    _numpy_rows(t, w, out, K, split)
+    return out
+
+
+def _numpy_rows(t: Type, w: np.ndarray, out: np.ndarray, K: int, split: bool) -> None:
+    """The NumPy fallback: gguf-py's dequantizers (:func:`ggmlpy.quants.legacy.
+    gguf_dequantize_blocks`) in cache-sized chunks of rows; ``split``: ``d * q`` and the mins from
+    :func:`ggmlpy.quants.vec_dot.unpack_weight`."""
+    from ggmlpy.quants.legacy import gguf_dequantize_blocks  # noqa: PLC0415 - the gguf extra
+    from ggmlpy.quants.vec_dot import unpack_weight  # noqa: PLC0415
+
+    R = w.shape[0]
+    step = max(1, DEQUANT_CHUNK_ELEMS // max(K, 1))
+    for r in range(0, R, step):
+        e = min(R, r + step)
+        if split:
+            u = unpack_weight(t, w[r:e])
+            out[r:e, :K] = (u["d"][:, :, None] * u["q"].astype(F32)).reshape(e - r, K)
+            out[r:e, K:] = u["m"]
+        else:
+            blk = np.ascontiguousarray(w[r:e]).reshape(-1, t.type_size)
+            out[r:e] = gguf_dequantize_blocks(blk, t).reshape(e - r, K)
+
+
+def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None) -> bool:
+    """*Sync*: the GEMM's left operand under ``"ggml"`` numerics: ``x`` quantized to
+    ``VEC_DOT_TYPE[t]`` (:func:`ggmlpy.backends.cpu.qmatmul.quantize_act`, the dot path's own
+    quantizer) and written as the values its blocks stand for, ``out[n, k] = d_a * q_a``
+    (F16/BF16: ``x`` rounded to that type); for Q4_1/Q5_1 weights also Q8_1's ``s`` of block
+    ``b`` in ``out[n, K + b]``.
+
+    Args:
+        t: the weight type (a key of :data:`~ggmlpy.quants.vec_dot.VEC_DOT_TYPE`).
+        x: float32 ``(N, K)`` (ggml ``src1``, ``ne = [K, N]``), any strides.
+        out: float32 ``(N, gemm_cols(t, K, "ggml"))``, unit element stride.
+        jit: use the compiled kernels (None: when available).
+
+    Returns:
+        True when ``out`` was written; False when the activations overflow the ``vec_dot_type``
+        (``out`` then holds nothing useful: multiply the float32 ``x`` with exact tiles).
+
+    Raises:
+        ValueError: ``t`` has no ``vec_dot_type``; the arrays' types or shapes do not match.
+    """
+    if t not in VEC_DOT_TYPE:
+        raise ValueError(f"act_operand: type {t.type_name} has no vec_dot_type")
+    if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
+        raise ValueError(f"act_operand: x must be a 2-D float32 array (N, K), got "
+                         f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
+    N, K = x.shape
+    C = gemm_cols(t, K, "ggml")
+    if (not isinstance(out, np.ndarray) or out.dtype != F32 or out.shape != (N, C)
+            or out.strides[1] != 4 or not out.flags.writeable):
+        raise ValueError(f"act_operand: out must be a writeable float32 ({N}, {C}) array with "
+                         f"unit element stride, got {getattr(out, 'dtype', type(out))} "
+                         f"{getattr(out, 'shape', '')}")
+    act = qmatmul.quantize_act(VEC_DOT_TYPE[t], x)
+    if qmatmul._overflowed(act):
+        return False
+    if act.kind in ("f16", "bf16"):
+        out[...] = act.q
+        return True
+    bs = 256 if act.kind == "q8_K" else 32
+    if jit is None:
+        jit = kernels_available()
+    k = _kernels() if jit else None
+    if k is not None:
+        k.act_values(act.q, act.d, bs, out)
+    else:
+        nb = K // bs
+        out[:, :K] = (act.q.reshape(N, nb, bs).astype(F32) * act.d[:, :, None]).reshape(N, K)
+    if C > K:
+        out[:, K:] = act.x
+    return True

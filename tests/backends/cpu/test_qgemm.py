@@ -1,0 +1,234 @@
+"""The GEMM path of a quantized MUL_MAT (ggmlpy/backends/cpu/qgemm.py, dequant_kernels.py).
+
+* The compiled dequantizers equal :func:`ggmlpy.quants.dequantize` (gguf-py's NumPy code) bit for
+  bit on random bytes, which hold every kind of f16 scale (normal, subnormal, zero, inf, NaN), plus
+  blocks whose scales are set to the extremes on purpose; NaN where and only where it is NaN. The
+  NumPy fallback too. The split form (Q4_1/Q5_1) equals ``d * q`` and ``m`` decoded by the
+  referee's unpacker.
+* The activation operand equals the values of the activation blocks (the referee's unpacker) bit
+  for bit, Q8_1's ``s`` in the extra columns.
+* A MUL_MAT graph for every weight type and batch sizes around its crossover equals the vec_dot
+  referee: exactly below the crossover (the dot kernels), within the float32 summation-order bound
+  from it on (``tests/qgemm_ref.py``); on 1 and 2 threads; with the weight cache on and off, and
+  the same bits either way. ``GGMLPY_QUANT_MATMUL=dequant`` is the float64 product of the exact
+  values within float32 GEMM rounding. Activations beyond the Q8_0 scale range take the exact
+  product.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from qgemm_ref import ggml_gemm_expected
+
+from ggmlpy import ops
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors
+from ggmlpy.backend.interface import BufferUsage
+from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.backends.cpu import qgemm, qmatmul
+from ggmlpy.backends.cpu.backend import backend_cpu_init
+from ggmlpy.backends.kernels.matmul import uses_dot_kernel
+from ggmlpy.backends.kernels.weight_cache import CACHE
+from ggmlpy.core import env
+from ggmlpy.core.graph import Graph
+from ggmlpy.core.tensor import Context
+from ggmlpy.core.types import Type
+from ggmlpy.quants import dequantize, quantize, vec_dot
+
+pytest.importorskip("gguf")
+
+BLOCK = list(qgemm.BLOCK_TYPES)
+# f16 bit patterns of scales: subnormals, +-0, the largest finite, +-inf, quiet and signalling NaN
+EXTREME_F16 = [0x0001, 0x03FF, 0x0000, 0x8000, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0x7C01,
+               0x8001, 0x0400, 0x3C00]
+# byte offsets of each type's f16 fields (scales and mins) in a block
+F16_FIELDS = {Type.Q4_0: (0,), Type.Q4_1: (0, 2), Type.Q5_0: (0,), Type.Q5_1: (0, 2),
+              Type.Q8_0: (0,), Type.Q4_K: (0, 2), Type.Q5_K: (0, 2), Type.Q6_K: (208,)}
+
+
+def _jit() -> bool:
+    return qgemm.kernels_available()
+
+
+def _random_rows(t: Type, rng: np.random.Generator, R: int, K: int) -> np.ndarray:
+    w = rng.integers(0, 256, (R, t.row_size(K)), dtype=np.uint8)
+    blk = w.reshape(R, -1, t.type_size)
+    n = blk.shape[1]
+    for i, bits in enumerate(EXTREME_F16):   # one block per extreme value per field
+        for off in F16_FIELDS[t]:
+            r, b = divmod(i * len(F16_FIELDS[t]) + F16_FIELDS[t].index(off), n)
+            blk[r % R, b, off:off + 2] = np.array([bits], "<u2").view(np.uint8)
+    return w
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> None:
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], want.view(np.uint32)[~nan])
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("t", BLOCK)
+def test_dequantize_rows_bit_exact(t, jit):
+    if jit and not _jit():
+        pytest.skip("numba not importable")
+    rng = np.random.default_rng(int(t))
+    K, R = 512, 24
+    w = _random_rows(t, rng, R, K)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # inf * 0 in gguf-py's code
+        want = dequantize(w, t, (K, R))
+        got = qgemm.dequantize_rows(t, w, jit=jit)
+        # into a wider array's rows (a tile with a row stride), from rows with a stride
+        wide = np.full((R, K + 7), 7.0, np.float32)
+        qgemm.dequantize_rows(t, np.repeat(w, 2, axis=0)[::2], wide[:, :K], jit=jit)
+    _same(got, want)
+    _same(wide[:, :K], want)
+    assert (wide[:, K:] == 7.0).all()
+    # quantized real values round-trip too (no NaN anywhere)
+    x = rng.standard_normal((R, K)).astype(np.float32)
+    wq = quantize(x, t)
+    np.testing.assert_array_equal(qgemm.dequantize_rows(t, wq, jit=jit), dequantize(wq, t, (K, R)))
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("t", sorted(qgemm.SPLIT_MIN_TYPES))
+def test_dequantize_rows_split_form(t, jit):
+    if jit and not _jit():
+        pytest.skip("numba not importable")
+    rng = np.random.default_rng(3 + int(t))
+    K, R = 256, 9
+    w = quantize(rng.standard_normal((R, K)).astype(np.float32), t)
+    got = qgemm.dequantize_rows(t, w, split=True, jit=jit)
+    U = vec_dot.unpack_weight(t, w)
+    np.testing.assert_array_equal(got[:, :K], (U["d"][:, :, None] * U["q"].astype(np.float32))
+                                  .reshape(R, K))
+    np.testing.assert_array_equal(got[:, K:], U["m"])
+
+
+def test_dequantize_rows_errors():
+    w = np.zeros((2, 18), np.uint8)
+    with pytest.raises(ValueError, match="not a block type"):
+        qgemm.dequantize_rows(Type.F16, w)
+    with pytest.raises(ValueError, match="uint8"):
+        qgemm.dequantize_rows(Type.Q4_0, w.astype(np.int16))
+    with pytest.raises(ValueError, match="whole q4_0 blocks"):
+        qgemm.dequantize_rows(Type.Q4_0, np.zeros((2, 19), np.uint8))
+    with pytest.raises(ValueError, match=r"\(2, 32\)"):
+        qgemm.dequantize_rows(Type.Q4_0, w, out=np.empty((2, 33), np.float32))
+    with pytest.raises(ValueError, match="split applies"):
+        qgemm.dequantize_rows(Type.Q4_0, w, split=True)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+@pytest.mark.parametrize("t", BLOCK + [Type.F16, Type.BF16])
+def test_act_operand_is_the_block_values(t, jit):
+    if jit and not _jit():
+        pytest.skip("numba not importable")
+    rng = np.random.default_rng(11 + int(t))
+    K, N = 512, 5
+    x = (rng.standard_normal((N, K)) * np.logspace(-3, 3, K)).astype(np.float32)
+    C = qgemm.gemm_cols(t, K, "ggml")
+    out = np.empty((N, C), np.float32)
+    assert qgemm.act_operand(t, x, out, jit=jit)
+    kind = vec_dot.VEC_DOT_TYPE[t]
+    Y = vec_dot.unpack_act(kind, qmatmul.act_bytes(qmatmul.quantize_act(kind, x)))
+    if kind in ("f16", "bf16"):
+        np.testing.assert_array_equal(out, Y["v"])
+        return
+    np.testing.assert_array_equal(out[:, :K], (Y["q"].astype(np.float32)
+                                               * Y["d"][:, :, None]).reshape(N, K))
+    if kind == "q8_1":
+        np.testing.assert_array_equal(out[:, K:], Y["s"])
+    # beyond float16's range the Q8_0/Q8_1 scale overflows: no operand
+    if kind != "q8_K":
+        assert not qgemm.act_operand(t, np.full((1, K), 1e7, np.float32), out[:1], jit=jit)
+
+
+def _mul_mat(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int, n_threads: int,
+             weights: bool, times: int = 1) -> list[np.ndarray]:
+    cpu = backend_cpu_init()
+    cpu.set_n_threads(n_threads)
+    wctx, ctx = Context(no_alloc=True), Context(no_alloc=True)
+    a = wctx.new_tensor(t, (K, M))
+    b = ctx.new_tensor(Type.F32, (K, x.shape[0]))
+    out = ops.mul_mat(ctx, a, b)
+    wbuf = alloc_ctx_tensors(wctx, cpu)
+    if weights:
+        wbuf.set_usage(BufferUsage.WEIGHTS)
+    buf = alloc_ctx_tensors(ctx, cpu)
+    try:
+        backend_tensor_set(a, raw.reshape(-1).view(np.uint8))
+        backend_tensor_set(b, x)
+        g = Graph(8)
+        g.build_forward_expand(out)
+        res = []
+        for _ in range(times):
+            cpu.graph_compute(g)
+            res.append(np.asarray(backend_tensor_get(out)).reshape(x.shape[0], M).copy())
+        assert uses_dot_kernel(out) == (x.shape[0] < qmatmul.CROSSOVER[t])
+        return res
+    finally:
+        wbuf.free()
+        buf.free()
+        cpu.free()
+
+
+def _batches(t: Type) -> list[int]:
+    c = qmatmul.CROSSOVER[t]
+    return sorted({max(1, c - 1), c, c + 1, 2 * c + 3})
+
+
+TABLE = [(t, n) for t in BLOCK + [Type.F16, Type.BF16] for n in _batches(t)]
+
+
+@pytest.mark.parametrize("t,n", TABLE)
+def test_mul_mat_tracks_the_vec_dot_referee(t, n, monkeypatch):
+    K = 512
+    M = 600   # two weight-row parts on 2 threads; Q4_1/Q5_1 tiles of K + K/32 columns
+    rng = np.random.default_rng(int(t) * 13 + n)
+    raw = quantize((rng.standard_normal((M, K)) / 8).astype(np.float32), t)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    want, bound = ggml_gemm_expected(t, raw.reshape(M, -1), x)
+    off = _mul_mat(t, raw, x, K, M, 1, False)[0]
+    if n < qmatmul.CROSSOVER[t] and t in BLOCK:
+        np.testing.assert_array_equal(off, want)   # the dot kernels: the referee's operations
+    else:
+        assert (np.abs(off.astype(np.float64) - want) <= bound).all()
+    monkeypatch.setenv(env.WEIGHT_CACHE_MB, "64")  # block types are cached only when it is set
+    hits = CACHE.stats()["hits"]
+    for nt in (1, 2):
+        for r in _mul_mat(t, raw, x, K, M, nt, True, times=2):
+            np.testing.assert_array_equal(r, off)  # cache on/off, first/second call, threads
+    assert (CACHE.stats()["hits"] > hits) == (n >= qmatmul.CROSSOVER[t])  # the copy served
+
+
+@pytest.mark.parametrize("t", [Type.Q4_1, Type.Q4_K, Type.Q8_0, Type.F16])
+def test_dequant_mode_is_the_exact_product(t, monkeypatch):
+    monkeypatch.setenv(env.QUANT_MATMUL, "dequant")
+    K, M, n = 256, 300, 70
+    rng = np.random.default_rng(int(t))
+    raw = quantize(rng.standard_normal((M, K)).astype(np.float32), t)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    W = dequantize(raw.reshape(-1).view(np.uint8), t, (K, M)).astype(np.float64)
+    ref = x.astype(np.float64) @ W.T
+    got = _mul_mat(t, raw, x, K, M, 1, False)[0] if n >= qmatmul.CROSSOVER[t] else None
+    bound = K * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(W).T)
+    assert got is not None and (np.abs(got - ref) <= bound).all()
+
+
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_1])
+def test_overflowing_activations_take_the_exact_product(t):
+    K, M, n = 256, 64, 80
+    rng = np.random.default_rng(5)
+    raw = quantize(rng.standard_normal((M, K)).astype(np.float32), t)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    x[3, 40] = 3e7   # its Q8_0/Q8_1 block scale beyond float16's range
+    W = dequantize(raw.reshape(-1).view(np.uint8), t, (K, M)).astype(np.float64)
+    ref = x.astype(np.float64) @ W.T
+    got = _mul_mat(t, raw, x, K, M, 1, False)[0]
+    assert np.isfinite(got).all()
+    bound = K * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(W).T)
+    assert (np.abs(got - ref) <= bound).all()
