@@ -246,6 +246,89 @@ def act_values(q, d, bs, out):
                 o[j] = F32(qr[j]) * s
 
 
+@njit(**_OPTS)
+def q8_scales(xu, d, n32):
+    """Q8_0/Q8_1, first pass: ``d[n, b] = amax / 127`` (float32, before the f16 rounding) of
+    every 32-element block of the rows whose float32 bits are ``xu`` (uint32 ``(N, K)``); NaN for
+    a block holding NaN or +-inf. ``amax`` is taken on the bits of ``|x|`` (their integer order
+    is the values' order), which vectorizes. ``n32`` is 32 (see the module doc)."""
+    N, K = xu.shape
+    for n in range(N):
+        xr = xu[n]
+        for b in range(K // 32):
+            m = np.uint32(0)
+            for j in range(b * 32, b * 32 + n32):
+                a = xr[j] & np.uint32(0x7FFFFFFF)
+                m = a if a > m else m
+            if m >= np.uint32(0x7F800000):
+                d[n, b] = F32(np.nan)
+            else:
+                d[n, b] = np.uint32(m).view(np.float32) / F32(127)
+
+
+@njit(**_OPTS)
+def q8_values(x, d, d16, out, s, n32):
+    """Q8_0/Q8_1, second pass: the quants ``q = roundf(x / d)`` (``x * (1 / d)``, half away from
+    zero, 0 where that is not finite: ggml-quants.c ``quantize_row_q8_0_ref``) of every block
+    with scale ``d`` (:func:`q8_scales`), written as their values ``out[n, k] = q * d16`` (``d16``
+    the f16-rounded scale as float32), and ``s[n, b] = float(sum(q)) * d`` (Q8_1's sum, before
+    its f16 rounding)."""
+    N, K = x.shape
+    for n in range(N):
+        xr = x[n]
+        o = out[n]
+        for b in range(K // 32):
+            dd = d[n, b]
+            idv = F32(1) / dd if dd != F32(0) else F32(0)
+            h = d16[n, b]
+            acc = np.int32(0)
+            for j in range(b * 32, b * 32 + n32):
+                v = xr[j] * idv
+                t = np.trunc(v)
+                r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
+                q = np.int32(r) if abs(r) < F32(256) else np.int32(0)
+                acc += q
+                o[j] = F32(q) * h
+            s[n, b] = F32(acc) * dd
+
+
+@njit(**_OPTS)
+def q8k_values(x, xu, out, n32):
+    """Q8_K in one pass per 256-element block: ``max`` the first element of largest magnitude,
+    ``iscale = -127 / max``, ``q = min(127, nearest_int(iscale * x))`` (the 1.5 * 2**23 trick),
+    ``d = 1 / iscale`` (ggml-quants.c ``quantize_row_q8_K_ref``), written as ``out = q * d``;
+    a block of zeros gives zeros, one holding NaN or +-inf gives NaN. ``xu``: ``x``'s bits as
+    uint32; ``n32`` is 32 (see the module doc)."""
+    N, K = x.shape
+    for n in range(N):
+        xr = x[n]
+        ur = xu[n]
+        o = out[n]
+        for b in range(K // 256):
+            p = b * 256
+            m = np.uint32(0)
+            for c in range(8):
+                for j in range(p + 32 * c, p + 32 * c + n32):
+                    a = ur[j] & np.uint32(0x7FFFFFFF)
+                    m = a if a > m else m
+            if m >= np.uint32(0x7F800000) or m == np.uint32(0):
+                fill = F32(np.nan) if m != np.uint32(0) else F32(0)
+                for j in range(p, p + 256):
+                    o[j] = fill
+                continue
+            i = p
+            while (ur[i] & np.uint32(0x7FFFFFFF)) != m:
+                i += 1
+            iscale = F32(-127) / xr[i]
+            dd = F32(1) / iscale
+            for c in range(8):
+                for j in range(p + 32 * c, p + 32 * c + n32):
+                    f = iscale * xr[j] + F32(12582912.0)
+                    q = (np.float32(f).view(np.int32) & 0x007FFFFF) - 0x00400000
+                    # C's int -> int8_t keeps the low byte (a 1 / iscale overflow gives -2**22)
+                    o[j] = F32(np.int8(q if q < 127 else 127)) * dd
+
+
 #: the dequantizer of each block type, by ggml type name
 DEQUANT = {"q4_0": deq_q4_0, "q4_1": deq_q4_1, "q5_0": deq_q5_0, "q5_1": deq_q5_1,
            "q8_0": deq_q8_0, "q4_K": deq_q4_k, "q5_K": deq_q5_k, "q6_K": deq_q6_k}

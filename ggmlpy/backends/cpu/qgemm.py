@@ -203,8 +203,10 @@ def _numpy_rows(t: Type, w: np.ndarray, out: np.ndarray, K: int, split: bool) ->
 
 def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None) -> bool:
     """*Sync*: the GEMM's left operand under ``"ggml"`` numerics: ``x`` quantized to
-    ``VEC_DOT_TYPE[t]`` (:func:`ggmlpy.backends.cpu.qmatmul.quantize_act`, the dot path's own
-    quantizer) and written as the values its blocks stand for, ``out[n, k] = d_a * q_a``
+    ``VEC_DOT_TYPE[t]`` with ggml's reference rounding (the compiled quantizers of
+    :mod:`.dequant_kernels`, else :func:`ggmlpy.backends.cpu.qmatmul.quantize_act`: both give
+    the blocks of :mod:`ggmlpy.quants.q8` bit for bit, as the dot path does) and written as the
+    values its blocks stand for, ``out[n, k] = d_a * q_a``
     (F16/BF16: ``x`` rounded to that type); for Q4_1/Q5_1 weights also Q8_1's ``s`` of block
     ``b`` in ``out[n, K + b]``.
 
@@ -219,7 +221,8 @@ def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None
         (``out`` then holds nothing useful: multiply the float32 ``x`` with exact tiles).
 
     Raises:
-        ValueError: ``t`` has no ``vec_dot_type``; the arrays' types or shapes do not match.
+        ValueError: ``t`` has no ``vec_dot_type``; the arrays' types or shapes do not match;
+            ``K`` is not whole blocks.
     """
     if t not in VEC_DOT_TYPE:
         raise ValueError(f"act_operand: type {t.type_name} has no vec_dot_type")
@@ -227,27 +230,59 @@ def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None
         raise ValueError(f"act_operand: x must be a 2-D float32 array (N, K), got "
                          f"{getattr(x, 'dtype', type(x).__name__)} {getattr(x, 'shape', '')}")
     N, K = x.shape
+    kind = VEC_DOT_TYPE[t]
+    bs = 256 if kind == "q8_K" else 32 if kind.startswith("q8") else 1
+    if K % bs:
+        raise ValueError(f"act_operand: K = {K} is not a multiple of {kind}'s block size {bs}")
     C = gemm_cols(t, K, "ggml")
     if (not isinstance(out, np.ndarray) or out.dtype != F32 or out.shape != (N, C)
             or out.strides[1] != 4 or not out.flags.writeable):
         raise ValueError(f"act_operand: out must be a writeable float32 ({N}, {C}) array with "
                          f"unit element stride, got {getattr(out, 'dtype', type(out))} "
                          f"{getattr(out, 'shape', '')}")
-    act = qmatmul.quantize_act(VEC_DOT_TYPE[t], x)
+    if jit is None:
+        jit = kernels_available()
+    k = _kernels() if jit else None
+    if k is not None and kind != "f16" and kind != "bf16":
+        return _act_jit(k, kind, np.ascontiguousarray(x), out)
+    act = qmatmul.quantize_act(kind, x)
     if qmatmul._overflowed(act):
         return False
     if act.kind in ("f16", "bf16"):
         out[...] = act.q
         return True
-    bs = 256 if act.kind == "q8_K" else 32
-    if jit is None:
-        jit = kernels_available()
-    k = _kernels() if jit else None
-    if k is not None:
-        k.act_values(act.q, act.d, bs, out)
-    else:
-        nb = K // bs
-        out[:, :K] = (act.q.reshape(N, nb, bs).astype(F32) * act.d[:, :, None]).reshape(N, K)
+    nb = K // bs
+    out[:, :K] = (act.q.reshape(N, nb, bs).astype(F32) * act.d[:, :, None]).reshape(N, K)
     if C > K:
         out[:, K:] = act.x
+    return True
+
+
+def _f16_round(v: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return v.astype(np.float16).astype(F32)
+
+
+def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray) -> bool:
+    """:func:`act_operand` with the compiled quantizers of :mod:`.dequant_kernels` (the same
+    rounding as :mod:`ggmlpy.quants.q8`, in two passes for Q8_0/Q8_1: the block scales, their
+    f16 rounding here, then the quants written as values)."""
+    N, K = x.shape
+    xu = x.view(np.uint32)
+    if kind == "q8_K":
+        k.q8k_values(x, xu, out, 32)
+        return True
+    nb = K // 32
+    d = np.empty((N, nb), F32)
+    k.q8_scales(xu, d, 32)
+    d16 = _f16_round(d)
+    if np.isinf(d16).any():
+        return False
+    s = np.empty((N, nb), F32)
+    k.q8_values(x, d, d16, out, s, 32)
+    if kind == "q8_1":
+        s16 = _f16_round(s)
+        if np.isinf(s16).any():
+            return False
+        out[:, K:] = s16
     return True

@@ -35,7 +35,7 @@ from ggmlpy.core import env
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
-from ggmlpy.quants import dequantize, quantize, vec_dot
+from ggmlpy.quants import dequantize, q8, quantize, vec_dot
 
 pytest.importorskip("gguf")
 
@@ -122,29 +122,61 @@ def test_dequantize_rows_errors():
         qgemm.dequantize_rows(Type.Q4_0, w, split=True)
 
 
+def _hard_rows(rng: np.random.Generator, K: int, big: float = 1e6) -> np.ndarray:
+    """Activation rows that probe the quantizers' rounding: normal and wide-range values, exact
+    half-way ties, one-signed rows, tiny and subnormal blocks (scale underflow, ``1 / d``
+    overflow), large values (``big``: Q8_0 scales near float16's largest), zero and -0 blocks,
+    NaN and +-inf."""
+    rows = [rng.standard_normal(K), rng.standard_normal(K) * np.logspace(-3, 3, K),
+            (rng.integers(-254, 255, K) + 0.5) / 2,  # Q8_0 ties: amax 127 -> d = 1
+            np.abs(rng.standard_normal(K)), -np.abs(rng.standard_normal(K)),
+            rng.standard_normal(K) * 1e-40, rng.standard_normal(K) * 3e-37,
+            rng.standard_normal(K) * 1.2e-38, rng.standard_normal(K) * 1e-44,
+            rng.standard_normal(K) * big, np.zeros(K), -np.zeros(K),
+            rng.integers(-3, 4, K).astype(np.float64)]
+    x = np.array(rows, dtype=np.float32)
+    ties = x[2].copy()
+    ties[::32] = 127.0  # every 32-block's amax 127 (Q8_0 d = 1 exactly)
+    ties[::256] = -127.0  # every Q8_K block's max -127 (iscale = 1)
+    x = np.vstack([x, ties])
+    x[0, 5], x[1, 300], x[4, 40] = np.nan, np.inf, -np.inf
+    x[3, :32] = 0.0
+    x[3, 32:64] = rng.standard_normal(32) * 1e-30
+    return x
+
+
 @pytest.mark.parametrize("jit", [True, False])
 @pytest.mark.parametrize("t", BLOCK + [Type.F16, Type.BF16])
 def test_act_operand_is_the_block_values(t, jit):
     if jit and not _jit():
         pytest.skip("numba not importable")
     rng = np.random.default_rng(11 + int(t))
-    K, N = 512, 5
-    x = (rng.standard_normal((N, K)) * np.logspace(-3, 3, K)).astype(np.float32)
+    K = 512
+    kind = vec_dot.VEC_DOT_TYPE[t]
+    x = _hard_rows(rng, K, 1e3 if kind in ("q8_1", "f16") else 1e6)  # Q8_1's sum fits f16
+    if kind == "f16":
+        x[~np.isfinite(x)] = np.nan  # +-inf counts as beyond float16's range (exact product)
+    N = x.shape[0]
     C = qgemm.gemm_cols(t, K, "ggml")
     out = np.empty((N, C), np.float32)
     assert qgemm.act_operand(t, x, out, jit=jit)
-    kind = vec_dot.VEC_DOT_TYPE[t]
-    Y = vec_dot.unpack_act(kind, qmatmul.act_bytes(qmatmul.quantize_act(kind, x)))
     if kind in ("f16", "bf16"):
+        Y = vec_dot.unpack_act(kind, qmatmul.act_bytes(qmatmul.quantize_act(kind, x)))
         np.testing.assert_array_equal(out, Y["v"])
         return
-    np.testing.assert_array_equal(out[:, :K], (Y["q"].astype(np.float32)
-                                               * Y["d"][:, :, None]).reshape(N, K))
+    ref = {"q8_0": q8.quantize_row_q8_0, "q8_1": q8.quantize_row_q8_1,
+           "q8_K": q8.quantize_row_q8_K}[kind](x)    # ggml's reference quantizers
+    Y = vec_dot.unpack_act(kind, ref)
+    with np.errstate(invalid="ignore"):
+        want = (Y["q"].astype(np.float32) * Y["d"][:, :, None]).reshape(N, K)
+    _same(out[:, :K], want)
     if kind == "q8_1":
-        np.testing.assert_array_equal(out[:, K:], Y["s"])
+        _same(out[:, K:], Y["s"])
     # beyond float16's range the Q8_0/Q8_1 scale overflows: no operand
     if kind != "q8_K":
         assert not qgemm.act_operand(t, np.full((1, K), 1e7, np.float32), out[:1], jit=jit)
+    with pytest.raises(ValueError, match="block size"):
+        qgemm.act_operand(t, x[:, :K - 16], out[:, :K - 16], jit=jit)
 
 
 def _mul_mat(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int, n_threads: int,
