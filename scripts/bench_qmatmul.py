@@ -26,8 +26,9 @@ the weight bandwidth both reach, as JSON on stdout.
   ``--threads`` threads (each its half), ``copy_gbps`` a 512 MiB ``np.copyto`` (bytes read +
   written). ``bw_frac`` = weight_gbps / read_gbps (matrix-vector targets: >= 0.6).
 * ``--crossover``: ggmlpy alone, per type (shapes :data:`XCASES`), the dot kernels (forced at
-  any batch) against the dequantize-then-GEMM path (``GGMLPY_QUANT_MATMUL=dequant``) for 1..256
-  tokens; ``crossover`` is the first batch where the GEMM path wins.
+  any batch) against the GEMM path (forced at any batch: dequantized tiles and the activations
+  in the ``vec_dot_type``, :mod:`ggmlpy.backends.cpu.qgemm`) for 1..256 tokens, the two plans
+  timed in alternating rounds; ``crossover`` is the first batch where the GEMM path wins.
 """
 
 from __future__ import annotations
@@ -264,22 +265,23 @@ def crossover(args, cpu) -> dict:
         wq = _weights(tname, K, M, 7)
         res = []
         first = None
-        for N in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256):
-            times = {}
-            for mode in ("ggml", "dequant"):
-                os.environ["GGMLPY_QUANT_MATMUL"] = mode
-                saved = qmatmul.CROSSOVER[t]
-                qmatmul.CROSSOVER[t] = 1 << 30  # force the dot kernels at every batch
-                try:
-                    case = _Case(cpu, t, wq, K, M, N, 11)
-                    times[mode] = min(_mean_time(case.run, 0.1) for _ in range(args.repeat))
-                    case.free()
-                finally:
-                    qmatmul.CROSSOVER[t] = saved
-            os.environ.pop("GGMLPY_QUANT_MATMUL", None)
-            res.append({"tokens": N, "dot_ms": times["ggml"] * 1e3,
-                        "dequant_ms": times["dequant"] * 1e3})
-            if first is None and times["dequant"] < times["ggml"]:
+        for N in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256):
+            cases = {}
+            saved = qmatmul.CROSSOVER[t]
+            try:
+                for mode, cross in (("dot", 1 << 30), ("gemm", 1)):
+                    qmatmul.CROSSOVER[t] = cross  # the plan's path is fixed when it is built
+                    cases[mode] = _Case(cpu, t, wq, K, M, N, 11)
+            finally:
+                qmatmul.CROSSOVER[t] = saved
+            times = {mode: float("inf") for mode in cases}
+            for _ in range(args.repeat):  # interleaved rounds
+                for mode, case in cases.items():
+                    times[mode] = min(times[mode], _mean_time(case.run, 0.1))
+            for case in cases.values():
+                case.free()
+            res.append({"tokens": N, "dot_ms": times["dot"] * 1e3, "gemm_ms": times["gemm"] * 1e3})
+            if first is None and times["gemm"] < times["dot"]:
                 first = N
         out[tname] = {"K": K, "M": M, "crossover": first, "runs": res}
         print(json.dumps({tname: out[tname]}), file=sys.stderr, flush=True)

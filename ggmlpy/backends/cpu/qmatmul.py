@@ -35,6 +35,8 @@ Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer acti
 :data:`CROSSOVER` ``[type]`` (token generation, small batches), where reading the weight once in
 its own type is the cost; from the crossover on (prompt processing), dequantized row blocks of
 the weight and a BLAS GEMM, whose float32 throughput then wins over the integer dot products.
+That path keeps ggml's numerics (:mod:`ggmlpy.backends.cpu.qgemm`: the same activation
+quantization, the referee's result within float32 summation-order rounding).
 
 Threads: the weight rows are split into ``n_threads`` contiguous ranges (ggml splits ``src0``'s
 rows among its threads the same way when ``src1`` has few rows), each computed by one part; the
@@ -65,13 +67,15 @@ DOT_TYPES = frozenset(VEC_DOT_TYPE)
 #: weight elements per chunk of the NumPy fallback's int32 temporaries
 _NP_CHUNK = 1 << 20
 
-#: activation rows (``src1``'s ``ne[1]``) from which a MUL_MAT with this weight type dequantizes
-#: row blocks for a BLAS GEMM instead of running the dot kernel (the crossover, measured per type
-#: with ``scripts/bench_qmatmul.py --crossover`` on the Gemma 3 270M shapes with 2 threads; the
-#: figures are in docs/quant_matmul.md). F16/BF16 weights take the float32 path from 2 and 4 rows:
-#: there the float32 GEMM wins as soon as the batch is more than a matrix-vector product.
-CROSSOVER = {Type.Q4_0: 64, Type.Q4_1: 32, Type.Q5_0: 48, Type.Q5_1: 48, Type.Q8_0: 48,
-             Type.Q4_K: 64, Type.Q5_K: 128, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
+#: activation rows (``src1``'s ``ne[1]``) from which a MUL_MAT with this weight type runs the GEMM
+#: path (:mod:`ggmlpy.backends.cpu.qgemm`: dequantized tiles of the weight, the activations in
+#: the ``vec_dot_type``, a BLAS GEMM) instead of the dot kernel: the crossover, measured per type
+#: with ``scripts/bench_qmatmul.py --crossover`` on the Gemma 3 270M shapes with 2 threads (the
+#: batch from which the GEMM path won at every larger batch; figures in docs/quant_matmul.md).
+#: F16/BF16 weights take it from 2 rows: there the float32 GEMM wins as soon as the batch is
+#: more than a matrix-vector product (which reads half the bytes on the dot kernel).
+CROSSOVER = {Type.Q4_0: 12, Type.Q4_1: 12, Type.Q5_0: 12, Type.Q5_1: 8, Type.Q8_0: 16,
+             Type.Q4_K: 12, Type.Q5_K: 12, Type.Q6_K: 8, Type.F16: 2, Type.BF16: 2}
 
 _state: dict[str, Any] = {}
 

@@ -18,9 +18,10 @@ runs with one thread (plans are then exactly the unthreaded ones).
 
 Splittable ops (:data:`SPLIT_OPS`): element-wise (ADD, SUB, MUL, DIV with a source that is
 either sliced alike or broadcast along the split axis; SCALE; UNARY; same-shape CPY/DUP/CONT),
-row-wise (NORM, RMS_NORM, L2_NORM, SOFT_MAX without ALiBi, its mask sliced alike or broadcast)
-and MUL_MAT (split over the batch dims, or over the rows of ``src1`` with ``src0`` shared; on
-the dot kernels of :mod:`ggmlpy.backends.cpu.qmatmul`, over the rows of ``src0``).
+row-wise (NORM, RMS_NORM, L2_NORM, SOFT_MAX without ALiBi, its mask sliced alike or broadcast),
+MUL_MAT (split over the batch dims, or over the rows of ``src1`` with ``src0`` shared; on
+the dot kernels of :mod:`ggmlpy.backends.cpu.qmatmul`, over the rows of ``src0``) and
+FLASH_ATTN_EXT (over its query rows, K and V shared).
 Each slice computes exactly what the whole node computes for those rows, with the same kernel;
 BLAS may block a GEMM of fewer rows differently, so MUL_MAT results can differ in the last
 float32 bits from an unsplit product (as ggml's own results differ with ``n_threads``).
@@ -43,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backends.kernels import matmul
+from ggmlpy.backends.kernels.attention import fa_query_chunk
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 
@@ -69,7 +71,7 @@ MIN_MACS = 1 << 24
 #: 3 270M 640 x 1024 matrix-vector product, ~0.1 ms of one thread, and larger)
 MIN_DOT_MACS = 1 << 19
 #: ops :func:`split_step` may split
-SPLIT_OPS = frozenset((*_ELEMENTWISE, *_SAME_SHAPE, Op.SOFT_MAX, Op.MUL_MAT))
+SPLIT_OPS = frozenset((*_ELEMENTWISE, *_SAME_SHAPE, Op.SOFT_MAX, Op.MUL_MAT, Op.FLASH_ATTN_EXT))
 
 
 def default_n_threads() -> int:
@@ -621,6 +623,51 @@ def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
                  compile_whole=lambda: compile_node(xp, node, dst, srcs))
 
 
+def _fa_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
+              compile_node: Compile, whole: Step | None) -> Split | None:
+    """FLASH_ATTN_EXT cut along its query rows (ggml's CPU kernel splits its rows among the
+    threads the same way): slice ``i`` computes ``dst[:, lo:hi]`` (NumPy ``(B, NQ, H, DV)``) from
+    ``q[:, :, lo:hi]``, the mask's rows ``lo:hi`` and all of K and V, exactly what the whole node
+    computes for those queries (the cuts fall on the kernel's query chunks,
+    :func:`~ggmlpy.backends.kernels.attention.fa_query_chunk`, so the bits do not depend on
+    ``n_threads``). A node of at least :data:`MIN_MACS` multiply-adds (``NQ * H * DK * NKV`` per
+    batch) and two chunks is split."""
+    q, k = srcs[0], srcs[1]
+    NQ = dst.shape[1]
+    if k is None:
+        return None
+    qc = fa_query_chunk(q.shape[0], q.shape[1], k.shape[2])
+    n_chunks = -(-NQ // qc)
+    if n_chunks < 2:
+        return None
+    mask = srcs[3] if len(srcs) > 3 else None
+    big = q.size * k.shape[2] >= MIN_MACS
+    # cut at the kernel's query chunks: every row is computed as in the whole node
+    bounds = [(lo * qc, min(NQ, hi * qc)) for lo, hi in _bounds(n_chunks, min(n_chunks,
+                                                                                pool.n_threads))]
+
+    def compile_parts() -> list[Step] | None:
+        parts = []
+        for lo, hi in bounds:
+            part_srcs = list(srcs)
+            part_srcs[0] = q[:, :, lo:hi]
+            if mask is not None:
+                part_srcs[3] = mask[:, :, lo:hi]
+            step = compile_node(xp, node, dst[:, lo:hi], part_srcs)
+            if step is None:
+                return None
+            parts.append(step)
+        return parts
+
+    reads = [(s, False) for s in srcs if s is not None]
+    if big:
+        parts = compile_parts()
+        return None if parts is None else Split(pool, parts, 1, bounds, dst, reads)
+    return Split(pool, None, 1, bounds, dst, reads, big=False, whole=whole,
+                 compile_parts=compile_parts,
+                 compile_whole=lambda: compile_node(xp, node, dst, srcs))
+
+
 def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
                compile_node: Compile, whole: Step | None = None) -> Split | None:
     """Compile ``node`` as ``n_parts`` slices over rows of ``dst`` (see the module docstring),
@@ -648,6 +695,8 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         return None
     if op == Op.MUL_MAT and matmul.splits_weight_rows(node):
         return _dot_split(xp, node, dst, srcs, pool, compile_node, whole)
+    if op == Op.FLASH_ATTN_EXT:
+        return _fa_split(xp, node, dst, srcs, pool, compile_node, whole)
     # which operand is cut along ``ax`` (True), or read whole by every slice (False)
     if op == Op.MUL_MAT:
         a, b = srcs[0], srcs[1]

@@ -1,5 +1,9 @@
 """Soft-max and attention kernels: DIAG_MASK_INF/ZERO, SOFT_MAX (mask and ALiBi) and FLASH_ATTN_EXT
-(an exact float32 softmax; ggml's CPU accumulates in f16 when V is F16).
+(an exact float32 softmax; ggml's CPU accumulates in f16 when V is F16). On NumPy FLASH_ATTN_EXT
+runs in chunks of query rows whose scores stay in cache (:data:`FA_CHUNK_ELEMS`), each reading
+only the KV cells between the first and the last one its mask leaves visible to some row of the
+chunk (the cells outside are ``-inf`` for all of them, so they add exact zeros: ggml's CPU kernel
+skips ``-inf`` mask entries too; a causal prompt reads about half the cells).
 
 SOFT_MAX without ALiBi (``max_bias == 0``) runs the variants of :mod:`ggmlpy.backends.cpu.variants`
 (``fast.soft_max``: :func:`ggmlpy.backends.cpu.fastpath.soft_max`
@@ -21,7 +25,16 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backends.cpu import fastpath
-from ggmlpy.backends.kernels.common import F32, FLOATS, as_f32, as_strided, copy_into, src_of, sup_f32_same
+from ggmlpy.backends.kernels.common import (
+    F32,
+    FLOATS,
+    as_f32,
+    as_strided,
+    copy_into,
+    is_numpy,
+    src_of,
+    sup_f32_same,
+)
 from ggmlpy.backends.kernels.registry import Kernel, Step, kernel
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
@@ -153,6 +166,19 @@ def _k_soft_max(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return run
 
 
+#: float32 scores per query chunk of FLASH_ATTN_EXT on NumPy (256K = 1 MiB, inside L2): the
+#: chunk's scores are scaled, masked, exponentiated and summed while they stay in cache
+FA_CHUNK_ELEMS = 1 << 18
+
+
+def fa_query_chunk(B: int, H: int, NKV: int) -> int:
+    """Query rows per chunk of a NumPy FLASH_ATTN_EXT with ``B`` batches, ``H`` heads and ``NKV``
+    KV cells (``B * H * NKV`` scores per query row, :data:`FA_CHUNK_ELEMS` per chunk). Chunks
+    start at multiples of it, so a split of the query rows at such multiples
+    (:mod:`ggmlpy.backends.cpu.threads`) computes every row exactly as the whole node does."""
+    return max(1, FA_CHUNK_ELEMS // max(1, B * H * NKV))
+
+
 @kernel(Op.FLASH_ATTN_EXT, supports=_sup_fa)
 def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     p = node.op_params
@@ -194,24 +220,45 @@ def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
             hi = xp.asarray((np.arange(H) % mH).reshape(1, H))
             mask_fn = lambda: mq[bi, hi].reshape(B, Hkv, g, NQ, NKV)  # noqa: E731
     matmul, tanh, exp, copyto, where = xp.matmul, xp.tanh, xp.exp, xp.copyto, xp.where
+    # query rows per chunk: the chunk's scores (Hkv * g rows of NKV per query) stay in cache
+    qc = fa_query_chunk(B, H, NKV)
+    numpy = is_numpy(xp)
 
-    def run() -> None:
-        kk = as_f32(xp, k5)
-        vv = as_f32(xp, v5)
-        s = matmul(qs, kk.swapaxes(-1, -2))        # (B, Hkv, g, NQ, NKV) f32
+    def chunk(kk: Any, vv: Any, mk_all: Any, q0: int, q1: int) -> None:
+        lo, hi = 0, NKV
+        mk = None
+        if mk_all is not None:
+            mk = mk_all[..., q0:q1, :]
+            if numpy:  # cells no query row of the chunk sees (-inf everywhere) are skipped
+                live = np.flatnonzero((mk != -np.inf).reshape(-1, NKV).any(axis=0))
+                if live.size == 0:
+                    d5[..., q0:q1, :] = 0  # fully masked rows: exp(-inf) = 0 -> output 0
+                    return
+                lo, hi = int(live[0]), int(live[-1]) + 1
+                mk = mk[..., lo:hi]
+        s = matmul(qs[..., q0:q1, :], kk[..., lo:hi, :].swapaxes(-1, -2))  # (B, Hkv, g, n, w)
         s *= s_scale
         if softcap != 0.0:
             tanh(s, out=s)
             s *= cap
-        if mask_fn is not None:
-            mk = as_f32(xp, mask_fn())
+        if mk is not None:
             s += slopes * mk if use_slope else mk
         m = s.max(axis=-1, keepdims=True)
         m = where(m == -np.inf, F32(0), m)        # fully masked rows: exp(-inf) = 0 -> output 0
         s -= m
         exp(s, out=s)
         den = s.sum(axis=-1, keepdims=True)
-        o = matmul(s, vv)
+        o = matmul(s, vv[..., lo:hi, :])
         o /= where(den == 0, F32(1), den)
-        copyto(d5, o, casting="unsafe")
+        copyto(d5[..., q0:q1, :], o, casting="unsafe")
+
+    def run() -> None:
+        kk = as_f32(xp, k5)
+        vv = as_f32(xp, v5)
+        mk_all = as_f32(xp, mask_fn()) if mask_fn is not None else None
+        if not numpy:
+            chunk(kk, vv, mk_all, 0, NQ)
+            return
+        for q0 in range(0, NQ, qc):
+            chunk(kk, vv, mk_all, q0, min(NQ, q0 + qc))
     return run

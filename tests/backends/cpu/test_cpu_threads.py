@@ -144,6 +144,20 @@ def _soft_max(ne, ne_m, scale=0.5, max_bias=0.0):
     return build
 
 
+def _flash_attn(D, NQ, H, NKV):
+    """Attention of NQ queries over NKV cells (one KV head) with a causal mask of -inf."""
+    def build(ctx, rng):
+        q = ctx.new_tensor(F32, (D, NQ, H, 1))
+        k, v = ctx.new_tensor(F32, (D, NKV, 1, 1)), ctx.new_tensor(F32, (D, NKV, 1, 1))
+        m = ctx.new_tensor(F32, (NKV, NQ, 1, 1))
+        mv = np.where(np.arange(NKV)[None, :] <= np.arange(NQ)[:, None], 0.0, -np.inf)
+        ins = {q: _rand(rng, q.ne), k: _rand(rng, k.ne), v: _rand(rng, v.ne),
+               m: mv.astype(np.float32)[None, None]}
+        return ops.flash_attn_ext(ctx, ops.permute(ctx, q, 0, 2, 1, 3), k, v, m, 0.125, 0.0,
+                                  0.0), ins
+    return build
+
+
 def _mul_mat(ne_a, ne_b):
     def build(ctx, rng):
         a, b = ctx.new_tensor(F32, ne_a), ctx.new_tensor(F32, ne_b)
@@ -201,6 +215,8 @@ _CASES = [
     ("soft_max-ax1-alibi", Op.SOFT_MAX, _soft_max(SM1, (512, 32, 1, 1), 1.0, 8.0), False),
     ("soft_max-ax2-alibi-big", Op.SOFT_MAX, _soft_max((256, 1024, 1, 1), (256, 1024, 1, 1),
                                                       1.0, 8.0), False),
+    # attention: cut along the query rows at the kernel's chunks (512 rows: 4 chunks of 128)
+    ("flash_attn-queries", Op.FLASH_ATTN_EXT, _flash_attn(64, 512, 4, 512), True),
 ]
 
 # MUL_MAT: ne_a = [K, M, B2a, B3a], ne_b = [K, N, B2, B3] -> dst [M, N, B2, B3]
@@ -215,7 +231,7 @@ _MM_CASES = [
 
 def test_table_covers_every_split_op() -> None:
     assert {c[1] for c in _CASES} | {Op.MUL_MAT} == set(SPLIT_OPS)
-    assert all(MIN_ELEMENTS[op] <= E for op in SPLIT_OPS if op != Op.MUL_MAT)
+    assert all(MIN_ELEMENTS[op] <= E for op in SPLIT_OPS if op not in (Op.MUL_MAT, Op.FLASH_ATTN_EXT))
 
 
 def _kernel_of(step):

@@ -16,6 +16,7 @@ import pytest
 from helpers import run_graph, uniform
 
 from ggmlpy import ops
+from ggmlpy.backends.kernels import attention
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 
@@ -161,6 +162,36 @@ def test_flash_attn_ext(D, Dv, H, Hkv, NQ, NKV, B, mask, max_bias, softcap, kv_t
     np.testing.assert_allclose(r, ref, rtol=1e-4, atol=1e-5)
     if M is not None:
         assert np.all(r[:, 2] == 0)
+
+
+@pytest.mark.parametrize("kv_t", [Type.F32, Type.F16])
+def test_flash_attn_ext_chunks_skip_hidden_cells(kv_t, monkeypatch):
+    """Query chunks of 2 rows (FA_CHUNK_ELEMS made tiny) over a causal mask whose last cells
+    are hidden from every row, one chunk fully masked: the result is the float64 softmax over
+    the visible cells; NaN in cells no row sees does not reach the output (ggml skips -inf)."""
+    monkeypatch.setattr(attention, "FA_CHUNK_ELEMS", 2 * 2 * 16)
+    D, H, NQ, NKV = 8, 2, 9, 16
+    rng = np.random.default_rng(7)
+    ctx = Context()
+    q = ctx.new_tensor(Type.F32, (D, NQ, H, 1))
+    k = ctx.new_tensor(kv_t, (D, NKV, 1, 1))
+    v = ctx.new_tensor(kv_t, (D, NKV, 1, 1))
+    m = ctx.new_tensor(Type.F32, (NKV, NQ, 1, 1))
+    out = ops.flash_attn_ext(ctx, q, k, v, m, 0.5, 0.0, 0.0)
+    Q = uniform(rng, q.ne[::-1])
+    K = uniform(rng, k.ne[::-1], dtype=kv_t.dtype)
+    V = uniform(rng, v.ne[::-1], dtype=kv_t.dtype)
+    cells = np.arange(NKV)[None, :]
+    pos = np.arange(NQ)[:, None] + 2
+    M = np.where(cells <= pos, 0.0, -np.inf).astype(np.float32)[None, None]
+    M[..., 4:6, :] = -np.inf                         # rows 4, 5: the third chunk, fully masked
+    V[..., 12:, :] = np.nan                          # cells 12.. are hidden from every row
+    (r,) = run_graph(ctx, [out], {q: Q, k: K, v: V, m: M})
+    Vref = V.copy()
+    Vref[..., 12:, :] = 0
+    ref = _fa_ref(Q, K, Vref, M, 0.5, 0.0, 0.0)
+    np.testing.assert_allclose(r, ref, rtol=1e-4, atol=1e-5)
+    assert np.all(r[:, 4:6] == 0)
 
 
 # ---------------------------------------------------------------------------------------------
