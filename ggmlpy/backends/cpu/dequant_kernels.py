@@ -247,32 +247,32 @@ def act_values(q, d, bs, out):
 
 
 @njit(**_OPTS)
-def q8_scales(xu, d, n32):
+def q8_scales(xi, d, n32):
     """Q8_0/Q8_1, first pass: ``d[n, b] = amax / 127`` (float32, before the f16 rounding) of
-    every 32-element block of the rows whose float32 bits are ``xu`` (uint32 ``(N, K)``); NaN for
+    every 32-element block of the rows whose float32 bits are ``xi`` (int32 ``(N, K)``); NaN for
     a block holding NaN or +-inf. ``amax`` is taken on the bits of ``|x|`` (their integer order
     is the values' order), which vectorizes. ``n32`` is 32 (see the module doc)."""
-    N, K = xu.shape
+    N, K = xi.shape
     for n in range(N):
-        xr = xu[n]
+        xr = xi[n]
         for b in range(K // 32):
-            m = np.uint32(0)
+            m = np.int32(0)
             for j in range(b * 32, b * 32 + n32):
-                a = xr[j] & np.uint32(0x7FFFFFFF)
-                m = a if a > m else m
-            if m >= np.uint32(0x7F800000):
+                m = max(m, np.int32(xr[j] & np.int32(0x7FFFFFFF)))
+            if m >= np.int32(0x7F800000):
                 d[n, b] = F32(np.nan)
             else:
-                d[n, b] = np.uint32(m).view(np.float32) / F32(127)
+                d[n, b] = np.int32(m).view(np.float32) / F32(127)
 
 
 @njit(**_OPTS)
-def q8_values(x, d, d16, out, s, n32):
+def q8_values(x, d, d16, out, s, want_s, n32):
     """Q8_0/Q8_1, second pass: the quants ``q = roundf(x / d)`` (``x * (1 / d)``, half away from
     zero, 0 where that is not finite: ggml-quants.c ``quantize_row_q8_0_ref``) of every block
     with scale ``d`` (:func:`q8_scales`), written as their values ``out[n, k] = q * d16`` (``d16``
-    the f16-rounded scale as float32), and ``s[n, b] = float(sum(q)) * d`` (Q8_1's sum, before
-    its f16 rounding)."""
+    the f16-rounded scale as float32); with ``want_s`` also ``s[n, b] = float(sum(q)) * d``
+    (Q8_1's sum, before its f16 rounding). The quants stay integral float32 values (``+ 0``
+    turns a -0 into the +0 an integer quant gives), which keeps the loop vectorized."""
     N, K = x.shape
     for n in range(N):
         xr = x[n]
@@ -281,46 +281,56 @@ def q8_values(x, d, d16, out, s, n32):
             dd = d[n, b]
             idv = F32(1) / dd if dd != F32(0) else F32(0)
             h = d16[n, b]
-            acc = np.int32(0)
             for j in range(b * 32, b * 32 + n32):
                 v = xr[j] * idv
                 t = np.trunc(v)
                 r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
-                q = np.int32(r) if abs(r) < F32(256) else np.int32(0)
-                acc += q
-                o[j] = F32(q) * h
-            s[n, b] = F32(acc) * dd
+                o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * h
+            if want_s:
+                acc = np.int32(0)
+                for j in range(b * 32, b * 32 + n32):
+                    v = xr[j] * idv
+                    t = np.trunc(v)
+                    r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
+                    acc += np.int32(r) if abs(r) < F32(256) else np.int32(0)
+                s[n, b] = F32(acc) * dd
 
 
 @njit(**_OPTS)
-def q8k_values(x, xu, out, n32):
+def q8k_values(x, xi, out, n32):
     """Q8_K in one pass per 256-element block: ``max`` the first element of largest magnitude,
     ``iscale = -127 / max``, ``q = min(127, nearest_int(iscale * x))`` (the 1.5 * 2**23 trick),
     ``d = 1 / iscale`` (ggml-quants.c ``quantize_row_q8_K_ref``), written as ``out = q * d``;
-    a block of zeros gives zeros, one holding NaN or +-inf gives NaN. ``xu``: ``x``'s bits as
-    uint32; ``n32`` is 32 (see the module doc)."""
+    a block of zeros gives zeros, one holding NaN or +-inf gives NaN. ``xi``: ``x``'s bits as
+    int32; ``n32`` is 32 (see the module doc)."""
     N, K = x.shape
     for n in range(N):
         xr = x[n]
-        ur = xu[n]
+        ur = xi[n]
         o = out[n]
         for b in range(K // 256):
             p = b * 256
-            m = np.uint32(0)
+            m = np.int32(0)
             for c in range(8):
                 for j in range(p + 32 * c, p + 32 * c + n32):
-                    a = ur[j] & np.uint32(0x7FFFFFFF)
-                    m = a if a > m else m
-            if m >= np.uint32(0x7F800000) or m == np.uint32(0):
-                fill = F32(np.nan) if m != np.uint32(0) else F32(0)
+                    m = max(m, np.int32(ur[j] & np.int32(0x7FFFFFFF)))
+            if m >= np.int32(0x7F800000) or m == np.int32(0):
+                fill = F32(np.nan) if m != np.int32(0) else F32(0)
                 for j in range(p, p + 256):
                     o[j] = fill
                 continue
             i = p
-            while (ur[i] & np.uint32(0x7FFFFFFF)) != m:
+            while np.int32(ur[i] & np.int32(0x7FFFFFFF)) != m:
                 i += 1
             iscale = F32(-127) / xr[i]
             dd = F32(1) / iscale
+            if abs(iscale) < F32(np.inf):
+                # |iscale * x| <= 127: (v + 1.5 * 2**23) - 1.5 * 2**23 is the trick's integer
+                for c in range(8):
+                    for j in range(p + 32 * c, p + 32 * c + n32):
+                        f = (iscale * xr[j] + F32(12582912.0)) - F32(12582912.0)
+                        o[j] = (f if f < F32(127) else F32(127)) * dd
+                continue
             for c in range(8):
                 for j in range(p + 32 * c, p + 32 * c + n32):
                     f = iscale * xr[j] + F32(12582912.0)

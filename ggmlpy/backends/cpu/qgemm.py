@@ -268,18 +268,18 @@ def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray) -> bool:
     rounding as :mod:`ggmlpy.quants.q8`, in two passes for Q8_0/Q8_1: the block scales, their
     f16 rounding here, then the quants written as values)."""
     N, K = x.shape
-    xu = x.view(np.uint32)
+    xi = x.view(np.int32)
     if kind == "q8_K":
-        k.q8k_values(x, xu, out, 32)
+        k.q8k_values(x, xi, out, 32)
         return True
     nb = K // 32
     d = np.empty((N, nb), F32)
-    k.q8_scales(xu, d, 32)
+    k.q8_scales(xi, d, 32)
     d16 = _f16_round(d)
     if np.isinf(d16).any():
         return False
     s = np.empty((N, nb), F32)
-    k.q8_values(x, d, d16, out, s, 32)
+    k.q8_values(x, d, d16, out, s, kind == "q8_1", 32)
     if kind == "q8_1":
         s16 = _f16_round(s)
         if np.isinf(s16).any():
