@@ -1,6 +1,7 @@
 """The Numba kernels behind :mod:`ggmlpy.backends.cpu.qgemm` (imported by it on first use only;
-importing this module imports Numba): block-quantized weight rows to float32 tiles, and
-quantized activations to the float32 values their blocks stand for.
+importing this module imports Numba): block-quantized weight rows to float32 tiles, and float32
+activations quantized to Q8_0/Q8_1/Q8_K (ggml's reference rounding, bit for bit as
+:mod:`ggmlpy.quants.q8`) and written as the float32 values their blocks stand for.
 
 Module-level functions so that Numba's on-disk cache (``cache=True``) finds them again in a later
 process. Shapes and layouts are checked by the caller, not here. No ``fastmath``: every float32

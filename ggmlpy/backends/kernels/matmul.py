@@ -18,7 +18,11 @@ with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
   exists. Threaded plans cut the weight's rows. The choice depends on the types, the batch and
   the variable only, never on where the weight lies or on the cache below.
 * NumPy, larger batches (prompt processing) and ``GGMLPY_QUANT_MATMUL=dequant``: the weight's
-  float32 values, then BLAS, in one of the two ways below.
+  float32 values, then BLAS, in one of the two ways below. The left operand keeps ggml's
+  numerics under ``ggml`` (:mod:`ggmlpy.backends.cpu.qgemm`): F32 activations quantized to the
+  weight type's ``vec_dot_type`` and multiplied as their block values (F16/BF16: rounded to
+  that type), Q4_1/Q5_1 tiles with their block mins in ``K / 32`` extra columns; activations
+  that overflow the ``vec_dot_type``, ``dequant`` and F16 activations: the float32 values.
 * NumPy, F16/BF16 weight in a buffer of usage WEIGHTS (block-quantized ones only when
   ``GGMLPY_WEIGHT_CACHE_MB`` is set: the cache trades memory for speed): the weight's float32
   copy comes from :mod:`.weight_cache` (converted on first use, reused until any write to the
@@ -27,8 +31,8 @@ with an F32 ``src1``, and an F16 ``src0`` with F32/F16 ``src1``:
   bits.
 * NumPy, other weights (activations, compute buffers, cache off or weight over budget, async
   writes queued): converted per call in row blocks of 2-4 MiB of float32
-  (:func:`~.typeconv.block_rows`; each block dequantized in 128 KiB chunks that stay in cache),
-  each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T`` (the active CBLAS when it takes
+  (:func:`~.typeconv.block_rows`; each block dequantized into the thread's tile by
+  :func:`ggmlpy.backends.cpu.qgemm.dequantize_rows`), each followed by its GEMM ``dst[..., r:r+R] = b @ a_blk^T`` (the active CBLAS when it takes
   the operands, as for F32, else NumPy: one library per shape). Blocks are that large because
   thinner ones make BLAS slow (measurements in :mod:`.typeconv`); a weight under two blocks is
   one block, so no temporary ever exceeds ~4 MiB whatever the weight.
