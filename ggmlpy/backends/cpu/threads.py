@@ -20,7 +20,8 @@ Splittable ops (:data:`SPLIT_OPS`): element-wise (ADD, SUB, MUL, DIV with a sour
 either sliced alike or broadcast along the split axis; SCALE; UNARY; same-shape CPY/DUP/CONT),
 row-wise (NORM, RMS_NORM, L2_NORM, SOFT_MAX without ALiBi, its mask sliced alike or broadcast),
 MUL_MAT (split over the batch dims, or over the rows of ``src1`` with ``src0`` shared; on
-the dot kernels of :mod:`ggmlpy.backends.cpu.qmatmul`, over the rows of ``src0``) and
+the dot kernels of :mod:`ggmlpy.backends.cpu.qmatmul`, and on the GEMM path for a quantized
+weight of many rows per activation row, over the rows of ``src0``) and
 FLASH_ATTN_EXT (over its query rows, K and V shared).
 Each slice computes exactly what the whole node computes for those rows, with the same kernel;
 BLAS may block a GEMM of fewer rows differently, so MUL_MAT results can differ in the last
@@ -596,8 +597,9 @@ def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     ``src0[..., lo:hi, :]`` and all of ``src1``. On the dot kernels each slice quantizes ``src1``
     itself (a batch below the crossover is small next to the weight) and every output is computed
     by one fixed sequence of operations whatever the cut, so the result does not depend on
-    ``n_threads``; on the dequantizing path each slice converts only its rows of the weight (a
-    cut along ``src1``'s rows would convert the whole weight on every thread)."""
+    ``n_threads``; on the GEMM path (a weight of many rows per activation row,
+    :func:`~ggmlpy.backends.kernels.matmul.splits_weight_rows`) each slice dequantizes only its
+    rows of the weight."""
     a, b = srcs[0], srcs[1]
     M = dst.shape[3]
     if M < 2:

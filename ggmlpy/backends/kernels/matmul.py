@@ -401,13 +401,27 @@ def uses_dot_kernel(node: Tensor) -> bool:
             and qmatmul.chooses_dot(a.type, b.type, b.ne[1]))
 
 
+#: a GEMM-path MUL_MAT with a block-quantized weight of at least this many rows per activation
+#: row is cut along the weight's rows on threads, a smaller one along the activation rows (see
+#: :func:`splits_weight_rows`)
+WEIGHT_ROWS_PER_ACT_ROW = 8
+
+
 def splits_weight_rows(node: Tensor) -> bool:
     """Whether a threaded CPU plan cuts MUL_MAT ``node`` along its weight's rows
-    (:func:`ggmlpy.backends.cpu.threads.split_step`): on the dot kernels, and for every
-    block-quantized weight (its per-call dequantization is then shared out, not repeated)."""
+    (:func:`ggmlpy.backends.cpu.threads.split_step`): on the dot kernels, and on the GEMM path for
+    a block-quantized weight of ``M >= WEIGHT_ROWS_PER_ACT_ROW * N`` rows (``N`` activation rows).
+    Each part of a weight-row cut dequantizes only its rows but builds the whole activation
+    operand; each part of an activation-row cut dequantizes the whole weight and builds the operand
+    of its rows only. Quantizing an activation element costs several times dequantizing a weight
+    element (:mod:`ggmlpy.backends.cpu.qgemm`), so prompt batches of most shapes cut the
+    activation rows, as an F32 MUL_MAT does."""
     a, b = node.src[0], node.src[1]
-    return (node.op == Op.MUL_MAT and a is not None and b is not None
-            and (a.type in QUANT_TYPES or uses_dot_kernel(node)))
+    if node.op != Op.MUL_MAT or a is None or b is None:
+        return False
+    if uses_dot_kernel(node):
+        return True
+    return a.type in QUANT_TYPES and a.ne[1] >= WEIGHT_ROWS_PER_ACT_ROW * b.ne[1]
 
 
 def _dot_step(ta: Type, a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> Step:

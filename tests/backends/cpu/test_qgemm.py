@@ -29,7 +29,7 @@ from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu import qgemm, qmatmul
 from ggmlpy.backends.cpu.backend import backend_cpu_init
-from ggmlpy.backends.kernels.matmul import uses_dot_kernel
+from ggmlpy.backends.kernels.matmul import splits_weight_rows, uses_dot_kernel
 from ggmlpy.backends.kernels.weight_cache import CACHE
 from ggmlpy.core import env
 from ggmlpy.core.graph import Graph
@@ -235,6 +235,28 @@ def test_mul_mat_tracks_the_vec_dot_referee(t, n, monkeypatch):
         for r in _mul_mat(t, raw, x, K, M, nt, True, times=2):
             np.testing.assert_array_equal(r, off)  # cache on/off, first/second call, threads
     assert (CACHE.stats()["hits"] > hits) == (n >= qmatmul.CROSSOVER[t])  # the copy served
+
+
+def _cuts_weight_rows(t: Type, K: int, M: int, n: int) -> bool:
+    ctx = Context(no_alloc=True)
+    node = ops.mul_mat(ctx, ctx.new_tensor(t, (K, M)), ctx.new_tensor(Type.F32, (K, n)))
+    return splits_weight_rows(node)
+
+
+@pytest.mark.parametrize("t", [Type.Q4_1, Type.Q4_K, Type.Q8_0])
+def test_activation_row_split_tracks_the_referee(t):
+    """A batch of more than M / 8 rows is cut along the activation rows on 2 threads (each part
+    quantizes its rows and dequantizes the whole weight): the referee within the bound, and the
+    same bits as one thread."""
+    K, M, n = 512, 600, 100
+    assert not _cuts_weight_rows(t, K, M, n) and _cuts_weight_rows(t, K, M, 70)
+    rng = np.random.default_rng(int(t) + 1)
+    raw = quantize((rng.standard_normal((M, K)) / 8).astype(np.float32), t)
+    x = rng.standard_normal((n, K)).astype(np.float32)
+    want, bound = ggml_gemm_expected(t, raw.reshape(M, -1), x)
+    one = _mul_mat(t, raw, x, K, M, 1, False)[0]
+    assert (np.abs(one.astype(np.float64) - want) <= bound).all()
+    np.testing.assert_array_equal(_mul_mat(t, raw, x, K, M, 2, False)[0], one)
 
 
 @pytest.mark.parametrize("t", [Type.Q4_1, Type.Q4_K, Type.Q8_0, Type.F16])
