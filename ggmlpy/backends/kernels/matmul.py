@@ -338,19 +338,30 @@ def _row_block_jobs(a: Any, b: Any, dst: Any, K: int) -> list[tuple[Any, tuple, 
 def _row_block_step(xp: Any, ta: Type, jobs: list[tuple[Any, tuple, Any, tuple]], b: Any, K: int,
                     lib: Any, numerics: str) -> Step:
     """The NumPy per-call conversion: the left operand once per call (:func:`_left_operand`),
-    then each row block of the weight dequantized into this thread's tile and multiplied by
-    its GEMM (:func:`_block_gemm` with CBLAS ``lib`` or NumPy)."""
+    then each row block of the weight converted into this thread's tile (:func:`_fill_tile`) and
+    multiplied by its GEMM (:func:`_block_gemm` with CBLAS ``lib`` or NumPy). The GEMM calls are
+    built once and reused while the tile and the left operand stay at the same addresses (the
+    thread's scratch buffers only grow, so after the first calls they do)."""
     split = numerics == "ggml" and ta in qgemm.SPLIT_MIN_TYPES
     C = qgemm.gemm_cols(ta, K, numerics)
+    rows = [a_blk.shape[2] for a_blk, _, _, _ in jobs]
+    built: list[Any] = [None, None]  # (addresses and form the calls were built for, the calls)
 
     def run() -> None:
         xa = _left_operand(ta, b, K, numerics)
         sp = split
         if xa is None:  # activations beyond the vec_dot type: the exact product
             xa, sp = (b if b.dtype == F32 else b.astype(F32)), False
-        for a_blk, sl, d_blk, _ in jobs:
-            w = _tile(ta, a_blk, K, C if sp else K, sp)
-            _block_gemm(lib, w, xa[sl], d_blk)()
+        cols = C if sp else K
+        buf = _thread_buf("tile", max(rows) * cols)
+        key = (array_address(buf), array_address(xa), xa.shape, cols)
+        if built[0] != key:
+            tiles = [buf[:r * cols].reshape(1, 1, r, cols) for r in rows]
+            built[:] = [key, [(t, _block_gemm(lib, t, xa[sl], d_blk))
+                              for t, (_, sl, d_blk, _) in zip(tiles, jobs)]]
+        for (a_blk, _, _, _), (tile, gemm) in zip(jobs, built[1]):
+            _fill_tile(ta, a_blk, K, tile, sp)
+            gemm()
     return run
 
 
@@ -364,16 +375,14 @@ def _thread_buf(name: str, n: int) -> np.ndarray:
     return buf
 
 
-def _tile(ta: Type, a_blk: Any, K: int, C: int, split: bool) -> np.ndarray:
-    """Weight rows ``a_blk`` (NumPy ``(1, 1, R, row)``) as float32 ``(1, 1, R, C)``: block types
-    dequantized into this thread's tile (:func:`ggmlpy.backends.cpu.qgemm.dequantize_rows`,
-    ``split``: Q4_1/Q5_1 mins in the extra columns), F16/BF16 converted."""
-    if ta not in QUANT_TYPES:
-        return to_f32(np, ta, a_blk, K)
-    R = a_blk.shape[2]
-    out = _thread_buf("tile", R * C)[:R * C].reshape(R, C)
-    qgemm.dequantize_rows(ta, a_blk[0, 0], out, split=split)
-    return out.reshape(1, 1, R, C)
+def _fill_tile(ta: Type, a_blk: Any, K: int, tile: np.ndarray, split: bool) -> None:
+    """Weight rows ``a_blk`` (NumPy ``(1, 1, R, row)``) as float32 into ``tile`` ``(1, 1, R,
+    C)``: block types dequantized (:func:`ggmlpy.backends.cpu.qgemm.dequantize_rows`, ``split``:
+    Q4_1/Q5_1 mins in the extra columns), F16/BF16 converted (exact)."""
+    if ta in QUANT_TYPES:
+        qgemm.dequantize_rows(ta, a_blk[0, 0], tile[0, 0], split=split)
+    else:
+        np.copyto(tile, to_f32(np, ta, a_blk, K))
 
 
 def _left_operand(ta: Type, b: np.ndarray, K: int, numerics: str) -> np.ndarray | None:
