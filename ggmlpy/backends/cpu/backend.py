@@ -41,9 +41,9 @@ from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Tensor
 
-__all__ = ["HostBuffer", "CPUBufferType", "CPUBackend", "CPUDevice", "cpu_buffer_type",
-           "cpu_buffer_from_array", "backend_cpu_init", "cpu_device", "cpu_reg", "host_array",
-           "TENSOR_ALIGNMENT", "MEMORY_ALIGNMENT"]
+__all__ = ["HostBuffer", "ReadOnlyHostBuffer", "CPUBufferType", "CPUBackend", "CPUDevice",
+           "cpu_buffer_type", "cpu_buffer_from_array", "cpu_buffer_from_mapped", "backend_cpu_init",
+           "cpu_device", "cpu_reg", "host_array", "TENSOR_ALIGNMENT", "MEMORY_ALIGNMENT"]
 
 #: Alignment of tensor offsets in CPU buffers, in bytes (ggml's ``TENSOR_ALIGNMENT``).
 TENSOR_ALIGNMENT = 32
@@ -199,6 +199,53 @@ def cpu_buffer_from_array(array: np.ndarray) -> HostBuffer:
         raise ValueError(f"cpu_buffer_from_array: the array's address is not "
                          f"{TENSOR_ALIGNMENT}-byte aligned")
     return HostBuffer(_mapped_buffer_type(), array.reshape(-1).view(np.uint8), owner=array)
+
+
+class ReadOnlyHostBuffer(HostBuffer):
+    """A :class:`HostBuffer` over read-only memory (a file mapped read-only, as llama.cpp maps a
+    model file): kernels read its tensors in place; every write raises."""
+
+    def _refuse(self, what: str) -> None:
+        raise ValueError(f"{what}: buffer {self.name} is read-only memory (a mapped file)")
+
+    def _set_tensor(self, tensor: Tensor, data: np.ndarray, offset: int) -> None:
+        self._refuse(f"set_tensor of '{tensor.name}'")
+
+    def _memset_tensor(self, tensor: Tensor, value: int, offset: int, size: int) -> None:
+        self._refuse(f"memset_tensor of '{tensor.name}'")
+
+    def _cpy_tensor(self, src: Tensor, dst: Tensor) -> bool:
+        self._refuse(f"copy into '{dst.name}'")
+        return False
+
+    def _clear(self, value: int) -> None:
+        self._refuse("clear")
+
+
+def cpu_buffer_from_mapped(array: np.ndarray) -> HostBuffer:
+    """Wrap read-only host memory, e.g. a memory-mapped model file, as a "CPU_Mapped" buffer
+    without copying (llama.cpp's ``llama_model_loader`` with ``use_mmap``: the mapping wrapped by
+    ``ggml_backend_cpu_buffer_from_ptr``). Tensors placed in it (``tensor_alloc`` at their byte
+    offset in ``array``) are read in place by the kernels; ``set_tensor``, ``memset_tensor``,
+    copies into it and ``clear`` raise ValueError. The buffer keeps a reference to ``array``.
+
+    Args:
+        array: a 1-D C-contiguous uint8 NumPy array (read-only or not) whose data address is
+            32-byte aligned; its size is the buffer's size in bytes.
+
+    Raises:
+        TypeError: not a NumPy array. ValueError: not 1-D C-contiguous uint8, or misaligned.
+    """
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"cpu_buffer_from_mapped: expected a NumPy array, got "
+                        f"{type(array).__name__}")
+    if array.ndim != 1 or array.dtype != np.uint8 or not array.flags.c_contiguous:
+        raise ValueError(f"cpu_buffer_from_mapped: the array must be 1-D C-contiguous uint8, got "
+                         f"{array.dtype} {array.shape}")
+    if array.ctypes.data % TENSOR_ALIGNMENT:
+        raise ValueError(f"cpu_buffer_from_mapped: the array's address is not "
+                         f"{TENSOR_ALIGNMENT}-byte aligned")
+    return ReadOnlyHostBuffer(_mapped_buffer_type(), array, owner=array)
 
 
 class CPUBackend(Backend):

@@ -97,7 +97,8 @@ def reason() -> str | None:
 
 def warm_up() -> bool:
     """*Sync*: compile (or load from Numba's disk cache) every kernel for the float32 C-contiguous
-    layouts plans use, so the first graph evaluation does not pay for it (0.3-0.5 s with a warm
+    layouts plans use (``binary``'s second operand also read-only: a weight read in place from a
+    mapped file), so the first graph evaluation does not pay for it (0.3-0.5 s with a warm
     cache, a few seconds on the first run after installation). Returns :func:`available`."""
     if not available():
         return False
@@ -111,6 +112,12 @@ def warm_up() -> bool:
     norm(m, 1e-5, m)
     binary("add", m, m[:1].copy(), m.copy())
     binary("add", m, m[:1].copy(), m)
+    # a weight operand read in place from a read-only file map (Numba types read-only
+    # arrays apart): the norm weights' MUL and the biases' ADD
+    ro = m[:1].copy()
+    ro.flags.writeable = False
+    binary("add", m, ro, m.copy())
+    binary("add", m, ro, m)
     return True
 
 

@@ -41,6 +41,7 @@ unchanged-graph replays). Graphs are cached per ``(T, n_kv, n_out)``.
 from __future__ import annotations
 
 import math
+import mmap
 from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ class LLM(SchedModel):
              n_gpu_layers: int = 0, n_threads: int | None = None, n_ctx: int = 4096,
              n_ubatch: int = 512, parallel: bool = False, type_k: Type = Type.F16,
              type_v: Type = Type.F16, flash_attn: bool = True,
-             op_offload: bool = False) -> LLM:
+             op_offload: bool = False, use_mmap: bool = True) -> LLM:
         """Load a decoder GGUF file and prepare it for :meth:`eval` and :meth:`generate`.
 
         Args:
@@ -178,10 +179,15 @@ class LLM(SchedModel):
                 MUL_MAT / SOFT_MAX / MUL_MAT with ggml's CPU f16 roundings of Q and of the
                 softmax probabilities for an F16 cache (``-fa off``; :mod:`.attention`).
             op_offload: the scheduler's ``op_offload`` (off: ``n_gpu_layers`` alone decides).
+            use_mmap: llama.cpp's ``use_mmap``: the CPU's weights are read in place from the
+                file's read-only memory map (no copy; writes to them raise); False: copied into
+                an allocated CPU buffer. The offloaded weights are always uploaded.
 
         Returns:
-            The model, weights uploaded, the scheduler reserved for a one-token step and the
-            compiled CPU kernels loaded (:func:`ggmlpy.backends.cpu.jit.warm_up`, with Numba).
+            The model: weights in place, the compute buffers reserved for a full micro-batch
+            (:meth:`_reserve`), the compiled CPU kernels loaded
+            (:func:`ggmlpy.backends.cpu.jit.warm_up`, with Numba) and a two-token warm-up
+            evaluated and forgotten (:meth:`_warm_up`).
 
         Raises:
             FileNotFoundError: no such file. GGUFError: not a readable GGUF file.
@@ -201,6 +207,7 @@ class LLM(SchedModel):
         check_bool("parallel", parallel, where)
         check_bool("op_offload", op_offload, where)
         check_bool("flash_attn", flash_attn, where)
+        check_bool("use_mmap", use_mmap, where)
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if t not in (Type.F32, Type.F16):
                 raise ArgumentValueError(name, f"must be Type.F32 or Type.F16, got {t!r}", where)
@@ -229,22 +236,48 @@ class LLM(SchedModel):
                 self.n_gpu_layers = n_gpu_layers
                 self._add_device_backends(devs)
             layer_be = self._layer_backends()
-            self._load_weights(tensors, layer_be)
+            self._load_weights(tensors, layer_be, use_mmap)
             self.kv = KVCache(hp, n_ctx, layer_be, type_k, type_v)
             from ggmlpy.sched.scheduler import Scheduler
 
             self.sched = Scheduler(self._backends, graph_size=GRAPH_SIZE, parallel=parallel,
                                    op_offload=op_offload)
-            first = self._graph_for(1, self.kv.n_kv(1), 1)
-            if not self.sched.reserve(first.graph):
-                raise ComputeError(f"out of memory reserving the compute buffers of a one-token "
-                                   f"step on {', '.join(self.devices)}")
+            self._reserve()
             if cpu_jit.warm_up():  # compiled CPU kernels loaded now, not in the first eval
                 rope_ggml.warm_up()
+            self._warm_up()
         except BaseException:
             self.close()
             raise
         return self
+
+    def _reserve(self) -> None:
+        """Reserve the compute buffers for the worst-case micro-batch, as llama.cpp's
+        ``llama_context`` does when it is created (``graph_reserve`` of a full micro-batch):
+        ``min(n_ubatch, n_ctx)`` tokens reading every cell, one row of logits. Evaluations of up
+        to ``n_ubatch`` tokens with one row of logits then never grow a buffer (growing drops
+        every recorded placement).
+
+        Raises:
+            ComputeError: a compute buffer could not be allocated.
+        """
+        kv: KVCache = self.kv  # type: ignore[assignment]
+        n_tokens = min(self.n_ubatch, kv.n_ctx)
+        if not self.sched.reserve(self._graph_for(n_tokens, kv.n_ctx, 1).graph):
+            raise ComputeError(f"out of memory reserving the compute buffers of a "
+                               f"{n_tokens}-token micro-batch on {', '.join(self.devices)}")
+
+    def _warm_up(self) -> None:
+        """Evaluate two tokens (BOS, EOS) and forget them, as llama.cpp's warm-up decode
+        (``common_init_from_params``): every kernel a prompt micro-batch runs is loaded now
+        (Numba's cached machine code for the layouts of a multi-row batch, lazily imported
+        dequantizers, BLAS), not in the first :meth:`eval`. The cache is left as after
+        :meth:`truncate` to 0 (the two cells written hold finite values and are masked)."""
+        tok = self.tokenizer
+        ids = [t if t is not None and 0 <= t < self.hp.n_vocab else 0
+               for t in ((tok.bos_id, tok.eos_id) if tok is not None else (0, 0))]
+        self._decode(np.array(ids, np.int32), False)
+        self.kv.truncate(0)  # type: ignore[union-attr]
 
     def _layer_backends(self) -> list[Backend]:
         """The backend of each block: the CPU for the first ``n_layer - n_gpu_layers``, then the
@@ -257,8 +290,11 @@ class LLM(SchedModel):
             out += [be] * (ngl // len(devs) + (k < ngl % len(devs)))
         return out
 
-    def _load_weights(self, tensors: dict[str, TypedWeight], layer_be: list[Backend]) -> None:
-        """Create the weight tensors per backend, allocate them (usage WEIGHTS), upload."""
+    def _load_weights(self, tensors: dict[str, TypedWeight], layer_be: list[Backend],
+                      use_mmap: bool) -> None:
+        """Create the weight tensors per backend and give them memory (usage WEIGHTS): the CPU's
+        read in place from the file's memory map with ``use_mmap`` (:func:`_map_weights`), the
+        others (and the CPU's without ``use_mmap``) allocated and uploaded."""
         hp, spec = self.hp, self.hp.arch
         ctxs: dict[int, tuple[Backend, Context]] = {}
         uploads: list[tuple[Tensor, np.ndarray]] = []
@@ -307,14 +343,19 @@ class LLM(SchedModel):
                 k_norm=new(be, b + "attn_k_norm.weight") if spec.qk_norm else None,
                 post_attn_norm=new(be, b + "post_attention_norm.weight") if spec.post_norms else None,
                 post_ffw_norm=new(be, b + "post_ffw_norm.weight") if spec.post_norms else None))
+        data_of = {id(t): data for t, data in uploads}
         for be, ctx in ctxs.values():
-            buf = alloc_ctx_tensors_from_buft(ctx, be.get_default_buffer_type())
+            buf = None
+            if use_mmap and be is cpu:
+                buf = _map_weights(ctx, data_of)
             if buf is None:
-                continue
+                buf = alloc_ctx_tensors_from_buft(ctx, be.get_default_buffer_type())
+                if buf is None:
+                    continue
+                for t in ctx.tensors:
+                    backend_tensor_set(t, data_of[id(t)])
             buf.set_usage(BufferUsage.WEIGHTS)
             self._weight_bufs.append(buf)
-        for t, data in uploads:
-            backend_tensor_set(t, data)
 
     # ------------------------------------------------------------------------------------------
     # graph
@@ -477,6 +518,11 @@ class LLM(SchedModel):
         if kv.n_past + arr.size > kv.n_ctx:
             raise ValueError(f"LLM.eval: {arr.size} tokens after {kv.n_past} exceed the context "
                              f"of {kv.n_ctx}")
+        return self._decode(arr, all_logits)
+
+    def _decode(self, arr: np.ndarray, all_logits: bool) -> np.ndarray:
+        """:meth:`eval` of checked ids ``arr`` (1-D ints, they fit the context)."""
+        kv: KVCache = self.kv  # type: ignore[assignment]
         n = arr.size
         out = np.empty((n if all_logits else 1, self.hp.n_vocab), np.float32)
         sched = self.sched
@@ -597,3 +643,37 @@ class LLM(SchedModel):
         arch = self.hp.arch.name if hasattr(self, "hp") else "?"
         return (f"<LLM {arch} {self.path.name if hasattr(self, 'path') else '?'} "
                 f"devices={self.devices} n_gpu_layers={self.n_gpu_layers}>")
+
+
+def _map_weights(ctx: Context, data_of: dict[int, np.ndarray]) -> Buffer | None:
+    """Place every tensor of ``ctx`` in a read-only CPU buffer over the file's memory map, at its
+    bytes' offset (llama.cpp's ``use_mmap``: ``llama_mmap`` + ``ggml_backend_cpu_buffer_from_ptr``
+    + ``ggml_backend_tensor_alloc`` at ``mapping + offs``), and map every page now (one read per
+    page; llama.cpp maps with ``MAP_POPULATE``), so neither an upload copy nor page faults in the
+    first evaluation are paid. ``data_of``: ``id(tensor) -> uint8 bytes``. None (nothing placed)
+    when the bytes are not all views of one 1-D array (a byte-swapped file's are copies) or an
+    offset is not a multiple of the CPU's tensor alignment."""
+    from ggmlpy.backend.interface import tensor_alloc
+    from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, cpu_buffer_from_mapped
+
+    tensors = list(ctx.tensors)
+    if not tensors:
+        return None
+    base = data_of[id(tensors[0])].base
+    if not isinstance(base, np.ndarray) or base.ndim != 1 or base.dtype != np.uint8 \
+            or not base.flags.c_contiguous or base.ctypes.data % TENSOR_ALIGNMENT:
+        return None
+    start = base.ctypes.data
+    offsets = []
+    for t in tensors:
+        d = data_of[id(t)]
+        off = d.ctypes.data - start
+        if d.base is not base or off % TENSOR_ALIGNMENT or d.nbytes != t.nbytes:
+            return None
+        offsets.append(off)
+    buf = cpu_buffer_from_mapped(base)
+    for t, off in zip(tensors, offsets):
+        tensor_alloc(buf, t, off)
+    lo, hi = min(offsets), max(o + t.nbytes for o, t in zip(offsets, tensors))
+    int(base[lo:hi:mmap.PAGESIZE].max())  # one read per page: the pages mapped now
+    return buf
