@@ -40,6 +40,7 @@ unchanged-graph replays). Graphs are cached per ``(T, n_kv, n_out)``.
 
 from __future__ import annotations
 
+import gc
 import math
 import mmap
 from collections import OrderedDict
@@ -214,6 +215,29 @@ class LLM(SchedModel):
         if n_threads is not None and (isinstance(n_threads, bool) or not 1 <= n_threads <= 512):
             raise ArgumentValueError("n_threads", f"must be an int in 1..512, got {n_threads!r}",
                                      where)
+        # loading makes ~10^5 long-lived objects (Numba's typing registries, the vocabulary, the
+        # graphs): the cyclic collector is paused meanwhile (it would scan the growing heap in
+        # ~200 collections, the whole of it twice) and runs once, in full, at the end
+        gc_on = gc.isenabled()
+        if gc_on:
+            gc.disable()
+        try:
+            self = cls._open(path, device, n_gpu_layers, n_threads, n_ctx, n_ubatch, parallel,
+                             type_k, type_v, op_offload, use_mmap)
+        finally:
+            if gc_on:
+                gc.enable()
+        if gc_on:
+            gc.collect()
+        return self
+
+    @classmethod
+    def _open(cls, path: str | Path, device: str | Device | Sequence[str | Device],
+              n_gpu_layers: int, n_threads: int | None, n_ctx: int, n_ubatch: int,
+              parallel: bool, type_k: Type, type_v: Type, op_offload: bool,
+              use_mmap: bool) -> LLM:
+        """:meth:`load` after its argument checks."""
+        where = "LLM.load"
         meta, tensors = read_decoder_gguf(path)
         if "token_embd.weight" not in tensors:
             raise ValueError(f"{path}: missing tensor 'token_embd.weight'")
