@@ -9,6 +9,7 @@ caches it while the graph and its allocation are unchanged, and runs it. Large n
 
 from __future__ import annotations
 
+import gc
 import mmap
 import os
 import platform
@@ -326,6 +327,20 @@ class CPUBackend(Backend):
         return kernels.compile_node(xp, node, dst, srcs)
 
     def _build_plan(self, graph: Graph) -> Plan:
+        # building allocates many small, mostly long-lived objects (steps, closures, views):
+        # the cyclic collector is paused meanwhile, as in the scheduler's split (each of the
+        # dozens of young-generation passes it would make also counts towards the next
+        # full-heap pass)
+        gc_on = gc.isenabled()
+        if gc_on:
+            gc.disable()
+        try:
+            return self._build_plan_paused(graph)
+        finally:
+            if gc_on:
+                gc.enable()
+
+    def _build_plan_paused(self, graph: Graph) -> Plan:
         with cpu_variants.plan_build_scope():
             plan = build_plan(graph, np, self.name, _is_host_tensor, self.device.supports_op,
                               self._compile_node)

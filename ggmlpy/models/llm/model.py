@@ -472,7 +472,14 @@ class LLM(SchedModel):
         g = self._graphs.get(key)
         if g is None:
             self.n_graph_builds += 1
-            g = self._graphs[key] = self._build_graph(n_tokens, n_kv, n_out)
+            gc_on = gc.isenabled()  # (paused while building, as the scheduler's split)
+            if gc_on:
+                gc.disable()
+            try:
+                g = self._graphs[key] = self._build_graph(n_tokens, n_kv, n_out)
+            finally:
+                if gc_on:
+                    gc.enable()
             while len(self._graphs) > GRAPH_CACHE_SIZE:
                 self._graphs.popitem(last=False)
         else:
