@@ -71,12 +71,14 @@ from ggmlpy.models.llm.sampling import greedy
 from ggmlpy.models.llm.tokenizer import Tokenizer
 from ggmlpy.models.runtime import SchedModel, check_n_gpu_layers, cpu_backend, resolve_devices
 
-__all__ = ["LLM", "GRAPH_CACHE_SIZE", "GRAPH_SIZE"]
+__all__ = ["LLM", "GRAPH_CACHE_SIZE", "GRAPH_SIZE", "WARM_UP_VOCAB"]
 
 #: Graphs kept per model, keyed by ``(T, n_kv, n_out)``.
 GRAPH_CACHE_SIZE = 32
 #: Node capacity of a micro-batch graph.
 GRAPH_SIZE = 8192
+#: Vocabulary entries whose logits the load's warm-up evaluation computes.
+WARM_UP_VOCAB = 256
 
 
 @dataclass
@@ -181,8 +183,9 @@ class LLM(SchedModel):
                 softmax probabilities for an F16 cache (``-fa off``; :mod:`.attention`).
             op_offload: the scheduler's ``op_offload`` (off: ``n_gpu_layers`` alone decides).
             use_mmap: llama.cpp's ``use_mmap``: the CPU's weights are read in place from the
-                file's read-only memory map (no copy; writes to them raise); False: copied into
-                an allocated CPU buffer. The offloaded weights are always uploaded.
+                file's read-only memory map (no copy; writes to them raise; the file must not
+                be changed while the model is open, as with llama.cpp); False: copied into an
+                allocated CPU buffer. The offloaded weights are always uploaded.
 
         Returns:
             The model: weights in place, the compute buffers reserved for a full micro-batch
@@ -291,17 +294,41 @@ class LLM(SchedModel):
             raise ComputeError(f"out of memory reserving the compute buffers of a "
                                f"{n_tokens}-token micro-batch on {', '.join(self.devices)}")
 
-    def _warm_up(self) -> None:
-        """Evaluate two tokens (BOS, EOS) and forget them, as llama.cpp's warm-up decode
-        (``common_init_from_params``): every kernel a prompt micro-batch runs is loaded now
-        (Numba's cached machine code for the layouts of a multi-row batch, lazily imported
-        dequantizers, BLAS), not in the first :meth:`eval`. The cache is left as after
-        :meth:`truncate` to 0 (the two cells written hold finite values and are masked)."""
-        tok = self.tokenizer
-        ids = [t if t is not None and 0 <= t < self.hp.n_vocab else 0
-               for t in ((tok.bos_id, tok.eos_id) if tok is not None else (0, 0))]
-        self._decode(np.array(ids, np.int32), False)
-        self.kv.truncate(0)  # type: ignore[union-attr]
+    def _warm_up(self) -> np.ndarray:
+        """Evaluate two tokens (BOS, EOS) at positions 0-1 and forget them, as llama.cpp's warm-up
+        decode (``common_init_from_params``): every kernel a prompt micro-batch runs is loaded
+        now (Numba's cached machine code for the layouts of a multi-row batch and of the one
+        row of logits, lazily imported dequantizers), not in the first :meth:`eval`. The
+        logits are those of the first :data:`WARM_UP_VOCAB` entries only (the output matrix is
+        most of the bytes a step reads), the graph is not kept, and the cache is left as after
+        :meth:`truncate` to 0 (the two cells written hold finite values and are masked).
+
+        Returns:
+            The second token's logits of those entries, float32 ``[min(WARM_UP_VOCAB,
+            n_vocab)]``.
+
+        Raises:
+            ComputeError: the graph could not be allocated or a backend failed.
+        """
+        tok, sched = self.tokenizer, self.sched
+        kv: KVCache = self.kv  # type: ignore[assignment]
+        ids = np.array([t if t is not None and 0 <= t < self.hp.n_vocab else 0
+                        for t in ((tok.bos_id, tok.eos_id) if tok is not None else (0, 0))],
+                       np.int32)
+        n = min(len(ids), kv.n_ctx, self.n_ubatch)
+        g = self._build_graph(n, kv.n_kv(n), 1, min(WARM_UP_VOCAB, self.hp.n_vocab))
+        sched.reset()
+        if not sched.alloc_graph(g.graph):
+            raise ComputeError("scheduler could not allocate the warm-up graph")
+        self._set_inputs(g, ids[:n], 0)
+        status = sched.graph_compute(g.graph)
+        if status != Status.SUCCESS:
+            sched.reset()
+            raise ComputeError(f"warm-up graph failed: {status.name}")
+        logits = backend_tensor_get(g.logits).reshape(-1)
+        sched.reset()
+        kv.truncate(0)
+        return logits
 
     def _layer_backends(self) -> list[Backend]:
         """The backend of each block: the CPU for the first ``n_layer - n_gpu_layers``, then the
@@ -388,9 +415,12 @@ class LLM(SchedModel):
         # llama.cpp build_norm(LLM_NORM_RMS): ggml_rms_norm, then * weight
         return ops.mul(ctx, ops.rms_norm(ctx, x, self.hp.eps), w)
 
-    def _build_graph(self, n_tokens: int, n_kv: int, n_out: int) -> _UbatchGraph:
+    def _build_graph(self, n_tokens: int, n_kv: int, n_out: int,
+                     n_vocab_out: int | None = None) -> _UbatchGraph:
         """The graph of a micro-batch of ``n_tokens`` tokens reading ``n_kv`` cells and giving the
-        logits of its last ``n_out`` tokens (module docstring)."""
+        logits of its last ``n_out`` tokens (module docstring); with ``n_vocab_out`` only those of
+        the first ``n_vocab_out`` vocabulary entries (the warm-up's: the same kernels, a
+        fraction of the output matrix read)."""
         hp, spec = self.hp, self.hp.arch
         kv: KVCache = self.kv  # type: ignore[assignment]  (set by load before any graph)
         T, d, dv = n_tokens, hp.head_dim_k, hp.head_dim_v
@@ -462,7 +492,10 @@ class LLM(SchedModel):
                 cur = self._norm(ctx, cur, lw.post_ffw_norm)
             x = ops.add(ctx, cur, sa).set_name(f"l_out-{il}")
         x = self._norm(ctx, x, self.output_norm).set_name("result_norm")
-        logits = ops.mul_mat(ctx, self.output, x).set_name("result_output").set_output()
+        out_w = self.output
+        if n_vocab_out is not None:
+            out_w = ops.view_2d(ctx, out_w, out_w.ne[0], n_vocab_out, out_w.nb[1], 0)
+        logits = ops.mul_mat(ctx, out_w, x).set_name("result_output").set_output()
         graph.build_forward_expand(logits)
         return _UbatchGraph(T, n_kv, n_out, graph, tokens, pos, kv_idxs, mask, mask_swa,
                             out_ids, logits)
@@ -549,11 +582,6 @@ class LLM(SchedModel):
         if kv.n_past + arr.size > kv.n_ctx:
             raise ValueError(f"LLM.eval: {arr.size} tokens after {kv.n_past} exceed the context "
                              f"of {kv.n_ctx}")
-        return self._decode(arr, all_logits)
-
-    def _decode(self, arr: np.ndarray, all_logits: bool) -> np.ndarray:
-        """:meth:`eval` of checked ids ``arr`` (1-D ints, they fit the context)."""
-        kv: KVCache = self.kv  # type: ignore[assignment]
         n = arr.size
         out = np.empty((n if all_logits else 1, self.hp.n_vocab), np.float32)
         sched = self.sched

@@ -15,6 +15,7 @@ import pytest
 
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.gguf.reader import GGUFReader
+from ggmlpy.models.llm import model as model_mod
 from ggmlpy.models.llm.model import LLM
 from ggmlpy.models.llm.reference import forward, load_weights_f64
 from ggmlpy.models.llm.tiny import write_tiny_gguf
@@ -57,27 +58,33 @@ def test_mapped_weights_are_the_files_bytes_read_in_place(gemma):
 
 
 def test_load_reserves_a_full_micro_batch_and_warms_up_without_a_trace(gemma):
-    """After load: the sequence is empty, two graphs were built (the reserved micro-batch and the
-    warm-up's two tokens), the first eval matches the reference, and neither a full micro-batch
-    nor a decode step grows a compute buffer."""
+    """After load: the sequence is empty, one graph is cached (the reserved micro-batch; the
+    warm-up's is not kept), the first eval matches the reference, and neither a full
+    micro-batch nor a decode step grows a compute buffer."""
     path, ref = gemma
     with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
         cpu = m.sched.backends[-1]
         size = m.sched.get_buffer_size(cpu)
-        assert size > 0 and m.n_past == 0 and m.n_graph_builds == 2
+        assert size > 0 and m.n_past == 0 and m.n_graph_builds == 1
         np.testing.assert_allclose(m.eval(TOKENS[:8]), ref[7], rtol=0, atol=ATOL)  # a full one
         for i in range(8, len(TOKENS)):
             np.testing.assert_allclose(m.eval([TOKENS[i]]), ref[i], rtol=0, atol=ATOL)
         assert m.sched.get_buffer_size(cpu) == size
 
 
-def test_the_warm_up_prepares_a_two_token_batch(gemma):
-    """The warm-up's graph, split, placement and plan are kept: a two-token prompt right after
-    load builds no graph and no plan, and the scheduler replays the warm-up's split."""
-    path, ref = gemma
+def test_the_warm_up_evaluates_bos_eos_with_the_first_vocabulary_entries(gemma, monkeypatch):
+    """The warm-up computes BOS, EOS at positions 0-1 with the logits of the first
+    WARM_UP_VOCAB entries only (they are the reference's for that sequence) and leaves the
+    sequence empty."""
+    path, _ = gemma
+    monkeypatch.setattr(model_mod, "WARM_UP_VOCAB", 40)
     with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
-        cpu = m.sched.backends[-1]
-        builds, plans, hits = m.n_graph_builds, cpu.plan_cache.builds, m.sched.reuse.hits
-        np.testing.assert_allclose(m.eval(TOKENS[:2]), ref[1], rtol=0, atol=ATOL)
-        assert m.n_graph_builds == builds and cpu.plan_cache.builds == plans
-        assert m.sched.reuse.hits == hits + 1
+        tok = m.tokenizer
+        hp, w = load_weights_f64(str(path))
+        want = forward(hp, w, [tok.bos_id, tok.eos_id])[-1]
+        m.eval(TOKENS[:3])
+        builds = m.n_graph_builds
+        got = m._warm_up()
+        assert got.shape == (40,) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want[:40], rtol=0, atol=ATOL)
+        assert m.n_past == 0 and m.n_graph_builds == builds  # not a cached graph
