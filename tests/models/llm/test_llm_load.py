@@ -5,7 +5,8 @@ micro-batch (llama.cpp's ``graph_reserve``), and a two-token warm-up decode (lla
 
 On the tiny gemma3 file of :mod:`ggmlpy.models.llm.tiny`, against the float64 reference of
 :mod:`ggmlpy.models.llm.reference` (``ATOL`` as in test_llm_tiny.py: float32 rounding on logits of
-magnitude ~4, observed ~3e-6) with the exact dequantize-then-GEMM MUL_MAT.
+magnitude ~4, observed ~3e-6) with the exact dequantize-then-GEMM MUL_MAT, the precise kernels
+and an F32 cache.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
+from ggmlpy.core.types import Type
 from ggmlpy.gguf.reader import GGUFReader
 from ggmlpy.models.llm import model as model_mod
 from ggmlpy.models.llm.model import LLM
@@ -21,6 +23,8 @@ from ggmlpy.models.llm.reference import forward, load_weights_f64
 from ggmlpy.models.llm.tiny import write_tiny_gguf
 
 ATOL = 5e-5
+#: the reference's arithmetic: an F32 cache (whatever the default cache type)
+F32_KV = dict(n_ubatch=8, n_ctx=64, type_k=Type.F32, type_v=Type.F32)
 TOKENS = [2, 17, 200, 45, 45, 9, 133, 250, 4, 78, 101, 3]
 
 
@@ -34,15 +38,18 @@ def gemma(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def exact_matmul(monkeypatch):
+def exact_kernels(monkeypatch):
+    """The reference's arithmetic: the exact dequantize-then-GEMM MUL_MAT and the precise
+    kernels (read when plans are built)."""
     monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dequant")
+    monkeypatch.setenv("GGMLPY_PRECISE_KERNELS", "1")
 
 
 def test_mapped_weights_are_the_files_bytes_read_in_place(gemma):
     path, ref = gemma
     reader = GGUFReader(path)
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as mapped, \
-            LLM.load(path, n_ubatch=8, n_ctx=64, use_mmap=False) as copied:
+    with LLM.load(path, **F32_KV) as mapped, \
+            LLM.load(path, use_mmap=False, **F32_KV) as copied:
         for m, buft in ((mapped, "CPU_Mapped"), (copied, "CPU")):
             for t in (m.tok_embd, m.layers[0].wq, m.layers[-1].w_down, m.output_norm):
                 assert t.buffer.name == buft, t.name
@@ -62,7 +69,7 @@ def test_load_reserves_a_full_micro_batch_and_warms_up_without_a_trace(gemma):
     warm-up's is not kept), the first eval matches the reference, and neither a full
     micro-batch nor a decode step grows a compute buffer."""
     path, ref = gemma
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
+    with LLM.load(path, **F32_KV) as m:
         cpu = m.sched.backends[-1]
         size = m.sched.get_buffer_size(cpu)
         assert size > 0 and m.n_past == 0 and m.n_graph_builds == 1
@@ -78,7 +85,7 @@ def test_the_warm_up_evaluates_bos_eos_with_the_first_vocabulary_entries(gemma, 
     sequence empty."""
     path, _ = gemma
     monkeypatch.setattr(model_mod, "WARM_UP_VOCAB", 40)
-    with LLM.load(path, n_ubatch=8, n_ctx=64) as m:
+    with LLM.load(path, **F32_KV) as m:
         tok = m.tokenizer
         hp, w = load_weights_f64(str(path))
         want = forward(hp, w, [tok.bos_id, tok.eos_id])[-1]
