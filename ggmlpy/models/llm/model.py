@@ -226,7 +226,7 @@ class LLM(SchedModel):
             gc.disable()
         try:
             self = cls._open(path, device, n_gpu_layers, n_threads, n_ctx, n_ubatch, parallel,
-                             type_k, type_v, op_offload, use_mmap)
+                             type_k, type_v, flash_attn, op_offload, use_mmap)
         finally:
             if gc_on:
                 gc.enable()
@@ -237,7 +237,7 @@ class LLM(SchedModel):
     @classmethod
     def _open(cls, path: str | Path, device: str | Device | Sequence[str | Device],
               n_gpu_layers: int, n_threads: int | None, n_ctx: int, n_ubatch: int,
-              parallel: bool, type_k: Type, type_v: Type, op_offload: bool,
+              parallel: bool, type_k: Type, type_v: Type, flash_attn: bool, op_offload: bool,
               use_mmap: bool) -> LLM:
         """:meth:`load` after its argument checks."""
         where = "LLM.load"
