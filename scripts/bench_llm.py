@@ -27,6 +27,11 @@ for ggmlpy's process (unset: ggmlpy's default); the value used is in the output.
 output: on cores shared with other work llama.cpp's OpenMP threads spin-wait by default and lose
 most of their time to it; ``OMP_WAIT_POLICY=PASSIVE`` makes them sleep instead.
 
+Byte code: before the rounds, ggmlpy's modules are compiled into ``__pycache__`` (what any
+``pip install`` leaves, and what a checkout gets on its first import unless
+``PYTHONDONTWRITEBYTECODE`` is set), so that the load time does not include compiling ggmlpy's
+sources in every process; ``--no-compile`` skips that (``bytecode`` in the output).
+
 ``--worker ggmlpy|llama_cpp|stub`` is the child side: it runs one round and prints one JSON line.
 """
 
@@ -212,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference", choices=("llama_cpp", "stub"), default="llama_cpp")
     p.add_argument("--weight-cache-mb", default=None)
     p.add_argument("--llama-env", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--no-compile", action="store_true")
     p.add_argument("--worker", choices=("ggmlpy", "llama_cpp", "stub"), default=None)
     a = p.parse_args(argv)
     if a.worker:
@@ -230,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not key:
             p.error(f"--llama-env {kv!r}: expected KEY=VALUE")
         llama_env[key] = value
+    if not a.no_compile:
+        import compileall
+
+        compileall.compile_dir(str(ROOT / "ggmlpy"), quiet=1)
     rows_g, rows_l = [], []
     for _ in range(a.rounds):
         rows_g.append(_child(sys.executable, "ggmlpy", a, env))
@@ -239,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"model": os.path.basename(a.model_path), "file_mib": file_mib, "threads": a.threads,
            "n_batch": N_BATCH, "n_ubatch": N_BATCH, "n_ctx": N_CTX, "gen_tokens": a.gen,
            "first_prompt_tokens": FIRST_PROMPT, "device": a.device, "ngl": a.ngl,
-           "reference": a.reference, "llama_env": a.llama_env,
+           "reference": a.reference, "llama_env": a.llama_env, "bytecode": not a.no_compile,
            "weight_cache_mb": env.get("GGMLPY_WEIGHT_CACHE_MB", "default"),
            "rounds": {"ggmlpy": rows_g, "llama_cpp": rows_l},
            **summarize(rows_g, rows_l, file_mib)}
