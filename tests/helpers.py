@@ -17,8 +17,10 @@ from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, backend_cpu_init
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context, Tensor
 from ggmlpy.core.types import Type
+from ggmlpy.quants import vec_dot
 
-__all__ = ["run_graph", "alloc_ctx", "GARBAGE_BYTE", "np_permute", "ggml_tile", "uniform"]
+__all__ = ["run_graph", "alloc_ctx", "GARBAGE_BYTE", "np_permute", "ggml_tile", "uniform",
+           "dot_abs_terms", "dot_terms", "lanes_bound"]
 
 #: Every byte of a test buffer starts as this value before inputs are written: as float32 it is
 #: a NaN (0xFFFFFFFF), as int32 -1, so an element a kernel forgets to write shows up at once.
@@ -107,3 +109,45 @@ def uniform(rng: np.random.Generator, shape: Sequence[int], lo: float = -1.0, hi
             dtype=np.float32) -> np.ndarray:
     """U(lo, hi) samples rounded to ``dtype``."""
     return rng.uniform(lo, hi, size=tuple(shape)).astype(dtype)
+
+
+# ------------------------------------------------------------------ vec_dot error bounds
+
+_HALF = (Type.F16, Type.BF16)
+
+
+def dot_abs_terms(t: Type, wb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+    """sum over the float terms of the vec_dot loop of their magnitudes, float64 (N, M)."""
+    W = vec_dot.unpack_weight(t, wb)
+    Y = vec_dot.unpack_act(vec_dot.VEC_DOT_TYPE[t], yb)
+    f = np.float64
+    if t in _HALF:
+        return np.abs(Y["v"].astype(f)) @ np.abs(W["v"].astype(f)).T
+    aw, ay = np.abs(W["q"]).astype(f), np.abs(Y["q"]).astype(f)
+    if t in (Type.Q4_K, Type.Q5_K, Type.Q6_K):
+        sub = 16 if t == Type.Q6_K else 32
+        aw = aw * np.repeat(np.abs(W["sc"]), sub, axis=2)
+    isum = np.einsum("mbj,nbj->nmb", aw, ay)                       # sum |q_w q_y| per block
+    s = isum * np.abs(W["d"].astype(f))[None] * np.abs(Y["d"].astype(f))[:, None]
+    if "m" in W:
+        s += np.abs(W["m"].astype(f))[None] * np.abs(Y["s"].astype(f))[:, None]
+    if "mn" in W:
+        ab = np.abs(Y["bsums"]).astype(f)
+        mins = np.einsum("mbj,nbj->nmb", np.repeat(W["mn"], 2, axis=2).astype(f), ab)
+        s += mins * np.abs(W["dmin"].astype(f))[None] * np.abs(Y["d"].astype(f))[:, None]
+    return s.sum(axis=2)
+
+
+def dot_terms(t: Type, K: int) -> int:
+    """How many float roundings a vec_dot result has at most: the block terms, their products
+    and the final lane sums (F16/BF16: the K products and their sums)."""
+    if t in _HALF:
+        return 2 * K
+    nb = K // t.blck_size
+    return 4 * nb + (16 if t.blck_size == 256 else 0)
+
+
+def lanes_bound(t: Type, K: int, S: np.ndarray) -> np.ndarray:
+    """The compiled block kernels' distance to the referee (qmatmul's numerics statement):
+    ``terms * 2**-23 * sum|terms|`` plus one float32 tiny for results near the underflow."""
+    return dot_terms(t, K) * float(np.finfo(np.float32).eps) * S + np.finfo(np.float32).tiny

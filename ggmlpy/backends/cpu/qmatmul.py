@@ -342,12 +342,12 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
     (a step is called per token: per-call Python work is the cost to keep small)."""
     if t in (Type.F16, Type.BF16):
         return partial(k.half_dot, w, act.q, out, m0, m1, t == Type.BF16)
-    nb = act.d.shape[1]
-    dx = np.empty(nb, F32)
     if t in _KQUANT:
-        return partial(k.kquant, w, act.q, act.d, act.x, out, m0, m1, dx, _KQUANT[t])
-    return partial(k.legacy, w, act.q, act.d, act.x, out, m0, m1, dx, np.empty(nb, F32),
-                   _LEGACY[t], _f16_table())
+        nb = act.d.shape[1]
+        return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, _KQUANT[t],
+                       _f16_table(), np.empty(nb * 16, np.int32), np.empty(nb * 8, np.int32))
+    ys = act.x if act.kind == "q8_1" else _DUMMY
+    return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, _LEGACY[t], _f16_table())
 
 
 def _rows_numpy(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
@@ -411,15 +411,36 @@ def mul_mat_parts(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray,
     return parts
 
 
-def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
-    """A step computing ``out = x @ W^T`` (as :func:`mul_mat`, one thread) whose checks, buffers
-    and kernel arguments are set up now, for a plan that calls it once per evaluation: each call
-    quantizes the current contents of ``x`` into buffers owned by the step, then runs the kernel.
+#: a dot task's rows per chunk: about this many chunks per product (at least 8 rows each), so
+#: that the threads' shares even out when one of them starts late
+_CHUNKS = 32
+#: runs a dot task: ``run_dot(main, worker)`` (:meth:`ggmlpy.backends.cpu.threads.Pool.run_dot`)
+RunDot = Callable[[Callable[[np.ndarray, int], int], Callable[[np.ndarray, int], Any]], int]
+
+
+def _solo(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
+    del worker
+    return main(np.zeros(16, np.int64), 1)
+
+
+def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
+            run_dot: RunDot | None = None) -> Step:
+    """A step computing ``out = x @ W^T`` (as :func:`mul_mat`) whose checks, buffers and kernel
+    arguments are set up now, for a plan that calls it once per evaluation: each call quantizes
+    the current contents of ``x`` into buffers owned by the step, then runs the kernel.
+
+    With the Numba kernels the whole call is one compiled task (quantization with the scales'
+    f16 rounding, then the weight rows in chunks, :mod:`ggmlpy.backends.cpu.qmatmul_kernels`)
+    that ``run_dot`` shares among threads (a CPU backend's
+    :meth:`~ggmlpy.backends.cpu.threads.Pool.run_dot`; None: the calling thread alone). Every
+    output is computed by one thread in one fixed order, so the result does not depend on the
+    threads.
 
     Args:
         t: weight type (:data:`DOT_TYPES`). w: the weight rows (see :func:`mul_mat_parts`).
-        x: float32 ``(N, K)``, any strides (copied per call when not C-contiguous).
+        x: float32 ``(N, K)``, any strides.
         out: float32 ``(N, M)``, any strides.
+        run_dot: see above.
 
     Returns:
         A synchronous zero-argument step (not reentrant: one caller at a time).
@@ -436,30 +457,29 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray) -> Step:
     (part,) = mul_mat_parts(t, w, act, out, 1)
     jit = jit_available()
     k = _jit() if jit else None
-    contiguous = x.flags.c_contiguous
     wv = _w_rows(t, w, K)
-    if k is not None and kind in ("q8_0", "q8_1"):
-        ys = act.x if kind == "q8_1" else _DUMMY
-        code = 1 if kind == "q8_1" else 0
-        quant = k.quant_q8
+    if k is not None:
+        go = run_dot or _solo
+        M = wv.shape[0]
+        chunk = max(8, -(-M // _CHUNKS))
+        if t in (Type.F16, Type.BF16):
+            bf = t == Type.BF16
+            main = partial(k.half_main, x, wv, act.q, out, bf, chunk)
+            worker = partial(k.half_chunks, wv, act.q, out, bf, chunk)
+        elif t in _KQUANT:
+            args = (wv, act.q, act.d, act.x, out, _KQUANT[t], _f16_table(), chunk)
+            main = partial(k.kquant_main, x, *args)
+            worker = partial(k.kquant_chunks, *args)
+        else:
+            ys = act.x if kind == "q8_1" else _DUMMY
+            args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
+            main = partial(k.legacy_main, x, 1 if kind == "q8_1" else 0, *args)
+            worker = partial(k.legacy_chunks, *args)
 
         def run() -> None:
-            quant(x if contiguous else np.ascontiguousarray(x), act.q, act.d, ys, code)
-            act.d[...] = _f16_value(act.d)
-            if code:
-                ys[...] = _f16_value(ys)
-            if _overflowed(act):
+            if go(main, worker):
                 _exact(t, wv, x, out)
-                return
-            part()
         return run
-    if k is not None and kind == "q8_K":
-        quant_k = k.quant_q8_k
-
-        def run_k() -> None:
-            quant_k(x if contiguous else np.ascontiguousarray(x), act.q, act.d, act.x)
-            part()
-        return run_k
 
     def run_other() -> None:
         _quant_rows(act, np.ascontiguousarray(x), 0, N, jit)

@@ -48,12 +48,6 @@ def _reduce_add(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
     return builder.call(fn, [v])
 
 
-def _dot32(builder: ir.IRBuilder, v: ir.Value, y: ir.Value) -> ir.Value:
-    """sum(sext(v) * sext(y)) over two <32 x i8> vectors, as i32."""
-    p = builder.mul(builder.sext(v, _vec(I32, 32)), builder.sext(y, _vec(I32, 32)))
-    return _reduce_add(builder, p, 32)
-
-
 def _nibbles(builder: ir.IRBuilder, b16: ir.Value) -> ir.Value:
     """16 bytes -> <32 x i8>: the low nibbles (elements 0-15), then the high ones (16-31)."""
     lo = builder.and_(b16, ir.Constant(_vec(I8, 16), [15] * 16))
@@ -63,43 +57,6 @@ def _nibbles(builder: ir.IRBuilder, b16: ir.Value) -> ir.Value:
 
 def _i8(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return builder.trunc(v, I8) if v.type.width > 8 else v
-
-
-@intrinsic
-def dot_q8(typingctx, w, iw, y, iy):
-    """int32 ``sum(int8(w[iw + j]) * y[iy + j] for j < 32)``."""
-    def codegen(context, builder, sig, args):
-        v = _load(context, builder, sig.args[0], args[0], args[1], I8, 32)
-        yv = _load(context, builder, sig.args[2], args[2], args[3], I8, 32)
-        return _dot32(builder, v, yv)
-    return types.int32(w, iw, y, iy), codegen
-
-
-@intrinsic
-def dot_q4(typingctx, w, iw, sub, y, iy):
-    """int32 dot of a 4-bit block (16 bytes at ``iw``: element j < 16 the low nibble of byte j,
-    element 16 + j its high nibble, each minus ``sub``) with 32 int8 activations."""
-    def codegen(context, builder, sig, args):
-        b = _load(context, builder, sig.args[0], args[0], args[1], I8, 16)
-        v = builder.sub(_nibbles(builder, b), _splat(builder, _i8(builder, args[2]), 32))
-        yv = _load(context, builder, sig.args[3], args[3], args[4], I8, 32)
-        return _dot32(builder, v, yv)
-    return types.int32(w, iw, sub, y, iy), codegen
-
-
-@intrinsic
-def dot_q5(typingctx, w, iw, qh, sub, y, iy):
-    """As :func:`dot_q4` with a fifth bit per element: bit j of the uint32 ``qh`` is bit 4 of
-    element j (Q5_0/Q5_1 layout)."""
-    def codegen(context, builder, sig, args):
-        b = _load(context, builder, sig.args[0], args[0], args[1], I8, 16)
-        q = args[2] if args[2].type.width <= 32 else builder.trunc(args[2], I32)
-        q = q if q.type.width == 32 else builder.zext(q, I32)
-        v = builder.or_(_nibbles(builder, b), _fifth_bits(builder, q))
-        v = builder.sub(v, _splat(builder, _i8(builder, args[3]), 32))
-        yv = _load(context, builder, sig.args[4], args[4], args[5], I8, 32)
-        return _dot32(builder, v, yv)
-    return types.int32(w, iw, qh, sub, y, iy), codegen
 
 
 def _block_vals(context, builder, aty, w, off, kind: int, qh=None, sub=None) -> ir.Value:
@@ -134,60 +91,6 @@ def _pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value) -> ir.Value:
                        _shuf(builder, p, p, list(range(1, 32, 2))))
 
 
-def _sum4(builder: ir.IRBuilder, q: list[ir.Value]) -> ir.Value:
-    """<4 x i32> of the sums of four <16 x i32> (a transposing tree: 15 shuffles and adds for
-    the four, instead of four full reductions)."""
-    def half(a, b, lo, hi):
-        return builder.add(_shuf(builder, a, b, lo), _shuf(builder, a, b, hi))
-    p01 = half(q[0], q[1], list(range(8)) + list(range(16, 24)),
-               list(range(8, 16)) + list(range(24, 32)))
-    p23 = half(q[2], q[3], list(range(8)) + list(range(16, 24)),
-               list(range(8, 16)) + list(range(24, 32)))
-    lo = [i + o for o in (0, 8, 16, 24) for i in range(4)]
-    r = half(p01, p23, lo, [i + 4 for i in lo])
-    s = half(r, r, [0, 1, 4, 5, 8, 9, 12, 13], [2, 3, 6, 7, 10, 11, 14, 15])
-    return half(s, s, [0, 2, 4, 6], [1, 3, 5, 7])
-
-
-def _dot4_codegen(kind: int):
-    def codegen(context, builder, sig, args):
-        w, iw, bsz, y, iy, qo, qhs, sub, out, io = args
-        aty = sig.args[0]
-        q = []
-        for k in range(4):
-            ko = ir.Constant(iw.type, k)
-            off = builder.add(builder.add(iw, builder.mul(ko, bsz)), qo)
-            qh = None
-            if kind == 2:
-                ho = builder.add(builder.add(iw, builder.mul(ko, bsz)), qhs)
-                qh = _load(context, builder, aty, w, ho, I8, 4)
-            v = _block_vals(context, builder, aty, w, off, kind, qh, _i8(builder, sub))
-            yo = builder.add(iy, ir.Constant(iy.type, 32 * k))
-            yv = _load(context, builder, sig.args[3], y, yo, I8, 32)
-            q.append(_pairs(builder, v, yv))
-        u = _sum4(builder, q)
-        a = context.make_array(sig.args[8])(context, builder, out)
-        p = builder.gep(a.data, [io])
-        builder.store(u, builder.bitcast(p, _vec(I32, 4).as_pointer()), align=4)
-        return context.get_dummy_value()
-    return codegen
-
-
-def _dot4(kind: int):
-    def typer(typingctx, w, iw, bsz, y, iy, qo, qhs, sub, out, io):
-        return types.none(w, iw, bsz, y, iy, qo, qhs, sub, out, io), _dot4_codegen(kind)
-    return typer
-
-
-# dot4_q8 / dot4_q4 / dot4_q5(w, iw, bsz, y, iy, qo, qhs, sub, out, io): integer sums of four
-# consecutive legacy blocks with the activation quants. Block k (k < 4) starts at byte
-# iw + k * bsz of w, its quants at + qo (5-bit: its qh word at + qhs), values minus sub;
-# activations y[iy + 32 k:]; the four int32 sums are stored at out[io:io + 4].
-dot4_q8 = intrinsic(_dot4(0))
-dot4_q4 = intrinsic(_dot4(1))
-dot4_q5 = intrinsic(_dot4(2))
-
-
 @intrinsic
 def acc_h16(typingctx, w, iw, y, iy, bf, acc):
     """``acc[0:16] += float64(f(w[iw + j]) * y[iy + j])`` for 16 F16 (``bf`` False) or BF16 bits
@@ -209,76 +112,231 @@ def acc_h16(typingctx, w, iw, y, iy, bf, acc):
     return types.none(w, iw, y, iy, bf, acc), codegen
 
 
-def _kblock_codegen(kind: int):
-    """One K-quant super-block's eight ``aux32`` lanes, kept in registers: ``kind`` 0 Q4_K,
-    1 Q5_K, 2 Q6_K (the byte layouts of ggml-common.h's ``block_q{4,5,6}_K``)."""
+def _kgroups(context, builder, aty, w, o, kind: int) -> list[tuple[ir.Value, int, int, int]]:
+    """A K-quant super-block's 8 groups of 32 values (``kind`` 0 Q4_K, 1 Q5_K, 2 Q6_K; the byte
+    layouts of ggml-common.h's ``block_q{4,5,6}_K``, the block at byte ``o`` of ``w``): per group
+    ``(<32 x i8> values, first element, scale index of elements 0-15, of elements 16-31)``."""
+    def c64(v):
+        return ir.Constant(o.type, v)
+
+    def const8(v):
+        return ir.Constant(_vec(I8, 32), [v] * 32)
+
+    groups = []
+    if kind < 2:
+        qo = 48 if kind == 1 else 16
+        for c in range(4):
+            q = _load(context, builder, aty, w, builder.add(o, c64(qo + 32 * c)), I8, 32)
+            for nib in range(2):
+                v = builder.and_(builder.lshr(q, const8(4 * nib)), const8(15)) if nib else \
+                    builder.and_(q, const8(15))
+                if kind == 1:
+                    h = _load(context, builder, aty, w, builder.add(o, c64(16)), I8, 32)
+                    h = builder.and_(builder.lshr(h, const8(2 * c + nib)), const8(1))
+                    v = builder.or_(v, builder.shl(h, const8(4)))
+                groups.append((v, 64 * c + 32 * nib, 2 * c + nib, 2 * c + nib))
+    else:
+        for hh in range(2):
+            qh = _load(context, builder, aty, w, builder.add(o, c64(128 + 32 * hh)), I8, 32)
+            for g in range(4):
+                ql = _load(context, builder, aty, w, builder.add(o, c64(64 * hh + 32 * (g & 1))),
+                           I8, 32)
+                lo = builder.lshr(ql, const8(4)) if g >> 1 else ql
+                v = builder.and_(lo, const8(15))
+                hb = builder.and_(builder.lshr(qh, const8(2 * g)), const8(3)) if g else \
+                    builder.and_(qh, const8(3))
+                v = builder.sub(builder.or_(v, builder.shl(hb, const8(4))), const8(32))
+                groups.append((v, 128 * hh + 32 * g, 8 * hh + 2 * g, 8 * hh + 2 * g + 1))
+    return groups
+
+
+@intrinsic
+def f16_round(typingctx, x):
+    """float32 ``x`` rounded to the nearest float16 (ties to even; overflow to inf, NaN kept),
+    returned as float32 (LLVM ``fptrunc``/``fpext``, as NumPy's ``astype(float16)``)."""
     def codegen(context, builder, sig, args):
-        w, o, y, p, sc, isc, aux = args
-        aty, yty = sig.args[0], sig.args[2]
-        scarr = context.make_array(sig.args[4])(context, builder, sc)
+        h = builder.fptrunc(args[0], ir.HalfType())
+        return builder.fpext(h, ir.FloatType())
+    return types.float32(x), codegen
 
-        def c64(v):
-            return ir.Constant(o.type, v)
 
-        def scale(j):
-            ptr = builder.gep(scarr.data, [builder.add(isc, ir.Constant(isc.type, j))])
-            return _splat(builder, builder.load(ptr), 8)
+F32T = ir.FloatType()
 
-        def const8(v):
-            return ir.Constant(_vec(I8, 32), [v] * 32)
 
-        acc = ir.Constant(_vec(I32, 8), [0] * 8)
-        groups = []
-        if kind < 2:
-            qo = 48 if kind == 1 else 16
-            for c in range(4):
-                q = _load(context, builder, aty, w, builder.add(o, c64(qo + 32 * c)), I8, 32)
-                for nib in range(2):
-                    v = builder.and_(builder.lshr(q, const8(4 * nib)), const8(15)) if nib else \
-                        builder.and_(q, const8(15))
-                    if kind == 1:
-                        h = _load(context, builder, aty, w, builder.add(o, c64(16)), I8, 32)
-                        h = builder.and_(builder.lshr(h, const8(2 * c + nib)), const8(1))
-                        v = builder.or_(v, builder.shl(h, const8(4)))
-                    groups.append((v, 64 * c + 32 * nib, 2 * c + nib, 2 * c + nib))
-        else:
-            for hh in range(2):
-                qh = _load(context, builder, aty, w, builder.add(o, c64(128 + 32 * hh)), I8, 32)
-                for g in range(4):
-                    ql = _load(context, builder, aty, w, builder.add(o, c64(64 * hh + 32 * (g & 1))),
-                               I8, 32)
-                    lo = builder.lshr(ql, const8(4)) if g >> 1 else ql
-                    v = builder.and_(lo, const8(15))
-                    hb = builder.and_(builder.lshr(qh, const8(2 * g)), const8(3)) if g else \
-                        builder.and_(qh, const8(3))
-                    v = builder.sub(builder.or_(v, builder.shl(hb, const8(4))), const8(32))
-                    groups.append((v, 128 * hh + 32 * g, 8 * hh + 2 * g, 8 * hh + 2 * g + 1))
-        for v, e, j0, j1 in groups:
-            yv = _load(context, builder, yty, y, builder.add(p, ir.Constant(p.type, e)), I8, 32)
-            # int16 products and pair sums: |q8 * v| <= 128 * 63 and two of them fit int16
-            prod = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(yv, _vec(I16, 32)))
-            la = builder.add(_shuf(builder, prod, prod, list(range(8))),
-                             _shuf(builder, prod, prod, list(range(8, 16))))
-            lb = builder.add(_shuf(builder, prod, prod, list(range(16, 24))),
-                             _shuf(builder, prod, prod, list(range(24, 32))))
-            la = builder.mul(builder.sext(la, _vec(I32, 8)), scale(j0))
-            lb = builder.mul(builder.sext(lb, _vec(I32, 8)), scale(j1))
-            acc = builder.add(acc, builder.add(la, lb))
-        a = context.make_array(sig.args[6])(context, builder, aux)
-        builder.store(acc, builder.bitcast(a.data, _vec(I32, 8).as_pointer()), align=4)
-        return context.get_dummy_value()
+def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
+    """``a * b + c`` with one rounding (``llvm.fma``), scalars or vectors of float."""
+    t = a.type
+    suffix = f"v{t.count}f32" if isinstance(t, ir.VectorType) else "f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t, t]),
+                                        f"llvm.fma.{suffix}")
+    return builder.call(fn, [a, b, c])
+
+
+def _tree_sum(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
+    """The float lanes of ``v`` (``n`` a power of 2) added as a fixed tree: lane ``j`` plus lane
+    ``j + n/2``, and so on down to one value."""
+    while n > 1:
+        h = n // 2
+        v = builder.fadd(_shuf(builder, v, v, list(range(h))),
+                         _shuf(builder, v, v, list(range(h, n))))
+        n = h
+    return builder.extract_element(v, ir.Constant(I32, 0))
+
+
+def _elem_ptr(context, builder, aty, arr, idx):
+    a = context.make_array(aty)(context, builder, arr)
+    return builder.gep(a.data, [idx])
+
+
+# per legacy kind (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): block bytes, quants offset, qh offset (5-bit),
+# value offset subtracted, whether the block has a min (Q4_1/Q5_1)
+_LEGACY_LAYOUT = {0: (18, 2, 0, 8, False), 1: (20, 4, 0, 0, True), 2: (22, 6, 2, 16, False),
+                  3: (24, 8, 4, 0, True), 4: (34, 2, 0, 0, False)}
+
+
+def _row_legacy_codegen(kind: int):
+    bsz, qo, qhs, sub, has_min = _LEGACY_LAYOUT[kind]
+    vkind = 0 if kind == 4 else 2 if kind in (2, 3) else 1
+
+    def codegen(context, builder, sig, args):
+        w, wo, y, yd, yx, tbl, nb = args
+        aw, ay, ayd, ayx, atbl = sig.args[0], sig.args[2], sig.args[3], sig.args[4], sig.args[5]
+        i64 = wo.type
+        v16 = _vec(F32T, 16)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
+        accm = cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0))
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            o = builder.add(wo, builder.mul(b, ir.Constant(i64, bsz)))
+
+            def half_at(off):
+                p = _elem_ptr(context, builder, aw, w, builder.add(o, ir.Constant(i64, off)))
+                bits = builder.load(builder.bitcast(p, ir.IntType(16).as_pointer()), align=1)
+                return builder.load(_elem_ptr(context, builder, atbl, tbl,
+                                              builder.zext(bits, i64)))
+            dw = half_at(0)
+            dy = builder.load(_elem_ptr(context, builder, ayd, yd, b))
+            d = builder.fmul(dw, dy)
+            qh = None
+            if vkind == 2:
+                qh = _load(context, builder, aw, w, builder.add(o, ir.Constant(i64, qhs)), I8, 4)
+            vals = _block_vals(context, builder, aw, w, builder.add(o, ir.Constant(i64, qo)),
+                               vkind, qh, ir.Constant(I8, sub))
+            yv = _load(context, builder, ay, y, builder.mul(b, ir.Constant(i64, 32)), I8, 32)
+            p = builder.sitofp(_pairs(builder, vals, yv), v16)
+            builder.store(_fma(builder, p, _splat(builder, d, 16), builder.load(acc)), acc)
+            if has_min:
+                m = half_at(2)
+                s = builder.load(_elem_ptr(context, builder, ayx, yx, b))
+                builder.store(_fma(builder, m, s, builder.load(accm)), accm)
+        r = _tree_sum(builder, builder.load(acc), 16)
+        return builder.fadd(r, builder.load(accm)) if has_min else r
     return codegen
 
 
-def _kblock(kind: int):
-    def typer(typingctx, w, o, y, p, sc, isc, aux):
-        return types.none(w, o, y, p, sc, isc, aux), _kblock_codegen(kind)
+def _row_legacy(kind: int):
+    def typer(typingctx, w, wo, y, yd, yx, tbl, nb):
+        return types.float32(w, wo, y, yd, yx, tbl, nb), _row_legacy_codegen(kind)
     return typer
 
 
-# kblock_q4/q5/q6(w, o, y, p, sc, isc, aux): aux[0:8] = the super-block's aux32 lanes (ggml's
-# ggml_vec_dot_q{4,5,6}_K_q8_K_generic) for the block at byte o of w and the activation quants
-# y[p:p + 256]; sc: int32 scales, the block's first at flat index isc (8 for Q4_K/Q5_K, 16 Q6_K).
-kblock_q4 = intrinsic(_kblock(0))
-kblock_q5 = intrinsic(_kblock(1))
-kblock_q6 = intrinsic(_kblock(2))
+# row_q*(w, wo, y, yd, yx, tbl, nb) -> float32: the dot product of one weight row (its nb
+# blocks from byte wo of the uint8 array w) with one activation row (int8 quants y, float32
+# scales yd, Q8_1 sums yx), ggml's SIMD shape: every block's 32 integer products in 16 exact
+# int32 pair sums, converted to float and added to 16 float32 lanes with one fused multiply-add
+# by the block's scale d_w * d_y (d_w read from the f16 table tbl); the lanes then summed as a
+# fixed tree; Q4_1/Q5_1 add their m_w * s_y terms in one more float32 accumulator (fused
+# multiply-adds in block order) after the tree.
+row_q4_0 = intrinsic(_row_legacy(0))
+row_q4_1 = intrinsic(_row_legacy(1))
+row_q5_0 = intrinsic(_row_legacy(2))
+row_q5_1 = intrinsic(_row_legacy(3))
+row_q8_0 = intrinsic(_row_legacy(4))
+
+
+def _scaled_pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value, s0: ir.Value,
+                  s1: ir.Value) -> ir.Value:
+    """<16 x i32>: adjacent pair sums of ``v * y * s`` (two <32 x i8>; ``s`` the i16 scale
+    ``s0`` for elements 0-15, ``s1`` for 16-31): int16 products (|v y| <= 64 * 128), then the
+    ``pmaddwd`` shape with the scales."""
+    prod = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(y, _vec(I16, 32)))
+    sc = _shuf(builder, _splat(builder, s0, 16), _splat(builder, s1, 16), list(range(32)))
+    p = builder.mul(builder.sext(prod, _vec(I32, 32)), builder.sext(sc, _vec(I32, 32)))
+    return builder.add(_shuf(builder, p, p, list(range(0, 32, 2))),
+                       _shuf(builder, p, p, list(range(1, 32, 2))))
+
+
+_KQ_BYTES = (144, 176, 210)
+
+
+def _row_kquant_codegen(kind: int):
+    bsz = _KQ_BYTES[kind]
+
+    def codegen(context, builder, sig, args):
+        w, wo, y, yd, bs, sc, mn, tbl, nb = args
+        aw, ay, ayd, abs_, asc, amn, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
+                                             sig.args[5], sig.args[6], sig.args[7])
+        i64 = wo.type
+        v16 = _vec(F32T, 16)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
+        accm = cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0))
+
+        def c64(v):
+            return ir.Constant(i64, v)
+
+        with cgutils.for_range(builder, nb) as loop:
+            b = loop.index
+            o = builder.add(wo, builder.mul(b, c64(bsz)))
+
+            def half_at(off):
+                p = _elem_ptr(context, builder, aw, w, builder.add(o, c64(off)))
+                bits = builder.load(builder.bitcast(p, ir.IntType(16).as_pointer()), align=1)
+                return builder.load(_elem_ptr(context, builder, atbl, tbl,
+                                              builder.zext(bits, i64)))
+
+            def scale(j):
+                v = builder.load(_elem_ptr(context, builder, asc, sc,
+                                           builder.add(builder.mul(b, c64(16)), c64(j))))
+                return builder.trunc(v, I16)
+
+            dy = builder.load(_elem_ptr(context, builder, ayd, yd, b))
+            sumi = ir.Constant(_vec(I32, 16), [0] * 16)
+            for v, e, j0, j1 in _kgroups(context, builder, aw, w, o, kind):
+                yv = _load(context, builder, ay, y, builder.add(builder.mul(b, c64(256)), c64(e)),
+                           I8, 32)
+                sumi = builder.add(sumi, _scaled_pairs(builder, v, yv, scale(j0), scale(j1)))
+            d = builder.fmul(half_at(208 if kind == 2 else 0), dy)
+            builder.store(_fma(builder, builder.sitofp(sumi, v16), _splat(builder, d, 16),
+                               builder.load(acc)), acc)
+            if kind < 2:
+                # the mins: sum over the 8 sub-blocks of min_j * (bsums[2j] + bsums[2j + 1])
+                bv = _load(context, builder, abs_, bs, builder.mul(b, c64(16)), I32, 16)
+                bp = builder.add(_shuf(builder, bv, bv, list(range(0, 16, 2))),
+                                 _shuf(builder, bv, bv, list(range(1, 16, 2))))
+                mv = _load(context, builder, amn, mn, builder.mul(b, c64(8)), I32, 8)
+                summ = _reduce_add(builder, builder.mul(bp, mv), 8)
+                dm = builder.fneg(builder.fmul(half_at(2), dy))
+                builder.store(_fma(builder, dm, builder.sitofp(summ, F32T), builder.load(accm)),
+                              accm)
+        r = _tree_sum(builder, builder.load(acc), 16)
+        return builder.fadd(r, builder.load(accm)) if kind < 2 else r
+    return codegen
+
+
+def _row_kquant(kind: int):
+    def typer(typingctx, w, wo, y, yd, bs, sc, mn, tbl, nb):
+        return types.float32(w, wo, y, yd, bs, sc, mn, tbl, nb), _row_kquant_codegen(kind)
+    return typer
+
+
+# row_q4_K/q5_K/q6_K(w, wo, y, yd, bs, sc, mn, tbl, nb) -> float32: one weight row (nb
+# super-blocks from byte wo of w) with one Q8_K activation row (int8 quants y, float32 scales
+# yd, int32 bsums bs), in ggml's SIMD shape: each super-block's integer sums, scales applied,
+# in 16 exact int32 lanes, converted and added to 16 float32 lanes with one fused multiply-add
+# by d_w * d_y; Q4_K/Q5_K's min terms -(dmin_w * d_y) * sum_j min_j bsum_j (an exact int32)
+# in one more float32 accumulator (fused multiply-adds in super-block order), added after the
+# lanes' fixed tree. sc: int32 (nb * 16,) the 6-bit (Q6_K: 8-bit) scales, mn: int32 (nb * 8,)
+# the mins, both flat per super-block; tbl: the f16 value table.
+row_q4_K = intrinsic(_row_kquant(0))
+row_q5_K = intrinsic(_row_kquant(1))
+row_q6_K = intrinsic(_row_kquant(2))

@@ -22,166 +22,74 @@ from numba import njit
 
 from ggmlpy.backends.cpu.qmatmul_ir import (
     acc_h16,
-    dot4_q4,
-    dot4_q5,
-    dot4_q8,
-    dot_q4,
-    dot_q5,
-    dot_q8,
-    kblock_q4,
-    kblock_q5,
-    kblock_q6,
+    f16_round,
+    row_q4_0,
+    row_q4_1,
+    row_q4_K,
+    row_q5_0,
+    row_q5_1,
+    row_q5_K,
+    row_q6_K,
+    row_q8_0,
 )
+from ggmlpy.backends.cpu.spin import DONE, aadd, claim, publish, wait_done
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
-_SUB = F32(5.9604645e-08)  # 2**-24: an f16 subnormal's unit
-
-
-@njit(inline="always", **_OPTS)
-def f16(lo, hi):
-    """Little-endian f16 bytes -> float32 (exact, subnormals, inf and NaN included)."""
-    h = np.int32(lo) | (np.int32(hi) << 8)
-    e = (h >> 10) & 0x1F
-    m = h & 0x3FF
-    if e == 0:
-        v = F32(m) * _SUB
-    elif e == 31:
-        v = np.int32(0x7F800000 | (m << 13)).view(np.float32)
-    else:
-        v = np.int32(((e + 112) << 23) | (m << 13)).view(np.float32)
-    return -v if h & 0x8000 else v
-
-
-@njit(inline="always", **_OPTS)
-def _u32(wr, o):
-    return (np.uint32(wr[o]) | (np.uint32(wr[o + 1]) << np.uint32(8))
-            | (np.uint32(wr[o + 2]) << np.uint32(16)) | (np.uint32(wr[o + 3]) << np.uint32(24)))
-
-
-@njit(inline="always", **_OPTS)
-def _isums(wr, yr, nb, bsz, kind, isum):
-    """The int32 sums of every block of weight row ``wr`` with activation row ``yr``."""
-    nb4 = nb - nb % 4
-    if kind == 4:
-        for b in range(0, nb4, 4):
-            dot4_q8(wr, b * bsz, bsz, yr, b * 32, 2, 0, 0, isum, b)
-        for b in range(nb4, nb):
-            isum[b] = dot_q8(wr, b * bsz + 2, yr, b * 32)
-    elif kind <= 1:
-        qo = 2 if kind == 0 else 4
-        sub = 8 if kind == 0 else 0
-        for b in range(0, nb4, 4):
-            dot4_q4(wr, b * bsz, bsz, yr, b * 32, qo, 0, sub, isum, b)
-        for b in range(nb4, nb):
-            isum[b] = dot_q4(wr, b * bsz + qo, sub, yr, b * 32)
-    else:
-        qhs = 2 if kind == 2 else 4
-        sub = 16 if kind == 2 else 0
-        for b in range(0, nb4, 4):
-            dot4_q5(wr, b * bsz, bsz, yr, b * 32, qhs + 4, qhs, sub, isum, b)
-        for b in range(nb4, nb):
-            isum[b] = dot_q5(wr, b * bsz + qhs + 4, _u32(wr, b * bsz + qhs), sub, yr, b * 32)
 
 
 @njit(**_OPTS)
-def legacy(w, yq, yd, yx, out, m0, m1, dx, mx, kind, tbl):
-    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1: the block
-    sums four at a time (:mod:`ggmlpy.backends.cpu.qmatmul_ir`), then the float32 terms in block
-    order. ``tbl``: float32 ``(65536,)``, the value of every f16 bit pattern (ggml's
-    ``ggml_table_f32_f16``)."""
+def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
+    """As :func:`legacy`, each row's sum in ggml's SIMD shape (float32 lanes, fused
+    multiply-adds: :func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_0` and the others)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
-    bsz = (18, 20, 22, 24, 34)[kind]
-    isum = np.empty(nb + 4, np.int32)
     for m in range(m0, m1):
         wr = w[m]
-        for b in range(nb):
-            o = b * bsz
-            dx[b] = tbl[np.int32(wr[o]) | (np.int32(wr[o + 1]) << 8)]
-        if kind == 1 or kind == 3:
-            for b in range(nb):
-                o = b * bsz
-                mx[b] = tbl[np.int32(wr[o + 2]) | (np.int32(wr[o + 3]) << 8)]
         for n in range(N):
-            _isums(wr, yq[n], nb, bsz, kind, isum)
-            sumf = F32(0)
             if kind == 0:
-                for b in range(nb):
-                    sumf += (F32(isum[b]) * dx[b]) * yd[n, b]
+                r = row_q4_0(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+            elif kind == 1:
+                r = row_q4_1(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
             elif kind == 2:
-                for b in range(nb):
-                    sumf += (dx[b] * yd[n, b]) * F32(isum[b])
-            elif kind == 4:
-                for b in range(nb):
-                    sumf += F32(isum[b]) * (dx[b] * yd[n, b])
+                r = row_q5_0(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+            elif kind == 3:
+                r = row_q5_1(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
             else:
-                for b in range(nb):
-                    sumf += (dx[b] * yd[n, b]) * F32(isum[b]) + mx[b] * yx[n, b]
-            out[n, m] = sumf
-
-
-@njit(inline="always", **_OPTS)
-def _k4_scales(wr, o, sc, mn):
-    """Q4_K/Q5_K's eight 6-bit scales and mins of the super-block at byte ``o`` (``scales`` at
-    ``o + 4``; ``get_scale_min_k4`` in ggml-quants.c)."""
-    for j in range(4):
-        sc[j] = np.int32(wr[o + 4 + j]) & 63
-        mn[j] = np.int32(wr[o + 8 + j]) & 63
-    for j in range(4, 8):
-        sc[j] = (np.int32(wr[o + 8 + j]) & 15) | ((np.int32(wr[o + j]) >> 6) << 4)
-        mn[j] = (np.int32(wr[o + 8 + j]) >> 4) | ((np.int32(wr[o + 4 + j]) >> 6) << 4)
+                r = row_q8_0(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+            out[n, m] = r
 
 
 @njit(**_OPTS)
-def kquant(w, yq, yd, yx, out, m0, m1, dx, kind):
-    """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) against Q8_K."""
+def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl, sc, mn):
+    """As :func:`kquant`, each row's sum in ggml's SIMD shape (float32 lanes, fused
+    multiply-adds: :func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K` and the others). ``sc``
+    int32 ``(nb * 16,)`` and ``mn`` int32 ``(nb * 8,)``: scratch for a row's scales and mins."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
     bsz = (144, 176, 210)[kind]
-    dmin = np.empty(nb, np.float32)
-    sc = np.empty((nb, 16), np.int32)
-    mn = np.empty((nb, 8), np.int32)
-    aux = np.empty(8, np.int32)
-    sums = np.empty(8, np.float32)
     for m in range(m0, m1):
         wr = w[m]
         for b in range(nb):
             o = b * bsz
             if kind == 2:
-                dx[b] = f16(wr[o + 208], wr[o + 209])
                 for j in range(16):
-                    sc[b, j] = np.int32(np.int8(wr[o + 192 + j]))
+                    sc[b * 16 + j] = np.int32(np.int8(wr[o + 192 + j]))
             else:
-                dx[b] = f16(wr[o], wr[o + 1])
-                dmin[b] = f16(wr[o + 2], wr[o + 3])
-                _k4_scales(wr, o, sc[b], mn[b])
+                for j in range(4):
+                    sc[b * 16 + j] = np.int32(wr[o + 4 + j]) & 63
+                    mn[b * 8 + j] = np.int32(wr[o + 8 + j]) & 63
+                for j in range(4, 8):
+                    sc[b * 16 + j] = (np.int32(wr[o + 8 + j]) & 15) | ((np.int32(wr[o + j]) >> 6) << 4)
+                    mn[b * 8 + j] = (np.int32(wr[o + 8 + j]) >> 4) | ((np.int32(wr[o + 4 + j]) >> 6) << 4)
         for n in range(N):
-            yr = yq[n]
-            sumf = F32(0)
-            for l in range(8):
-                sums[l] = F32(0)
-            for b in range(nb):
-                o = b * bsz
-                p = b * 256
-                if kind == 2:
-                    kblock_q6(wr, o, yr, p, sc, b * 16, aux)
-                else:
-                    if kind == 1:
-                        kblock_q5(wr, o, yr, p, sc, b * 16, aux)
-                    else:
-                        kblock_q4(wr, o, yr, p, sc, b * 16, aux)
-                    sumi = np.int32(0)
-                    for j in range(16):
-                        sumi += yx[n, b * 16 + j] * mn[b, j >> 1]
-                d = dx[b] * yd[n, b]
-                for l in range(8):
-                    sums[l] += d * F32(aux[l])
-                if kind != 2:
-                    sumf -= (dmin[b] * yd[n, b]) * F32(sumi)
-            for l in range(8):
-                sumf += sums[l]
-            out[n, m] = sumf
+            if kind == 0:
+                r = row_q4_K(wr, 0, yq[n], yd[n], yx[n], sc, mn, tbl, nb)
+            elif kind == 1:
+                r = row_q5_K(wr, 0, yq[n], yd[n], yx[n], sc, mn, tbl, nb)
+            else:
+                r = row_q6_K(wr, 0, yq[n], yd[n], yx[n], sc, mn, tbl, nb)
+            out[n, m] = r
 
 
 @njit(inline="always", **_OPTS)
@@ -294,3 +202,113 @@ def quant_q8_k(x, yq, yd, bs):
                     s += np.int32(yq[n, p + 16 * j + l])
                 bs[n, b * 16 + j] = s
             yd[n, b] = F32(1) / iscale
+
+
+# ----------------------------------------------------------------------------- threaded drivers
+# A dot task (ggmlpy.backends.cpu.threads.Pool.run_dot): the weight rows in chunks of ``chunk``
+# rows that the threads claim one at a time from the control block ``ctl`` (generation ``gen``,
+# ggmlpy.backends.cpu.spin); ``*_chunks`` computes claimed chunks until none is left (any
+# thread), ``*_main`` (the calling thread) first quantizes the activations ``x`` float32
+# ``(N, K)`` into ``yq``/``yd``/``yx`` with the scales' f16 rounding, publishes the task, then
+# computes chunks and waits for the rest. ``*_main`` returns 1 without computing when an
+# activation scale (or Q8_1 sum, or an F16 activation) overflowed float16, else 0. Which
+# thread computes a row never changes its operations.
+
+
+@njit(**_OPTS)
+def quant_q8_f16(x, yq, yd, ys, kind):
+    """:func:`quant_q8` and the f16 rounding of the scales (Q8_1: and sums); False when one of
+    them overflowed to inf."""
+    quant_q8(x, yq, yd, ys, kind)
+    ok = True
+    N, nb = yd.shape
+    for n in range(N):
+        for b in range(nb):
+            d = f16_round(yd[n, b])
+            yd[n, b] = d
+            ok = ok and not (abs(d) == F32(np.inf))
+            if kind == 1:
+                s = f16_round(ys[n, b])
+                ys[n, b] = s
+                ok = ok and not (abs(s) == F32(np.inf))
+    return ok
+
+
+@njit(**_OPTS)
+def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return nch
+        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), kind, tbl)
+        aadd(ctl, DONE, 1)
+
+
+@njit(**_OPTS)
+def legacy_main(x, qkind, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    if not quant_q8_f16(x, yq, yd, yx, qkind):
+        return 1
+    publish(ctl, gen)
+    wait_done(ctl, legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen))
+    return 0
+
+
+@njit(**_OPTS)
+def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    nb = yq.shape[1] // 256
+    sc = np.empty(nb * 16, np.int32)
+    mn = np.empty(nb * 8, np.int32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return nch
+        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), kind, tbl, sc, mn)
+        aadd(ctl, DONE, 1)
+
+
+@njit(**_OPTS)
+def kquant_main(x, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    quant_q8_k(x, yq, yd, yx)
+    publish(ctl, gen)
+    wait_done(ctl, kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen))
+    return 0
+
+
+@njit(**_OPTS)
+def half_chunks(w, y, out, bf, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return nch
+        half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), bf)
+        aadd(ctl, DONE, 1)
+
+
+@njit(**_OPTS)
+def half_main(x, w, y, out, bf, chunk, ctl, gen):
+    N, K = x.shape
+    for n in range(N):
+        for k in range(K):
+            v = x[n, k]
+            if bf:
+                u = np.float32(v).view(np.uint32)
+                if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+                    u = (u >> np.uint32(16)) | np.uint32(64)
+                else:
+                    u = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) \
+                        >> np.uint32(16)
+                y[n, k] = np.uint32(u << np.uint32(16)).view(np.float32)
+            else:
+                r = f16_round(v)
+                if abs(r) == F32(np.inf):
+                    return 1
+                y[n, k] = r
+    publish(ctl, gen)
+    wait_done(ctl, half_chunks(w, y, out, bf, chunk, ctl, gen))
+    return 0

@@ -153,11 +153,20 @@ def blas_single_thread() -> Iterator[None]:
 
 
 class Pool:
-    """``n_threads - 1`` daemon worker threads that run slices handed to :meth:`run`.
+    """``n_threads - 1`` daemon worker threads that run slices handed to :meth:`run` and the
+    chunks of a compiled dot task handed to :meth:`run_dot`.
 
     One caller at a time uses the workers; a concurrent caller (another backend's plan on
     another thread) runs its slices itself, one after the other: never a deadlock, never more
     threads than asked for. After ``fork`` a child gets fresh workers on first use.
+
+    Hand-off: slices (Python callables) go through one queue per worker, and the caller blocks
+    on their results. With Numba (:mod:`ggmlpy.backends.cpu.spin`) an idle worker first polls a
+    shared control block for :data:`SPIN` spins before it blocks on its queue, so that a dot
+    task (:meth:`run_dot`, published from compiled code that holds no GIL) reaches it without an
+    operating-system wake-up (ggml's threadpool polls likewise). Slices are not polled for: the
+    caller holds the GIL while it hands them out, and a worker that woke up for one would only
+    wait for the GIL instead.
 
     Args:
         n_threads: total threads including the caller's (>= 1).
@@ -173,14 +182,17 @@ class Pool:
         self._pid = -1
         self._inq: list[queue.SimpleQueue] = []
         self._outq: list[queue.SimpleQueue] = []
+        self._sh: _Shared | None = None
 
     def _start(self) -> None:
         self._pid = os.getpid()
-        self._inq = [queue.SimpleQueue() for _ in range(self.n_threads - 1)]
-        self._outq = [queue.SimpleQueue() for _ in range(self.n_threads - 1)]
-        for i in range(self.n_threads - 1):
-            threading.Thread(target=_worker, args=(self._inq[i], self._outq[i]), daemon=True,
-                             name=f"ggmlpy-cpu-{i + 1}").start()
+        nw = self.n_threads - 1
+        self._inq = [queue.SimpleQueue() for _ in range(nw)]
+        self._outq = [queue.SimpleQueue() for _ in range(nw)]
+        self._sh = sh = _Shared(nw)
+        for i in range(nw):
+            threading.Thread(target=_worker, args=(i, self._inq[i], self._outq[i], sh),
+                             daemon=True, name=f"ggmlpy-cpu-{i + 1}").start()
 
     def run(self, parts: list[Step]) -> None:
         """*Sync*: run every slice; ``parts[0]`` on the calling thread, the others on the
@@ -193,9 +205,12 @@ class Pool:
         try:
             if self._pid != os.getpid():
                 self._start()
+            sh = self._sh
+            assert sh is not None
             k = min(len(parts) - 1, len(self._inq))
             for i in range(k):
                 self._inq[i].put(parts[i + 1])
+            sh.ctl[_PYSEQ] += 1  # a worker polling for a dot task looks at its queue
             err: BaseException | None = None
             try:
                 parts[0]()
@@ -212,22 +227,119 @@ class Pool:
         finally:
             self._lock.release()
 
+    def run_dot(self, main: Callable[[np.ndarray, int], int],
+                worker: Callable[[np.ndarray, int], Any]) -> int:
+        """*Sync*: run a compiled dot task whose chunks the threads claim from a shared counter
+        (:func:`ggmlpy.backends.cpu.spin.claim`): ``main(ctl, gen)`` on the calling thread
+        prepares the task, publishes generation ``gen`` in ``ctl``
+        (:func:`~ggmlpy.backends.cpu.spin.publish`), computes the chunks it claims and waits
+        for the others; every worker polling then calls ``worker(ctl, gen)``, which claims and
+        computes chunks until none is left. A worker that is not polling takes no part (the
+        caller computes every chunk): the result never depends on who computed which chunk.
+        Without Numba's spin module, a concurrent caller, or one thread: ``main`` alone with a
+        control block of its own. Returns ``main``'s result."""
+        if self.n_threads < 2 or not self._lock.acquire(blocking=False):
+            return main(np.zeros(_CTL_WORDS, np.int64), 1)
+        try:
+            if self._pid != os.getpid():
+                self._start()
+            sh = self._sh
+            if sh is None or sh.spin is None:
+                return main(np.zeros(_CTL_WORDS, np.int64), 1)
+            sh.gen = sh.gen % 0x7FFFFFFE + 1
+            sh.dot = (worker, sh.gen)
+            r = main(sh.ctl, sh.gen)
+            ctl = sh.ctl
+            for i in range(len(self._inq)):
+                if ctl[_worker_word(i, _SLEEP)]:  # it stopped polling: poll for the next task
+                    ctl[_worker_word(i, _SLEEP)] = 0
+                    self._inq[i].put(_WAKE)
+            return r
+        finally:
+            self._lock.release()
+
     def close(self) -> None:
         """Stop the worker threads (a later :meth:`run` starts new ones)."""
         with self._lock:
             if self._pid == os.getpid():
                 for q in self._inq:
                     q.put(None)
+                if self._sh is not None:
+                    self._sh.ctl[_PYSEQ] += 1
             self._pid = -1
             self._inq, self._outq = [], []
+            self._sh = None
 
 
-def _worker(inq: queue.SimpleQueue, outq: queue.SimpleQueue) -> None:
+#: spins a polling thread waits (a load and the CPU's spin-loop hint each: of the order of a
+#: millisecond) before it blocks
+SPIN = 20000
+# control block words (each on its own 64-byte line): spin.TASK, spin.DONE, then the count of
+# hand-outs of slices, then per worker whether it stopped polling
+_PYSEQ = 16
+_SLEEP = 0
+_CTL_WORDS = 24
+_WAKE = object()  # a queue item that only makes a blocked worker poll again
+_spin_mod: list[Any] = []
+
+
+def _spin() -> Any:
+    """:mod:`ggmlpy.backends.cpu.spin`, or None without Numba or with ``GGMLPY_JIT=0``."""
+    from ggmlpy.backends.cpu import qmatmul
+
+    if not qmatmul.jit_available():
+        return None
+    if not _spin_mod:
+        try:
+            from ggmlpy.backends.cpu import spin as mod
+        except Exception:  # noqa: BLE001 - ImportError, or a broken Numba install
+            mod = None
+        _spin_mod.append(mod)
+    return _spin_mod[0]
+
+
+def _worker_word(i: int, w: int) -> int:
+    return _CTL_WORDS + 8 * i + w
+
+
+class _Shared:
+    """What a pool shares with its workers: the control block, the current dot task
+    ``(worker callable, generation)`` and the generation counter."""
+
+    def __init__(self, n_workers: int) -> None:
+        self.ctl = np.zeros(_CTL_WORDS + 8 * n_workers, np.int64)
+        self.dot: tuple[Callable[[np.ndarray, int], Any], int] | None = None
+        self.gen = 0
+        self.spin = _spin()
+
+
+def _worker(i: int, inq: queue.SimpleQueue, outq: queue.SimpleQueue, sh: _Shared) -> None:
+    ctl, sp = sh.ctl, sh.spin
+    gen_seen, py_seen = 0, int(ctl[_PYSEQ])
+    w_sleep = _worker_word(i, _SLEEP)
     with np.errstate(all="ignore"):  # as Plan.run: ggml's kernels do not trap overflow
         while True:
+            if sp is not None and inq.empty():
+                r = sp.wait_change(ctl, gen_seen, _PYSEQ, py_seen, SPIN)
+                if r == 1:
+                    gen_seen = int(ctl[0]) >> 32
+                    d = sh.dot
+                    if d is not None and d[1] == gen_seen:
+                        try:
+                            d[0](ctl, gen_seen)
+                        except BaseException:  # noqa: BLE001, S110 - a compiled task raises
+                            pass  # only at its call (before it claims): the caller computes all
+                    continue
+                if r == 2:
+                    py_seen = int(ctl[_PYSEQ])
+                    continue
+                ctl[w_sleep] = 1
             f = inq.get()
+            ctl[w_sleep] = 0
             if f is None:
                 return
+            if f is _WAKE:
+                continue
             try:
                 f()
             except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -604,7 +716,12 @@ def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     M = dst.shape[3]
     if M < 2:
         return None
-    big = dst.size * b.shape[-1] >= (MIN_DOT_MACS if matmul.uses_dot_kernel(node) else MIN_MACS)
+    dot = matmul.uses_dot_kernel(node)
+    big = dst.size * b.shape[-1] >= (MIN_DOT_MACS if dot else MIN_MACS)
+    if dot and _spin() is not None:
+        # one compiled task per product whose row chunks the threads claim (Pool.run_dot)
+        with matmul.dot_threads(pool.run_dot if big else None):
+            return compile_node(xp, node, dst, srcs)
     bounds = _bounds(M, min(M, pool.n_threads))
 
     def compile_parts() -> list[Step] | None:

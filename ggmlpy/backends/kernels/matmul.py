@@ -49,6 +49,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -228,7 +231,7 @@ def _converted_step(xp: Any, node: Tensor, ta: Type, a: Any, b: Any, dst: Any, K
         return run_dev
 
     if uses_dot_kernel(node):
-        return _dot_step(ta, a, b, dst)
+        return _dot_step(ta, a, b, dst, _RUN_DOT.get())
     lib = cpu_blas.active()  # the GEMM library, fixed at plan build as for an F32 MUL_MAT
     numerics = qgemm.gemm_numerics(ta, node.src[1].type)
     jobs = _row_block_jobs(a, b, dst, K)
@@ -433,17 +436,35 @@ def splits_weight_rows(node: Tensor) -> bool:
     return a.type in QUANT_TYPES and a.ne[1] >= WEIGHT_ROWS_PER_ACT_ROW * b.ne[1]
 
 
-def _dot_step(ta: Type, a: np.ndarray, b: np.ndarray, dst: np.ndarray) -> Step:
+#: the dot-task runner the MUL_MAT kernels compiled now hand their dot-kernel products to
+#: (:func:`dot_threads`); None: the compiling thread computes them alone
+_RUN_DOT: ContextVar[qmatmul.RunDot | None] = ContextVar("ggmlpy_run_dot", default=None)
+
+
+@contextmanager
+def dot_threads(run_dot: qmatmul.RunDot | None) -> Iterator[None]:
+    """Within the ``with`` body, MUL_MAT steps compiled on the dot kernels (:func:`uses_dot_kernel`)
+    share each product among threads through ``run_dot`` (a CPU backend pool's
+    :meth:`~ggmlpy.backends.cpu.threads.Pool.run_dot`; see
+    :func:`ggmlpy.backends.cpu.qmatmul.prepare`). Plan-build time only; nothing else changes."""
+    tok = _RUN_DOT.set(run_dot)
+    try:
+        yield
+    finally:
+        _RUN_DOT.reset(tok)
+
+
+def _dot_step(ta: Type, a: np.ndarray, b: np.ndarray, dst: np.ndarray,
+              run_dot: qmatmul.RunDot | None = None) -> Step:
     """``dst = b @ a^T`` per batch matrix with the weight read in place: ``b`` (B3, B2, N, K)
     float32 quantized to ``ta``'s ``vec_dot_type`` on every call, then one dot kernel call per
     (i3, i2) over all of ``a``'s rows ``(M, row_bytes)`` (ggml's broadcast: ``a[i3 // r3,
-    i2 // r2]``), each prepared once (:func:`ggmlpy.backends.cpu.qmatmul.prepare`).
-    Single-threaded; the CPU backend's split cuts the weight rows
-    (:func:`ggmlpy.backends.cpu.threads.split_step`)."""
+    i2 // r2]``), each prepared once (:func:`ggmlpy.backends.cpu.qmatmul.prepare`, threads
+    through ``run_dot``)."""
     A3, A2 = a.shape[0], a.shape[1]
     B3, B2 = b.shape[0], b.shape[1]
     r3, r2 = B3 // A3, B2 // A2
-    steps = [qmatmul.prepare(ta, a[i3 // r3, i2 // r2], b[i3, i2], dst[i3, i2])
+    steps = [qmatmul.prepare(ta, a[i3 // r3, i2 // r2], b[i3, i2], dst[i3, i2], run_dot)
              for i3 in range(B3) for i2 in range(B2)]
     if len(steps) == 1:
         return steps[0]

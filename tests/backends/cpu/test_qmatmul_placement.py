@@ -3,13 +3,16 @@
 CPU backend's thread count (each output is computed by one fixed sequence of operations).
 
 Expected values: the first evaluation of the same graph with the weight in a plain buffer on one
-thread; and, to hold that run itself, the vec_dot referee (exact for block types).
+thread; and, to hold that run itself, the vec_dot referee (block types: exact without Numba, within
+the compiled kernels' bound with it).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import dot_abs_terms as abs_terms
+from helpers import lanes_bound
 
 from ggmlpy import ops
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors
@@ -17,6 +20,7 @@ from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu import qmatmul, threads
 from ggmlpy.backends.cpu.backend import backend_cpu_init
+from ggmlpy.backends.kernels import matmul
 from ggmlpy.backends.kernels.matmul import uses_dot_kernel
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
@@ -74,34 +78,47 @@ def test_same_bits_from_weights_and_plain_buffers(t, n):
     np.testing.assert_array_equal(plain1[1], plain1[0])
     if n < qmatmul.CROSSOVER[t] and t in BLOCK:
         act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
-        want = vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act))
-        np.testing.assert_array_equal(plain1[0], want)
+        yb = qmatmul.act_bytes(act)
+        want = vec_dot.vec_dot(t, raw.reshape(M, -1), yb)
+        if qmatmul.jit_available():  # float32 lanes: within the kernels' bound of the referee
+            bound = lanes_bound(t, K, abs_terms(t, raw.reshape(M, -1), yb))
+            assert (np.abs(plain1[0].astype(np.float64) - want) <= bound).all()
+        else:
+            np.testing.assert_array_equal(plain1[0], want)
 
 
-def test_dot_split_cuts_the_weight_rows():
-    """On 2 threads a large enough dot-kernel MUL_MAT is one Split over dst's last axis (the
-    weight rows), two parts; a small one stays whole."""
+def test_dot_split_cuts_the_weight_rows(monkeypatch):
+    """On 2 threads a large enough dot-kernel MUL_MAT is compiled once, its product shared among
+    the threads through the pool's dot tasks (with Numba), or is one Split over dst's last axis
+    (the weight rows), two parts (without); a small one stays whole and on one thread."""
     pool = threads.Pool(2)
     try:
-        for M, big in ((2048, True), (8, False)):
-            ctx = Context(no_alloc=True)
-            a = ctx.new_tensor(Type.Q8_0, (640, M))
-            b = ctx.new_tensor(Type.F32, (640, 1))
-            node = ops.mul_mat(ctx, a, b)
-            assert uses_dot_kernel(node)
-            w = np.zeros((1, 1, M, Type.Q8_0.row_size(640)), np.uint8)
-            x = np.zeros((1, 1, 1, 640), np.float32)
-            d = np.zeros((1, 1, 1, M), np.float32)
-            calls = []
+        for jit in ((True, False) if qmatmul.jit_available() else (False,)):
+            monkeypatch.setenv("GGMLPY_JIT", "1" if jit else "0")
+            for M, big in ((2048, True), (8, False)):
+                ctx = Context(no_alloc=True)
+                a = ctx.new_tensor(Type.Q8_0, (640, M))
+                b = ctx.new_tensor(Type.F32, (640, 1))
+                node = ops.mul_mat(ctx, a, b)
+                assert uses_dot_kernel(node)
+                w = np.zeros((1, 1, M, Type.Q8_0.row_size(640)), np.uint8)
+                x = np.zeros((1, 1, 1, 640), np.float32)
+                d = np.zeros((1, 1, 1, M), np.float32)
+                calls = []
 
-            def compile_node(xp, nd, dst, srcs, calls=calls):
-                calls.append((dst.shape, srcs[0].shape))
-                return lambda: None
+                def compile_node(xp, nd, dst, srcs, calls=calls):
+                    calls.append((dst.shape, srcs[0].shape, matmul._RUN_DOT.get()))
+                    return lambda: None
 
-            s = threads.split_step(np, node, d, [w, x], pool, compile_node)
-            assert s is not None and s.ax == 3 and s.big == big
-            if big:
-                assert calls == [((1, 1, 1, M // 2), (1, 1, M // 2, w.shape[3]))] * 2
+                s = threads.split_step(np, node, d, [w, x], pool, compile_node)
+                if jit:
+                    assert not isinstance(s, threads.Split)
+                    run_dot = pool.run_dot if big else None
+                    assert calls == [((1, 1, 1, M), w.shape, run_dot)]
+                else:
+                    assert s is not None and s.ax == 3 and s.big == big
+                    if big:
+                        assert calls == [((1, 1, 1, M // 2), (1, 1, M // 2, w.shape[3]), None)] * 2
     finally:
         pool.close()
 

@@ -4,10 +4,12 @@ MUL_MAT with a converted weight, GET_ROWS that dequantizes, CPY/DUP/CONT between
 MUL_MAT takes one of two numeric paths (``GGMLPY_QUANT_MATMUL``): ``ggml`` (the default) runs
 ggml's quantized-activation dot products below the type's batch crossover; its reference is the
 vec_dot referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic loops) on the activations quantized
-as ggml quantizes them, exact for block types, within ``ulp32 + K * eps64 * sum|x w|`` for
-F16/BF16. Larger batches (the GEMM path) keep those numerics: the referee within the float32
-summation-order bound of :mod:`ggmlpy.backends.cpu.qgemm` (``tests/qgemm_ref.py``). ``dequant``
-multiplies the exact weight values in float32:
+as ggml quantizes them: for block types exact without Numba and within the compiled kernels'
+bound ``(4 nb + 16) * 2**-23 * sum|terms|`` with it (helpers.lanes_bound), within
+``ulp32 + K * eps64 * sum|x w|`` for F16/BF16. Larger batches (the GEMM path) keep those
+numerics: the referee within the float32 summation-order bound of
+:mod:`ggmlpy.backends.cpu.qgemm` (``tests/qgemm_ref.py``). ``dequant`` multiplies the exact weight
+values in float32:
 
 References: the weight's float values are ``ggmlpy.dequantize`` of its bytes (bit-exact with
 ggml's ``dequantize_row_*``, held by test_quants.py against ggml's C vectors); products are then
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import BLOCK_TYPES, _backend, alloc_ctx
+from helpers import BLOCK_TYPES, _backend, alloc_ctx, dot_abs_terms, lanes_bound
 from qgemm_ref import ggml_gemm_expected
 
 from ggmlpy import ops
@@ -84,19 +86,19 @@ def _mm_ref(W, B):
 def _dot_ref(t: Type, raw: np.ndarray, ne_a, B: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The ggml path's expected result: per batch matrix, the referee ``vec_dot`` of the weight
     rows with ``B`` quantized to the ``vec_dot_type``; and sum|x w| (float64) for the F16/BF16
-    bound. ``raw``: the weight's bytes, ``ne_a`` its ne; ``B`` (B3, B2, N, K) float32."""
+    bound, the sum of the vec_dot terms' magnitudes otherwise (float64). ``raw``: the weight's
+    bytes, ``ne_a`` its ne; ``B`` (B3, B2, N, K) float32."""
     A3, A2, M = ne_a[3], ne_a[2], ne_a[1]
     rows = raw.reshape(A3, A2, M, -1)
     B3, B2 = B.shape[:2]
     out = np.zeros(B.shape[:3] + (M,), np.float32)
     mag = np.zeros(B.shape[:3] + (M,))
-    Wv = np.abs(dequantize(raw, t, ne_a).astype(np.float64))
     for l in range(B3):
         for k in range(B2):
             w = rows[l // (B3 // A3), k // (B2 // A2)]
             act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], np.ascontiguousarray(B[l, k]))
             out[l, k] = vec_dot.vec_dot(t, w, qmatmul.act_bytes(act))
-            mag[l, k] = np.abs(B[l, k].astype(np.float64)) @ Wv[l // (B3 // A3), k // (B2 // A2)].T
+            mag[l, k] = dot_abs_terms(t, w, qmatmul.act_bytes(act))
     return out, mag
 
 
@@ -118,6 +120,8 @@ def _check_mm(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray, do
         if t in (Type.F16, Type.BF16):
             bound = np.spacing(np.abs(want)) + ne_a[0] * np.finfo(np.float64).eps * mag
             assert (np.abs(got.astype(np.float64) - want) <= bound).all()
+        elif qmatmul.jit_available():  # float32 lanes: within the kernels' bound of the referee
+            assert (np.abs(got.astype(np.float64) - want) <= lanes_bound(t, ne_a[0], mag)).all()
         else:
             np.testing.assert_array_equal(got, want)
         return
