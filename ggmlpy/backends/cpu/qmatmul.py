@@ -8,22 +8,34 @@ BF16, see :mod:`ggmlpy.quants.q8`), then every output is one ``vec_dot`` of a we
 activation row, blocks decoded on the fly: no float32 copy of the weight is ever made, so a
 matrix-vector product reads each weight byte once.
 
-Two implementations with the same numerics:
+Two implementations:
 
 * Numba kernels (:mod:`ggmlpy.backends.cpu.qmatmul_kernels`, the ``jit`` extra; ``GGMLPY_JIT=0``
   turns them off), one per weight type, compiled on first use and cached on disk.
 * A NumPy fallback: :func:`ggmlpy.quants.vec_dot.dot_unpacked` (the referee itself) over chunks
   of weight rows (F16/BF16: float64 sums of the float32 products).
 
-Numerics, against the referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic scalar loops): for the
-block types both compute exactly its float32 operations in its order, so their results are
-bit-identical to it whatever the thread count or row split (each output is computed by one thread
-in one fixed order). For F16/BF16 the float32 products are summed in float64 in another fixed
-order (16 lanes, then the lanes in order; the fallback: NumPy's pairwise sum) instead of the
-referee's sequential one: ``|y - y_ref| <= ulp32(y_ref) + K * 2**-53 * sum_k |x_k w_k|``.
+Numerics, against the referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic scalar loops). The
+fallback computes exactly its float32 operations in its order (bit-identical). The compiled
+block kernels sum in ggml's SIMD shape instead (ggml-cpu's AVX2/AVX512 ``vec_dot``): every
+block's integer products in exact int32 lanes, converted to float32 and added to 16 float32
+lanes with one fused multiply-add by the block's scale ``d_w * d_y`` (K-quants: the sub-block
+scales applied in the integers first; Q4_1/Q5_1's ``m_w * s_y`` and the K-quants' min terms in
+one more float32 accumulator), the lanes then added as a fixed tree. With ``nb`` blocks and
+``A = sum_b |d_w d_y| sum_j |q_w q_y| (+ sum_b |m_w s_y|, + the K-quants' |min| terms)`` the sum
+of the terms' magnitudes, ``|y - y_ref| <= (4 nb + 16) * 2**-23 * A`` (tested,
+tests/helpers.py ``lanes_bound``): the referee's own rounding error vs the exact sum of its terms
+and the kernels' are each below half of that. Where a weight block's scale is inf or NaN (a
+block that does not decode) both are non-finite, but the kind may differ (an inf scale times a
+lane without products is NaN where the referee has +-inf, as in ggml's SIMD loops). For F16/BF16
+the float32 products are summed in float64 in another fixed order (16 lanes, then the lanes in
+order; the fallback: NumPy's pairwise sum) instead of the referee's sequential one:
+``|y - y_ref| <= ulp32(y_ref) + K * 2**-53 * sum_k |x_k w_k|``. In every case each output is
+computed by one thread in one fixed order, so results do not depend on the thread count or on
+how the rows are split.
 
-Against ggml's own SIMD kernels the difference is their reordering (float32 lanes, fused
-multiply-adds): ``|y - y_ggml| <= T * 2**-23 * sum_b |term_b|`` with ``T = 4 * nb`` roundings
+Against ggml's own SIMD kernels the difference is the lanes' layout and the order of the
+roundings: ``|y - y_ggml| <= T * 2**-23 * sum_b |term_b|`` with ``T = 4 * nb`` roundings
 (``nb`` blocks; ``+ 16`` for the K-quants' lane sums) and ``term_b`` the per-block float terms;
 ggml's activation quantizer on AVX2 also rounds ties to even where the reference rounds them away
 from zero (one quant step in rare elements; this module follows the reference). Two ggml kernels
@@ -38,9 +50,13 @@ the weight and a BLAS GEMM, whose float32 throughput then wins over the integer 
 That path keeps ggml's numerics (:mod:`ggmlpy.backends.cpu.qgemm`: the same activation
 quantization, the referee's result within float32 summation-order rounding).
 
-Threads: the weight rows are split into ``n_threads`` contiguous ranges (ggml splits ``src0``'s
-rows among its threads the same way when ``src1`` has few rows), each computed by one part; the
-activation quantization is split by activation rows. Calls are synchronous.
+Threads: :func:`mul_mat` splits the weight rows into ``n_threads`` contiguous ranges (ggml splits
+``src0``'s rows among its threads the same way when ``src1`` has few rows), each computed by one
+part, and the activation quantization by activation rows. A plan's step (:func:`prepare`) is one
+compiled task instead: the calling thread quantizes the activations, then every thread of the
+CPU backend's pool claims chunks of weight rows from a shared atomic counter until none is left
+(ggml's ``ggml_threadpool_chunk_add`` scheme), so a late thread takes a smaller share instead of
+holding the others up. Calls are synchronous.
 """
 
 from __future__ import annotations

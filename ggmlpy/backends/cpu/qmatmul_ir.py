@@ -1,15 +1,19 @@
-"""Numba intrinsics for the block dot products of :mod:`ggmlpy.backends.cpu.qmatmul_kernels`: each decodes one block of a
-weight row from its bytes and multiplies it with 32 activation quants as LLVM vector IR.
+"""Numba intrinsics for the dot products of :mod:`ggmlpy.backends.cpu.qmatmul_kernels`: each
+computes one weight row's dot product with one activation row (all its blocks, a loop in LLVM
+IR), decoding the blocks from their bytes as LLVM vector IR.
 
 Numba types every integer expression as int64, so a plain loop over int8 products vectorizes
 with 64-bit lanes (or not at all); these intrinsics build the vectors at the widths the data
-has (``<32 x i8>`` loaded, sign-extended, multiplied and reduced in ``i32``), which LLVM lowers
-to the target's widening multiply-add instructions (x86: ``pmaddwd``). Everything here is
-generic LLVM IR (no target intrinsics). Integer results are exact; the F16/BF16 helper adds its
-16 float32 products to 16 float64 lanes.
+has (``<32 x i8>`` loaded, sign-extended, multiplied and pair-summed in ``i32``), which LLVM
+lowers to the target's widening multiply-add instructions (x86: ``pmaddwd``). The block sums
+are exact integers; they are converted to float32 and accumulated in 16 float32 lanes with
+``llvm.fma`` (one rounding per multiply-add), the lanes added as a fixed tree at the end: the
+shape of ggml's SIMD ``vec_dot`` loops (ggml-cpu/arch/x86/quants.c), whose error bound against
+the scalar referee :mod:`ggmlpy.backends.cpu.qmatmul` states. Everything here is generic LLVM IR
+(no target intrinsics); the F16/BF16 helper adds its 16 float32 products to 16 float64 lanes.
 
-Arguments named ``w``/``y``/``aux`` are 1-D NumPy arrays (uint8/int8 bytes, int32 ``aux``),
-``i*`` element offsets into them; callers guarantee the bounds.
+Arguments named ``w``/``y`` are 1-D NumPy arrays (uint8/int8 bytes), ``i*``/``wo`` element
+offsets into them; callers guarantee the bounds.
 """
 
 from __future__ import annotations

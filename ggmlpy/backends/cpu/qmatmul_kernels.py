@@ -3,16 +3,18 @@ importing this module imports Numba). Module-level functions so that Numba's on-
 (``cache=True``) finds them again in a later process. Shapes and layouts are checked by the
 caller, not here.
 
-Every block kernel computes ``out[n, m]`` for the weight rows ``m0 <= m < m1`` and every
-activation row ``n`` with exactly the float32 operations of :func:`ggmlpy.quants.vec_dot.vec_dot`
-in its order (no ``fastmath``: no reassociation, no fused multiply-add), so its results are
-bit-identical to the referee's and do not depend on how the rows are split over threads. The
-integer block sums are exact in any order, which is what lets LLVM vectorize them.
+The block kernels (:func:`legacy_lanes`, :func:`kquant_lanes`) compute ``out[n, m]`` for the
+weight rows ``m0 <= m < m1`` and every activation row ``n``, each row's sum in ggml's SIMD shape
+(exact int32 block sums in 16 lanes, float32 lanes with fused multiply-adds, a fixed tree at the
+end: :mod:`ggmlpy.backends.cpu.qmatmul_ir`; the bound against the referee is in
+:mod:`ggmlpy.backends.cpu.qmatmul`). Every output is computed in one fixed order, so results do
+not depend on how the rows are split over threads.
 
 Arguments of the block kernels: ``w`` uint8 ``(M, row_bytes)`` the weight's rows as they lie;
 ``yq`` int8 ``(N, K)`` the activation quants; ``yd`` float32 ``(N, nb)`` their scales; ``yx``
 float32 ``(N, nb)`` Q8_1's ``s`` or int32 ``(N, nb * 16)`` Q8_K's ``bsums`` (unused otherwise);
-``out`` float32 ``(N, M)``; ``dx`` float32 ``(nb,)`` and ``acc`` scratch owned by the caller.
+``out`` float32 ``(N, M)``; ``tbl`` float32 ``(65536,)`` the value of every f16 bit pattern
+(ggml's ``ggml_table_f32_f16``).
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ F32 = np.float32
 
 @njit(**_OPTS)
 def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
-    """As :func:`legacy`, each row's sum in ggml's SIMD shape (float32 lanes, fused
-    multiply-adds: :func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_0` and the others)."""
+    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1, one
+    compiled row dot each (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_0` and the others)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     for m in range(m0, m1):
@@ -62,9 +64,10 @@ def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
 
 @njit(**_OPTS)
 def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl, sc, mn):
-    """As :func:`kquant`, each row's sum in ggml's SIMD shape (float32 lanes, fused
-    multiply-adds: :func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K` and the others). ``sc``
-    int32 ``(nb * 16,)`` and ``mn`` int32 ``(nb * 8,)``: scratch for a row's scales and mins."""
+    """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) rows against Q8_K,
+    one compiled row dot each (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K` and the others)
+    after the row's scales and mins are decoded (``get_scale_min_k4`` in ggml-quants.c) into the
+    scratch ``sc`` int32 ``(nb * 16,)`` and ``mn`` int32 ``(nb * 8,)``."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
     bsz = (144, 176, 210)[kind]

@@ -1,0 +1,148 @@
+"""Dot tasks (:meth:`ggmlpy.backends.cpu.threads.Pool.run_dot`, :mod:`ggmlpy.backends.cpu.spin`):
+the row chunks of one compiled product claimed by several threads from an atomic counter.
+
+* :func:`spin.claim` hands every chunk index out exactly once over concurrent claimers, and none
+  of a task that another generation replaced.
+* A prepared product (:func:`ggmlpy.backends.cpu.qmatmul.prepare`) gives the same bits whatever
+  threads take part and whichever chunks they take: solo, through pools of 2 and 3 threads, and
+  with a second thread started on the worker side by hand (so that it really claims chunks),
+  for every dot type and batches of 1 and 5 rows. Expected values: the solo run, itself held
+  to the vec_dot referee by tests/quants/test_quant_dot.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ggmlpy.backends.cpu import qmatmul
+from ggmlpy.backends.cpu.threads import Pool
+from ggmlpy.core.types import Type
+from ggmlpy.quants import quantize
+
+pytestmark = pytest.mark.skipif(not qmatmul.jit_available(), reason="numba not installed")
+
+TYPES = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.Q5_K, Type.Q6_K,
+         Type.F16, Type.BF16]
+
+
+def _spin():
+    from ggmlpy.backends.cpu import spin
+
+    return spin
+
+
+def test_claim_hands_out_each_chunk_once() -> None:
+    from numba import njit
+
+    spin = _spin()
+    done = njit(lambda ctl: spin.aadd(ctl, spin.DONE, 1))
+    ctl = np.zeros(16, np.int64)
+    n = 20000
+    spin.publish(ctl, 7)
+    got: list[list[int]] = [[], [], []]
+
+    def claimer(k: int) -> None:
+        while True:
+            c = spin.claim(ctl, 7, n)
+            if c < 0:
+                return
+            got[k].append(c)
+            done(ctl)
+
+    ts = [threading.Thread(target=claimer, args=(k,)) for k in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout=60)
+    every = sorted(got[0] + got[1] + got[2])
+    assert every == list(range(n))
+    assert ctl[spin.DONE] == n
+    assert spin.claim(ctl, 7, n) == -1
+    spin.publish(ctl, 8)  # a new generation: the old one's claimers get nothing
+    assert spin.claim(ctl, 7, n) == -1
+    assert spin.claim(ctl, 8, n) == 0
+    assert not spin.wait_value(ctl, spin.DONE, 1, 100)
+    assert spin.wait_value(ctl, spin.TASK, 1, 100)
+
+
+def _product(t: Type, N: int, M: int = 200, K: int = 512, seed: int = 0):
+    rng = np.random.default_rng(seed + int(t))
+    w = quantize(rng.standard_normal((M, K)).astype(np.float32), t).reshape(M, -1)
+    if t in (Type.F16, Type.BF16):
+        w = w.view(np.uint16)
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    return w, x
+
+
+def _by_hand(main, worker) -> int:
+    """A run_dot whose worker side is a second thread started for this call: it waits for the
+    task to be published, then claims chunks like a pool worker."""
+    spin = _spin()
+    ctl = np.zeros(32, np.int64)
+    started = threading.Event()
+    claimed = []
+
+    def side() -> None:
+        started.set()
+        while not spin.wait_value(ctl, spin.TASK, 1 << 32, 10000):  # polls without the GIL
+            pass
+        claimed.append(worker(ctl, 1))
+
+    th = threading.Thread(target=side)
+    th.start()
+    started.wait()
+    r = main(ctl, 1)
+    th.join(timeout=60)
+    assert claimed, "the worker side did not run"
+    return r
+
+
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("N", [1, 5])
+def test_prepared_product_same_bits_for_any_threads(t: Type, N: int) -> None:
+    w, x = _product(t, N)
+    M = w.shape[0]
+    solo = np.full((N, M), np.nan, np.float32)
+    qmatmul.prepare(t, w, x, solo)()
+    assert np.isfinite(solo).all()
+    for runner in ("pool2", "pool3", "hand"):
+        pool = Pool(2 if runner == "pool2" else 3)
+        try:
+            run_dot = _by_hand if runner == "hand" else pool.run_dot
+            out = np.full((N, M), np.nan, np.float32)
+            step = qmatmul.prepare(t, w, x, out, run_dot)
+            for _ in range(5):  # later calls find the workers polling
+                out[...] = np.nan
+                step()
+                np.testing.assert_array_equal(out, solo)
+        finally:
+            pool.close()
+
+
+def test_overflowing_activations_take_the_exact_product_on_threads() -> None:
+    """Activations whose Q8_0 scale overflows f16 are not published as a task: the step computes
+    the exact product instead (as the solo step does)."""
+    t = Type.Q8_0
+    w, x = _product(t, 2)
+    x[0, :32] *= 1e7
+    M = w.shape[0]
+    pool = Pool(2)
+    try:
+        want = np.empty((2, M), np.float32)
+        qmatmul.prepare(t, w, x, want)()
+        out = np.empty((2, M), np.float32)
+        qmatmul.prepare(t, w, x, out, pool.run_dot)()
+        np.testing.assert_array_equal(out, want)
+        from ggmlpy.quants import dequantize
+
+        wd = dequantize(w, t, (x.shape[1], M)).astype(np.float64)
+        exact = x.astype(np.float64) @ wd.T
+        # a float32 GEMM of K terms: gamma_K |x| |w| (any summation order)
+        K = x.shape[1]
+        bound = K * 2.0 ** -24 / (1 - K * 2.0 ** -24) * (np.abs(x.astype(np.float64)) @ np.abs(wd).T)
+        assert (np.abs(out - exact) <= bound).all()
+    finally:
+        pool.close()
