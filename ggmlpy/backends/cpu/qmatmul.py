@@ -359,9 +359,8 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
     if t in (Type.F16, Type.BF16):
         return partial(k.half_dot, w, act.q, out, m0, m1, t == Type.BF16)
     if t in _KQUANT:
-        nb = act.d.shape[1]
         return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, _KQUANT[t],
-                       _f16_table(), np.empty(nb * 16, np.int32), np.empty(nb * 8, np.int32))
+                       _f16_table())
     ys = act.x if act.kind == "q8_1" else _DUMMY
     return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, _LEGACY[t], _f16_table())
 

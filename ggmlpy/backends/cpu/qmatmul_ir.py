@@ -273,13 +273,35 @@ def _scaled_pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value, s0: ir.Value,
 _KQ_BYTES = (144, 176, 210)
 
 
+def _k4_scales_mins(builder: ir.IRBuilder, s12: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Q4_K/Q5_K's 8 six-bit scales and 8 mins (<8 x i8> each) from the 12 ``scales`` bytes
+    (<12 x i8>; ``get_scale_min_k4`` in ggml-quants.c: ``j < 4``: ``q[j] & 63``,
+    ``q[j + 4] & 63``; else ``(q[j + 4] & 15) | (q[j - 4] >> 6) << 4``,
+    ``(q[j + 4] >> 4) | (q[j] >> 6) << 4``)."""
+    def c8(v):
+        return ir.Constant(_vec(I8, 8), [v] * 8)
+
+    low4 = ir.Constant(_vec(ir.IntType(1), 8), [1] * 4 + [0] * 4)
+    a = _shuf(builder, s12, s12, [0, 1, 2, 3, 8, 9, 10, 11])
+    b = _shuf(builder, s12, s12, [0, 1, 2, 3, 0, 1, 2, 3])
+    c = _shuf(builder, s12, s12, [4, 5, 6, 7, 8, 9, 10, 11])
+    e = _shuf(builder, s12, s12, [0, 1, 2, 3, 4, 5, 6, 7])
+    top_b = builder.shl(builder.lshr(b, c8(6)), c8(4))
+    top_e = builder.shl(builder.lshr(e, c8(6)), c8(4))
+    sc = builder.select(low4, builder.and_(a, c8(63)),
+                        builder.or_(builder.and_(a, c8(15)), top_b))
+    mn = builder.select(low4, builder.and_(c, c8(63)),
+                        builder.or_(builder.lshr(c, c8(4)), top_e))
+    return sc, mn
+
+
 def _row_kquant_codegen(kind: int):
     bsz = _KQ_BYTES[kind]
 
     def codegen(context, builder, sig, args):
-        w, wo, y, yd, bs, sc, mn, tbl, nb = args
-        aw, ay, ayd, abs_, asc, amn, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
-                                             sig.args[5], sig.args[6], sig.args[7])
+        w, wo, y, yd, bs, tbl, nb = args
+        aw, ay, ayd, abs_, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
+                                   sig.args[5])
         i64 = wo.type
         v16 = _vec(F32T, 16)
         acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
@@ -298,10 +320,18 @@ def _row_kquant_codegen(kind: int):
                 return builder.load(_elem_ptr(context, builder, atbl, tbl,
                                               builder.zext(bits, i64)))
 
+            if kind == 2:
+                sc = builder.sext(_load(context, builder, aw, w, builder.add(o, c64(192)), I8, 16),
+                                  _vec(I16, 16))
+                mn = None
+            else:
+                sc8, mn8 = _k4_scales_mins(
+                    builder, _load(context, builder, aw, w, builder.add(o, c64(4)), I8, 12))
+                sc = builder.zext(sc8, _vec(I16, 8))
+                mn = builder.zext(mn8, _vec(I32, 8))
+
             def scale(j):
-                v = builder.load(_elem_ptr(context, builder, asc, sc,
-                                           builder.add(builder.mul(b, c64(16)), c64(j))))
-                return builder.trunc(v, I16)
+                return builder.extract_element(sc, ir.Constant(I32, j))
 
             dy = builder.load(_elem_ptr(context, builder, ayd, yd, b))
             sumi = ir.Constant(_vec(I32, 16), [0] * 16)
@@ -317,8 +347,7 @@ def _row_kquant_codegen(kind: int):
                 bv = _load(context, builder, abs_, bs, builder.mul(b, c64(16)), I32, 16)
                 bp = builder.add(_shuf(builder, bv, bv, list(range(0, 16, 2))),
                                  _shuf(builder, bv, bv, list(range(1, 16, 2))))
-                mv = _load(context, builder, amn, mn, builder.mul(b, c64(8)), I32, 8)
-                summ = _reduce_add(builder, builder.mul(bp, mv), 8)
+                summ = _reduce_add(builder, builder.mul(bp, mn), 8)
                 dm = builder.fneg(builder.fmul(half_at(2), dy))
                 builder.store(_fma(builder, dm, builder.sitofp(summ, F32T), builder.load(accm)),
                               accm)
@@ -328,19 +357,19 @@ def _row_kquant_codegen(kind: int):
 
 
 def _row_kquant(kind: int):
-    def typer(typingctx, w, wo, y, yd, bs, sc, mn, tbl, nb):
-        return types.float32(w, wo, y, yd, bs, sc, mn, tbl, nb), _row_kquant_codegen(kind)
+    def typer(typingctx, w, wo, y, yd, bs, tbl, nb):
+        return types.float32(w, wo, y, yd, bs, tbl, nb), _row_kquant_codegen(kind)
     return typer
 
 
-# row_q4_K/q5_K/q6_K(w, wo, y, yd, bs, sc, mn, tbl, nb) -> float32: one weight row (nb
-# super-blocks from byte wo of w) with one Q8_K activation row (int8 quants y, float32 scales
-# yd, int32 bsums bs), in ggml's SIMD shape: each super-block's integer sums, scales applied,
-# in 16 exact int32 lanes, converted and added to 16 float32 lanes with one fused multiply-add
-# by d_w * d_y; Q4_K/Q5_K's min terms -(dmin_w * d_y) * sum_j min_j bsum_j (an exact int32)
-# in one more float32 accumulator (fused multiply-adds in super-block order), added after the
-# lanes' fixed tree. sc: int32 (nb * 16,) the 6-bit (Q6_K: 8-bit) scales, mn: int32 (nb * 8,)
-# the mins, both flat per super-block; tbl: the f16 value table.
+# row_q4_K/q5_K/q6_K(w, wo, y, yd, bs, tbl, nb) -> float32: one weight row (nb super-blocks
+# from byte wo of w) with one Q8_K activation row (int8 quants y, float32 scales yd, int32
+# bsums bs), in ggml's SIMD shape: each super-block's integer sums, its sub-block scales
+# (decoded here from the block's bytes) applied, in 16 exact int32 lanes, converted and added
+# to 16 float32 lanes with one fused multiply-add by d_w * d_y; Q4_K/Q5_K's min terms
+# -(dmin_w * d_y) * sum_j min_j bsum_j (an exact int32) in one more float32 accumulator (fused
+# multiply-adds in super-block order), added after the lanes' fixed tree. tbl: the f16 value
+# table.
 row_q4_K = intrinsic(_row_kquant(0))
 row_q5_K = intrinsic(_row_kquant(1))
 row_q6_K = intrinsic(_row_kquant(2))

@@ -63,35 +63,21 @@ def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
 
 
 @njit(**_OPTS)
-def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl, sc, mn):
+def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
     """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) rows against Q8_K,
-    one compiled row dot each (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K` and the others)
-    after the row's scales and mins are decoded (``get_scale_min_k4`` in ggml-quants.c) into the
-    scratch ``sc`` int32 ``(nb * 16,)`` and ``mn`` int32 ``(nb * 8,)``."""
+    one compiled row dot each (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K` and the
+    others)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
-    bsz = (144, 176, 210)[kind]
     for m in range(m0, m1):
         wr = w[m]
-        for b in range(nb):
-            o = b * bsz
-            if kind == 2:
-                for j in range(16):
-                    sc[b * 16 + j] = np.int32(np.int8(wr[o + 192 + j]))
-            else:
-                for j in range(4):
-                    sc[b * 16 + j] = np.int32(wr[o + 4 + j]) & 63
-                    mn[b * 8 + j] = np.int32(wr[o + 8 + j]) & 63
-                for j in range(4, 8):
-                    sc[b * 16 + j] = (np.int32(wr[o + 8 + j]) & 15) | ((np.int32(wr[o + j]) >> 6) << 4)
-                    mn[b * 8 + j] = (np.int32(wr[o + 8 + j]) >> 4) | ((np.int32(wr[o + 4 + j]) >> 6) << 4)
         for n in range(N):
             if kind == 0:
-                r = row_q4_K(wr, 0, yq[n], yd[n], yx[n], sc, mn, tbl, nb)
+                r = row_q4_K(wr, 0, yq[n], yd[n], yx[n], tbl, nb)
             elif kind == 1:
-                r = row_q5_K(wr, 0, yq[n], yd[n], yx[n], sc, mn, tbl, nb)
+                r = row_q5_K(wr, 0, yq[n], yd[n], yx[n], tbl, nb)
             else:
-                r = row_q6_K(wr, 0, yq[n], yd[n], yx[n], sc, mn, tbl, nb)
+                r = row_q6_K(wr, 0, yq[n], yd[n], yx[n], tbl, nb)
             out[n, m] = r
 
 
@@ -262,14 +248,11 @@ def legacy_main(x, qkind, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
-    nb = yq.shape[1] // 256
-    sc = np.empty(nb * 16, np.int32)
-    mn = np.empty(nb * 8, np.int32)
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
             return nch
-        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), kind, tbl, sc, mn)
+        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), kind, tbl)
         aadd(ctl, DONE, 1)
 
 
