@@ -10,7 +10,10 @@ are exact integers; they are converted to float32 and accumulated in 16 float32 
 ``llvm.fma`` (one rounding per multiply-add), the lanes added as a fixed tree at the end: the
 shape of ggml's SIMD ``vec_dot`` loops (ggml-cpu/arch/x86/quants.c), whose error bound against
 the scalar referee :mod:`ggmlpy.backends.cpu.qmatmul` states. Everything here is generic LLVM IR
-(no target intrinsics); the F16/BF16 helper adds its 16 float32 products to 16 float64 lanes.
+but for two target intrinsics used where Numba compiles for a CPU that has them: AVX2's
+``vpmaddubsw`` in the K-quant rows (:func:`_maddubs`; elsewhere the same integer sums in generic
+IR) and the spin-loop hint of :mod:`ggmlpy.backends.cpu.spin`. The F16/BF16 helper adds its 16
+float32 products to 16 float64 lanes.
 
 Arguments named ``w``/``y`` are 1-D NumPy arrays (uint8/int8 bytes), ``i*``/``wo`` element
 offsets into them; callers guarantee the bounds.
@@ -116,10 +119,12 @@ def acc_h16(typingctx, w, iw, y, iy, bf, acc):
     return types.none(w, iw, y, iy, bf, acc), codegen
 
 
-def _kgroups(context, builder, aty, w, o, kind: int) -> list[tuple[ir.Value, int, int, int]]:
+def _kgroups(context, builder, aty, w, o, kind: int,
+             offset6: bool = True) -> list[tuple[ir.Value, int, int, int]]:
     """A K-quant super-block's 8 groups of 32 values (``kind`` 0 Q4_K, 1 Q5_K, 2 Q6_K; the byte
     layouts of ggml-common.h's ``block_q{4,5,6}_K``, the block at byte ``o`` of ``w``): per group
-    ``(<32 x i8> values, first element, scale index of elements 0-15, of elements 16-31)``."""
+    ``(<32 x i8> values, first element, scale index of elements 0-15, of elements 16-31)``.
+    Q6_K's values are ``q - 32`` (``offset6``) or the unsigned ``q`` (0..63)."""
     def c64(v):
         return ir.Constant(o.type, v)
 
@@ -149,7 +154,8 @@ def _kgroups(context, builder, aty, w, o, kind: int) -> list[tuple[ir.Value, int
                 v = builder.and_(lo, const8(15))
                 hb = builder.and_(builder.lshr(qh, const8(2 * g)), const8(3)) if g else \
                     builder.and_(qh, const8(3))
-                v = builder.sub(builder.or_(v, builder.shl(hb, const8(4))), const8(32))
+                v = builder.or_(v, builder.shl(hb, const8(4)))
+                v = builder.sub(v, const8(32)) if offset6 else v
                 groups.append((v, 128 * hh + 32 * g, 8 * hh + 2 * g, 8 * hh + 2 * g + 1))
     return groups
 
@@ -258,19 +264,50 @@ row_q5_1 = intrinsic(_row_legacy(3))
 row_q8_0 = intrinsic(_row_legacy(4))
 
 
-def _scaled_pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value, s0: ir.Value,
-                  s1: ir.Value) -> ir.Value:
-    """<16 x i32>: adjacent pair sums of ``v * y * s`` (two <32 x i8>; ``s`` the i16 scale
-    ``s0`` for elements 0-15, ``s1`` for 16-31): int16 products (|v y| <= 64 * 128), then the
-    ``pmaddwd`` shape with the scales."""
-    prod = builder.mul(builder.sext(v, _vec(I16, 32)), builder.sext(y, _vec(I16, 32)))
-    sc = _shuf(builder, _splat(builder, s0, 16), _splat(builder, s1, 16), list(range(32)))
-    p = builder.mul(builder.sext(prod, _vec(I32, 32)), builder.sext(sc, _vec(I32, 32)))
+_KQ_BYTES = (144, 176, 210)
+
+
+def _host_has(feature: str) -> bool:
+    """Whether Numba compiles for this CPU (no ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``) and
+    it has ``feature`` (LLVM's name, e.g. ``avx2``)."""
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_NAME or config.CPU_FEATURES:
+        return False
+    try:
+        return bool(binding.get_host_cpu_features().get(feature))
+    except RuntimeError:  # LLVM cannot query this CPU
+        return False
+
+
+#: x86 AVX2's ``vpmaddubsw`` (u8 x s8 products, adjacent pairs summed to i16) for
+#: :func:`_maddubs`; elsewhere the same sums in generic IR
+_MADDUBS = "llvm.x86.avx2.pmadd.ub.sw" if _host_has("avx2") else None
+
+
+def _maddubs(builder: ir.IRBuilder, u: ir.Value, s8: ir.Value) -> ir.Value:
+    """<16 x i16>: adjacent pair sums of ``u * s8`` for <32 x i8> ``u`` read as unsigned and
+    ``s8`` as signed. Callers keep ``|u0 s0 + u1 s1| < 2**15`` (so the instruction's saturation
+    never acts and both forms agree)."""
+    if _MADDUBS is not None:
+        t = _vec(I8, 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I16, 16), [t, t]),
+                                            _MADDUBS)
+        return builder.call(fn, [u, s8])
+    p = builder.mul(builder.zext(u, _vec(I16, 32)), builder.sext(s8, _vec(I16, 32)))
     return builder.add(_shuf(builder, p, p, list(range(0, 32, 2))),
                        _shuf(builder, p, p, list(range(1, 32, 2))))
 
 
-_KQ_BYTES = (144, 176, 210)
+def _madd_scales(builder: ir.IRBuilder, p16: ir.Value, s0: ir.Value, s1: ir.Value) -> ir.Value:
+    """<8 x i32>: adjacent pair sums of ``p16 * s`` (<16 x i16> pair sums of a group's 32
+    products; ``s`` the i16 scale ``s0`` for lanes 0-7 (elements 0-15), ``s1`` for 8-15): the
+    ``pmaddwd`` shape."""
+    sc = _shuf(builder, _splat(builder, s0, 8), _splat(builder, s1, 8), list(range(16)))
+    p = builder.mul(builder.sext(p16, _vec(I32, 16)), builder.sext(sc, _vec(I32, 16)))
+    return builder.add(_shuf(builder, p, p, list(range(0, 16, 2))),
+                       _shuf(builder, p, p, list(range(1, 16, 2))))
 
 
 def _k4_scales_mins(builder: ir.IRBuilder, s12: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -303,8 +340,8 @@ def _row_kquant_codegen(kind: int):
         aw, ay, ayd, abs_, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
                                    sig.args[5])
         i64 = wo.type
-        v16 = _vec(F32T, 16)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
+        v8 = _vec(F32T, 8)
+        acc = cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8))
         accm = cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0))
 
         def c64(v):
@@ -334,13 +371,18 @@ def _row_kquant_codegen(kind: int):
                 return builder.extract_element(sc, ir.Constant(I32, j))
 
             dy = builder.load(_elem_ptr(context, builder, ayd, yd, b))
-            sumi = ir.Constant(_vec(I32, 16), [0] * 16)
-            for v, e, j0, j1 in _kgroups(context, builder, aw, w, o, kind):
+            sumi = ir.Constant(_vec(I32, 8), [0] * 8)
+            for v, e, j0, j1 in _kgroups(context, builder, aw, w, o, kind, offset6=False):
                 yv = _load(context, builder, ay, y, builder.add(builder.mul(b, c64(256)), c64(e)),
                            I8, 32)
-                sumi = builder.add(sumi, _scaled_pairs(builder, v, yv, scale(j0), scale(j1)))
+                # unsigned values (0..15, 0..31, Q6_K 0..63): |pair| <= 2 * 63 * 128 < 2**15
+                p16 = _maddubs(builder, v, yv)
+                if kind == 2:  # Q6_K's -32: minus 32 * the activations' pair sums (in i16)
+                    p16 = builder.sub(p16, _maddubs(builder, ir.Constant(_vec(I8, 32), [32] * 32),
+                                                    yv))
+                sumi = builder.add(sumi, _madd_scales(builder, p16, scale(j0), scale(j1)))
             d = builder.fmul(half_at(208 if kind == 2 else 0), dy)
-            builder.store(_fma(builder, builder.sitofp(sumi, v16), _splat(builder, d, 16),
+            builder.store(_fma(builder, builder.sitofp(sumi, v8), _splat(builder, d, 8),
                                builder.load(acc)), acc)
             if kind < 2:
                 # the mins: sum over the 8 sub-blocks of min_j * (bsums[2j] + bsums[2j + 1])
@@ -351,7 +393,7 @@ def _row_kquant_codegen(kind: int):
                 dm = builder.fneg(builder.fmul(half_at(2), dy))
                 builder.store(_fma(builder, dm, builder.sitofp(summ, F32T), builder.load(accm)),
                               accm)
-        r = _tree_sum(builder, builder.load(acc), 16)
+        r = _tree_sum(builder, builder.load(acc), 8)
         return builder.fadd(r, builder.load(accm)) if kind < 2 else r
     return codegen
 
