@@ -146,3 +146,39 @@ def test_overflowing_activations_take_the_exact_product_on_threads() -> None:
         assert (np.abs(out - exact) <= bound).all()
     finally:
         pool.close()
+
+
+def test_kernels_compiled_for_a_generic_cpu_stay_within_the_bound(tmp_path) -> None:
+    """With ``NUMBA_CPU_NAME=generic`` (no AVX2: the K-quant rows' generic-IR pair sums instead
+    of ``vpmaddubsw``) the kernels are still within the lanes bound of the referee."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import numpy as np
+        from helpers import dot_abs_terms, lanes_bound
+        from ggmlpy.backends.cpu import qmatmul, qmatmul_ir
+        from ggmlpy.core.types import Type
+        from ggmlpy.quants import quantize, vec_dot
+        assert qmatmul_ir._MADDUBS is None
+        rng = np.random.default_rng(4)
+        for t in (Type.Q4_K, Type.Q5_K, Type.Q6_K, Type.Q5_0, Type.Q8_0):
+            w = quantize(rng.standard_normal((9, 512)).astype(np.float32), t).reshape(9, -1)
+            x = rng.standard_normal((2, 512)).astype(np.float32)
+            got = qmatmul.mul_mat(t, w, x)
+            yb = qmatmul.act_bytes(qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x))
+            want = vec_dot.vec_dot(t, w, yb)
+            err = np.abs(got.astype(np.float64) - want)
+            assert (err <= lanes_bound(t, 512, dot_abs_terms(t, w, yb))).all(), t
+        print("ok")
+    """)
+    tests = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = dict(os.environ, NUMBA_CPU_NAME="generic", NUMBA_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([os.path.abspath(tests),
+                                           os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                       timeout=600, cwd=os.path.join(tests, ".."))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "ok"
