@@ -361,7 +361,7 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
     if t in _KQUANT:
         return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, _KQUANT[t],
                        _f16_table())
-    ys = act.x if act.kind == "q8_1" else _DUMMY
+    ys = act.x if act.kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
     return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, _LEGACY[t], _f16_table())
 
 
@@ -486,7 +486,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
             main = partial(k.kquant_main, x, *args)
             worker = partial(k.kquant_chunks, *args)
         else:
-            ys = act.x if kind == "q8_1" else _DUMMY
+            ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
             args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
             main = partial(k.legacy_main, x, 1 if kind == "q8_1" else 0, *args)
             worker = partial(k.legacy_chunks, *args)

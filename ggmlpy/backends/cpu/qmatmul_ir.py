@@ -204,17 +204,25 @@ _LEGACY_LAYOUT = {0: (18, 2, 0, 8, False), 1: (20, 4, 0, 0, True), 2: (22, 6, 2,
                   3: (24, 8, 4, 0, True), 4: (34, 2, 0, 0, False)}
 
 
-def _row_legacy_codegen(kind: int):
+def _at(context, builder, aty, arr, *idx) -> ir.Value:
+    """Pointer to ``arr[idx]`` (any layout, no bounds check)."""
+    a = context.make_array(aty)(context, builder, arr)
+    return cgutils.get_item_pointer(context, builder, aty, a, list(idx))
+
+
+def _row_legacy_codegen(kind: int, R: int):
     bsz, qo, qhs, sub, has_min = _LEGACY_LAYOUT[kind]
     vkind = 0 if kind == 4 else 2 if kind in (2, 3) else 1
 
     def codegen(context, builder, sig, args):
-        w, wo, y, yd, yx, tbl, nb = args
-        aw, ay, ayd, ayx, atbl = sig.args[0], sig.args[2], sig.args[3], sig.args[4], sig.args[5]
+        w, wo, yq, yd, yx, n0, out, m, tbl, nb = args
+        aw, ayq, ayd, ayx, aout, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
+                                         sig.args[6], sig.args[8])
         i64 = wo.type
         v16 = _vec(F32T, 16)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16))
-        accm = cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0))
+        rows = [builder.add(n0, ir.Constant(n0.type, r)) for r in range(R)]
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16)) for _ in rows]
+        accm = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in rows]
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             o = builder.add(wo, builder.mul(b, ir.Constant(i64, bsz)))
@@ -225,43 +233,56 @@ def _row_legacy_codegen(kind: int):
                 return builder.load(_elem_ptr(context, builder, atbl, tbl,
                                               builder.zext(bits, i64)))
             dw = half_at(0)
-            dy = builder.load(_elem_ptr(context, builder, ayd, yd, b))
-            d = builder.fmul(dw, dy)
             qh = None
             if vkind == 2:
                 qh = _load(context, builder, aw, w, builder.add(o, ir.Constant(i64, qhs)), I8, 4)
             vals = _block_vals(context, builder, aw, w, builder.add(o, ir.Constant(i64, qo)),
                                vkind, qh, ir.Constant(I8, sub))
-            yv = _load(context, builder, ay, y, builder.mul(b, ir.Constant(i64, 32)), I8, 32)
-            p = builder.sitofp(_pairs(builder, vals, yv), v16)
-            builder.store(_fma(builder, p, _splat(builder, d, 16), builder.load(acc)), acc)
+            mw = half_at(2) if has_min else None
+            for r, n in enumerate(rows):  # the decoded block serves every activation row
+                d = builder.fmul(dw, builder.load(_at(context, builder, ayd, yd, n, b)))
+                yp = _at(context, builder, ayq, yq, n, builder.mul(b, ir.Constant(i64, 32)))
+                yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
+                p = builder.sitofp(_pairs(builder, vals, yv), v16)
+                builder.store(_fma(builder, p, _splat(builder, d, 16), builder.load(acc[r])),
+                              acc[r])
+                if has_min:
+                    sy = builder.load(_at(context, builder, ayx, yx, n, b))
+                    builder.store(_fma(builder, mw, sy, builder.load(accm[r])), accm[r])
+        for r, n in enumerate(rows):
+            v = _tree_sum(builder, builder.load(acc[r]), 16)
             if has_min:
-                m = half_at(2)
-                s = builder.load(_elem_ptr(context, builder, ayx, yx, b))
-                builder.store(_fma(builder, m, s, builder.load(accm)), accm)
-        r = _tree_sum(builder, builder.load(acc), 16)
-        return builder.fadd(r, builder.load(accm)) if has_min else r
+                v = builder.fadd(v, builder.load(accm[r]))
+            builder.store(v, _at(context, builder, aout, out, n, m))
+        return context.get_dummy_value()
     return codegen
 
 
-def _row_legacy(kind: int):
-    def typer(typingctx, w, wo, y, yd, yx, tbl, nb):
-        return types.float32(w, wo, y, yd, yx, tbl, nb), _row_legacy_codegen(kind)
+def _row_legacy(kind: int, R: int):
+    def typer(typingctx, w, wo, yq, yd, yx, n0, out, m, tbl, nb):
+        return (types.none(w, wo, yq, yd, yx, n0, out, m, tbl, nb),
+                _row_legacy_codegen(kind, R))
     return typer
 
 
-# row_q*(w, wo, y, yd, yx, tbl, nb) -> float32: the dot product of one weight row (its nb
-# blocks from byte wo of the uint8 array w) with one activation row (int8 quants y, float32
-# scales yd, Q8_1 sums yx), ggml's SIMD shape: every block's 32 integer products in 16 exact
-# int32 pair sums, converted to float and added to 16 float32 lanes with one fused multiply-add
-# by the block's scale d_w * d_y (d_w read from the f16 table tbl); the lanes then summed as a
-# fixed tree; Q4_1/Q5_1 add their m_w * s_y terms in one more float32 accumulator (fused
-# multiply-adds in block order) after the tree.
-row_q4_0 = intrinsic(_row_legacy(0))
-row_q4_1 = intrinsic(_row_legacy(1))
-row_q5_0 = intrinsic(_row_legacy(2))
-row_q5_1 = intrinsic(_row_legacy(3))
-row_q8_0 = intrinsic(_row_legacy(4))
+# row_q*/row4_q*(w, wo, yq, yd, yx, n0, out, m, tbl, nb): out[n0 + r, m] for r < R, the dot products
+# of one weight row (its nb blocks from byte wo of the uint8 array w) with activation rows
+# n0 + r (int8 quants yq (N, K), float32 scales yd (N, nb), Q8_1 sums yx (N, nb)), each block
+# decoded once for the R rows. ggml's SIMD shape: every block's 32 integer products in 16
+# exact int32 pair sums, converted to float and added to 16 float32 lanes with one fused
+# multiply-add by the block's scale d_w * d_y (d_w read from the f16 table tbl); the lanes then
+# summed as a fixed tree; Q4_1/Q5_1 add their m_w * s_y terms in one more float32 accumulator
+# (fused multiply-adds in block order) after the tree. row_*: R = 1, row4_*: R = 4.
+row_q4_0 = intrinsic(_row_legacy(0, 1))
+row4_q4_0 = intrinsic(_row_legacy(0, 4))
+row_q4_1 = intrinsic(_row_legacy(1, 1))
+row4_q4_1 = intrinsic(_row_legacy(1, 4))
+row_q5_0 = intrinsic(_row_legacy(2, 1))
+row4_q5_0 = intrinsic(_row_legacy(2, 4))
+row_q5_1 = intrinsic(_row_legacy(3, 1))
+row4_q5_1 = intrinsic(_row_legacy(3, 4))
+row_q8_0 = intrinsic(_row_legacy(4, 1))
+row4_q8_0 = intrinsic(_row_legacy(4, 4))
 
 
 _KQ_BYTES = (144, 176, 210)
@@ -332,17 +353,18 @@ def _k4_scales_mins(builder: ir.IRBuilder, s12: ir.Value) -> tuple[ir.Value, ir.
     return sc, mn
 
 
-def _row_kquant_codegen(kind: int):
+def _row_kquant_codegen(kind: int, R: int):
     bsz = _KQ_BYTES[kind]
 
     def codegen(context, builder, sig, args):
-        w, wo, y, yd, bs, tbl, nb = args
-        aw, ay, ayd, abs_, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
-                                   sig.args[5])
+        w, wo, yq, yd, bs, n0, out, m, tbl, nb = args
+        aw, ayq, ayd, abs_, aout, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
+                                          sig.args[6], sig.args[8])
         i64 = wo.type
         v8 = _vec(F32T, 8)
-        acc = cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8))
-        accm = cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0))
+        rows = [builder.add(n0, ir.Constant(n0.type, r)) for r in range(R)]
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in rows]
+        accm = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in rows]
 
         def c64(v):
             return ir.Constant(i64, v)
@@ -370,48 +392,63 @@ def _row_kquant_codegen(kind: int):
             def scale(j):
                 return builder.extract_element(sc, ir.Constant(I32, j))
 
-            dy = builder.load(_elem_ptr(context, builder, ayd, yd, b))
-            sumi = ir.Constant(_vec(I32, 8), [0] * 8)
-            for v, e, j0, j1 in _kgroups(context, builder, aw, w, o, kind, offset6=False):
-                yv = _load(context, builder, ay, y, builder.add(builder.mul(b, c64(256)), c64(e)),
-                           I8, 32)
-                # unsigned values (0..15, 0..31, Q6_K 0..63): |pair| <= 2 * 63 * 128 < 2**15
-                p16 = _maddubs(builder, v, yv)
-                if kind == 2:  # Q6_K's -32: minus 32 * the activations' pair sums (in i16)
-                    p16 = builder.sub(p16, _maddubs(builder, ir.Constant(_vec(I8, 32), [32] * 32),
-                                                    yv))
-                sumi = builder.add(sumi, _madd_scales(builder, p16, scale(j0), scale(j1)))
-            d = builder.fmul(half_at(208 if kind == 2 else 0), dy)
-            builder.store(_fma(builder, builder.sitofp(sumi, v8), _splat(builder, d, 8),
-                               builder.load(acc)), acc)
+            groups = _kgroups(context, builder, aw, w, o, kind, offset6=False)
+            dw = half_at(208 if kind == 2 else 0)
+            dmw = half_at(2) if kind < 2 else None
+            for r, n in enumerate(rows):  # the decoded super-block serves every activation row
+                dy = builder.load(_at(context, builder, ayd, yd, n, b))
+                sumi = ir.Constant(_vec(I32, 8), [0] * 8)
+                for v, e, j0, j1 in groups:
+                    yp = _at(context, builder, ayq, yq, n,
+                             builder.add(builder.mul(b, c64(256)), c64(e)))
+                    yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
+                    # unsigned values (0..15, 0..31, Q6_K 0..63): |pair| <= 2 * 63 * 128 < 2**15
+                    p16 = _maddubs(builder, v, yv)
+                    if kind == 2:  # Q6_K's -32: minus 32 * the activations' pair sums (in i16)
+                        p16 = builder.sub(p16, _maddubs(
+                            builder, ir.Constant(_vec(I8, 32), [32] * 32), yv))
+                    sumi = builder.add(sumi, _madd_scales(builder, p16, scale(j0), scale(j1)))
+                d = builder.fmul(dw, dy)
+                builder.store(_fma(builder, builder.sitofp(sumi, v8), _splat(builder, d, 8),
+                                   builder.load(acc[r])), acc[r])
+                if kind < 2:
+                    # the mins: sum over the 8 sub-blocks of min_j * (bsums[2j] + bsums[2j + 1])
+                    bp_ = _at(context, builder, abs_, bs, n, builder.mul(b, c64(16)))
+                    bv = builder.load(builder.bitcast(bp_, _vec(I32, 16).as_pointer()), align=4)
+                    bp = builder.add(_shuf(builder, bv, bv, list(range(0, 16, 2))),
+                                     _shuf(builder, bv, bv, list(range(1, 16, 2))))
+                    summ = _reduce_add(builder, builder.mul(bp, mn), 8)
+                    dm = builder.fneg(builder.fmul(dmw, dy))
+                    builder.store(_fma(builder, dm, builder.sitofp(summ, F32T),
+                                       builder.load(accm[r])), accm[r])
+        for r, n in enumerate(rows):
+            v = _tree_sum(builder, builder.load(acc[r]), 8)
             if kind < 2:
-                # the mins: sum over the 8 sub-blocks of min_j * (bsums[2j] + bsums[2j + 1])
-                bv = _load(context, builder, abs_, bs, builder.mul(b, c64(16)), I32, 16)
-                bp = builder.add(_shuf(builder, bv, bv, list(range(0, 16, 2))),
-                                 _shuf(builder, bv, bv, list(range(1, 16, 2))))
-                summ = _reduce_add(builder, builder.mul(bp, mn), 8)
-                dm = builder.fneg(builder.fmul(half_at(2), dy))
-                builder.store(_fma(builder, dm, builder.sitofp(summ, F32T), builder.load(accm)),
-                              accm)
-        r = _tree_sum(builder, builder.load(acc), 8)
-        return builder.fadd(r, builder.load(accm)) if kind < 2 else r
+                v = builder.fadd(v, builder.load(accm[r]))
+            builder.store(v, _at(context, builder, aout, out, n, m))
+        return context.get_dummy_value()
     return codegen
 
 
-def _row_kquant(kind: int):
-    def typer(typingctx, w, wo, y, yd, bs, tbl, nb):
-        return types.float32(w, wo, y, yd, bs, tbl, nb), _row_kquant_codegen(kind)
+def _row_kquant(kind: int, R: int):
+    def typer(typingctx, w, wo, yq, yd, bs, n0, out, m, tbl, nb):
+        return (types.none(w, wo, yq, yd, bs, n0, out, m, tbl, nb),
+                _row_kquant_codegen(kind, R))
     return typer
 
 
-# row_q4_K/q5_K/q6_K(w, wo, y, yd, bs, tbl, nb) -> float32: one weight row (nb super-blocks
-# from byte wo of w) with one Q8_K activation row (int8 quants y, float32 scales yd, int32
-# bsums bs), in ggml's SIMD shape: each super-block's integer sums, its sub-block scales
-# (decoded here from the block's bytes) applied, in 16 exact int32 lanes, converted and added
-# to 16 float32 lanes with one fused multiply-add by d_w * d_y; Q4_K/Q5_K's min terms
-# -(dmin_w * d_y) * sum_j min_j bsum_j (an exact int32) in one more float32 accumulator (fused
-# multiply-adds in super-block order), added after the lanes' fixed tree. tbl: the f16 value
-# table.
-row_q4_K = intrinsic(_row_kquant(0))
-row_q5_K = intrinsic(_row_kquant(1))
-row_q6_K = intrinsic(_row_kquant(2))
+# row_q4_K/q5_K/q6_K and row4_*(w, wo, yq, yd, bs, n0, out, m, tbl, nb): out[n0 + r, m] for
+# r < R (1; row4_*: 4), one weight row (nb super-blocks from byte wo of w) with Q8_K activation
+# rows n0 + r (int8 quants yq (N, K), float32 scales yd (N, nb), int32 bsums bs (N, K / 16)),
+# each super-block decoded once for the R rows, in ggml's SIMD shape: each super-block's integer
+# sums, its sub-block scales (decoded here from the block's bytes) applied, in 8 exact int32
+# lanes, converted and added to 8 float32 lanes with one fused multiply-add by d_w * d_y;
+# Q4_K/Q5_K's min terms -(dmin_w * d_y) * sum_j min_j bsum_j (an exact int32) in one more
+# float32 accumulator (fused multiply-adds in super-block order), added after the lanes' fixed
+# tree. tbl: the f16 value table.
+row_q4_K = intrinsic(_row_kquant(0, 1))
+row_q5_K = intrinsic(_row_kquant(1, 1))
+row_q6_K = intrinsic(_row_kquant(2, 1))
+row4_q4_K = intrinsic(_row_kquant(0, 4))
+row4_q5_K = intrinsic(_row_kquant(1, 4))
+row4_q6_K = intrinsic(_row_kquant(2, 4))

@@ -25,6 +25,14 @@ from numba import njit
 from ggmlpy.backends.cpu.qmatmul_ir import (
     acc_h16,
     f16_round,
+    row4_q4_0,
+    row4_q4_1,
+    row4_q4_K,
+    row4_q5_0,
+    row4_q5_1,
+    row4_q5_K,
+    row4_q6_K,
+    row4_q8_0,
     row_q4_0,
     row_q4_1,
     row_q4_K,
@@ -43,42 +51,62 @@ F32 = np.float32
 @njit(**_OPTS)
 def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
     """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1, one
-    compiled row dot each (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_0` and the others)."""
+    compiled row dot per weight row and four activation rows at a time
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_0` and the others; ``yx``: Q8_1's sums, or any
+    float32 ``(N, nb)`` for Q8_0)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
+    N4 = N - N % 4
     for m in range(m0, m1):
         wr = w[m]
-        for n in range(N):
+        for n in range(0, N4, 4):
             if kind == 0:
-                r = row_q4_0(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+                row4_q4_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
             elif kind == 1:
-                r = row_q4_1(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+                row4_q4_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
             elif kind == 2:
-                r = row_q5_0(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+                row4_q5_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
             elif kind == 3:
-                r = row_q5_1(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
+                row4_q5_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
             else:
-                r = row_q8_0(wr, 0, yq[n], yd[n], yx[min(n, yx.shape[0] - 1)], tbl, nb)
-            out[n, m] = r
+                row4_q8_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+        for n in range(N4, N):
+            if kind == 0:
+                row_q4_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+            elif kind == 1:
+                row_q4_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+            elif kind == 2:
+                row_q5_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+            elif kind == 3:
+                row_q5_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+            else:
+                row_q8_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
 
 
 @njit(**_OPTS)
 def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
     """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) rows against Q8_K,
-    one compiled row dot each (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K` and the
-    others)."""
+    one compiled row dot per weight row and four activation rows at a time
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_K` and the others)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
+    N4 = N - N % 4
     for m in range(m0, m1):
         wr = w[m]
-        for n in range(N):
+        for n in range(0, N4, 4):
             if kind == 0:
-                r = row_q4_K(wr, 0, yq[n], yd[n], yx[n], tbl, nb)
+                row4_q4_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
             elif kind == 1:
-                r = row_q5_K(wr, 0, yq[n], yd[n], yx[n], tbl, nb)
+                row4_q5_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
             else:
-                r = row_q6_K(wr, 0, yq[n], yd[n], yx[n], tbl, nb)
-            out[n, m] = r
+                row4_q6_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+        for n in range(N4, N):
+            if kind == 0:
+                row_q4_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+            elif kind == 1:
+                row_q5_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+            else:
+                row_q6_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
 
 
 @njit(inline="always", **_OPTS)
