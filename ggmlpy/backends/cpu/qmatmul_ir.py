@@ -91,14 +91,6 @@ def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
                           ir.Constant(_vec(I8, 32), [0] * 32))
 
 
-def _pairs(builder: ir.IRBuilder, v: ir.Value, y: ir.Value) -> ir.Value:
-    """<16 x i32>: sums of the adjacent products of two <32 x i8> (the ``pmaddwd`` shape)."""
-    p = builder.mul(builder.sext(v, _vec(I32, 32)), builder.sext(y, _vec(I32, 32)))
-    return builder.add(_shuf(builder, p, p, list(range(0, 32, 2))),
-                       _shuf(builder, p, p, list(range(1, 32, 2))))
-
-
-@intrinsic
 def acc_h16(typingctx, w, iw, y, iy, bf, acc):
     """``acc[0:16] += float64(f(w[iw + j]) * y[iy + j])`` for 16 F16 (``bf`` False) or BF16 bits
     ``w`` and float32 ``y`` (float32 products, float64 lanes)."""
@@ -198,6 +190,56 @@ def _elem_ptr(context, builder, aty, arr, idx):
     return builder.gep(a.data, [idx])
 
 
+def _host_has(feature: str) -> bool:
+    """Whether Numba compiles for this CPU (no ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``) and
+    it has ``feature`` (LLVM's name, e.g. ``avx2``)."""
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_NAME or config.CPU_FEATURES:
+        return False
+    try:
+        return bool(binding.get_host_cpu_features().get(feature))
+    except RuntimeError:  # LLVM cannot query this CPU
+        return False
+
+
+#: x86 AVX2's ``vpmaddubsw`` (u8 x s8 products, adjacent pairs summed to i16) for
+#: :func:`_maddubs`; elsewhere the same sums in generic IR
+_MADDUBS = "llvm.x86.avx2.pmadd.ub.sw" if _host_has("avx2") else None
+
+
+def _maddubs(builder: ir.IRBuilder, u: ir.Value, s8: ir.Value) -> ir.Value:
+    """<16 x i16>: adjacent pair sums of ``u * s8`` for <32 x i8> ``u`` read as unsigned and
+    ``s8`` as signed. Callers keep ``|u0 s0 + u1 s1| < 2**15`` (so the instruction's saturation
+    never acts and both forms agree)."""
+    if _MADDUBS is not None:
+        t = _vec(I8, 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I16, 16), [t, t]),
+                                            _MADDUBS)
+        return builder.call(fn, [u, s8])
+    p = builder.mul(builder.zext(u, _vec(I16, 32)), builder.sext(s8, _vec(I16, 32)))
+    return builder.add(_shuf(builder, p, p, list(range(0, 32, 2))),
+                       _shuf(builder, p, p, list(range(1, 32, 2))))
+
+
+def _madd_ones(builder: ir.IRBuilder, p16: ir.Value) -> ir.Value:
+    """<8 x i32>: adjacent pair sums of the <16 x i16> ``p16`` (``pmaddwd`` with ones)."""
+    p = builder.sext(p16, _vec(I32, 16))
+    return builder.add(_shuf(builder, p, p, list(range(0, 16, 2))),
+                       _shuf(builder, p, p, list(range(1, 16, 2))))
+
+
+def _madd_scales(builder: ir.IRBuilder, p16: ir.Value, s0: ir.Value, s1: ir.Value) -> ir.Value:
+    """<8 x i32>: adjacent pair sums of ``p16 * s`` (<16 x i16> pair sums of a group's 32
+    products; ``s`` the i16 scale ``s0`` for lanes 0-7 (elements 0-15), ``s1`` for 8-15): the
+    ``pmaddwd`` shape."""
+    sc = _shuf(builder, _splat(builder, s0, 8), _splat(builder, s1, 8), list(range(16)))
+    p = builder.mul(builder.sext(p16, _vec(I32, 16)), builder.sext(sc, _vec(I32, 16)))
+    return builder.add(_shuf(builder, p, p, list(range(0, 16, 2))),
+                       _shuf(builder, p, p, list(range(1, 16, 2))))
+
+
 # per legacy kind (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): block bytes, quants offset, qh offset (5-bit),
 # value offset subtracted, whether the block has a min (Q4_1/Q5_1)
 _LEGACY_LAYOUT = {0: (18, 2, 0, 8, False), 1: (20, 4, 0, 0, True), 2: (22, 6, 2, 16, False),
@@ -219,9 +261,9 @@ def _row_legacy_codegen(kind: int, R: int):
         aw, ayq, ayd, ayx, aout, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
                                          sig.args[6], sig.args[8])
         i64 = wo.type
-        v16 = _vec(F32T, 16)
+        v8 = _vec(F32T, 8)
         rows = [builder.add(n0, ir.Constant(n0.type, r)) for r in range(R)]
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16)) for _ in rows]
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in rows]
         accm = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in rows]
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
@@ -236,21 +278,36 @@ def _row_legacy_codegen(kind: int, R: int):
             qh = None
             if vkind == 2:
                 qh = _load(context, builder, aw, w, builder.add(o, ir.Constant(i64, qhs)), I8, 4)
+            # unsigned values (4-bit: 0..15, 5-bit: 0..31), the offset taken off after the
+            # products; Q8_0's signed values as |x| with x's sign moved onto the activations
             vals = _block_vals(context, builder, aw, w, builder.add(o, ir.Constant(i64, qo)),
-                               vkind, qh, ir.Constant(I8, sub))
+                               vkind, qh, ir.Constant(I8, 0))
+            neg = None
+            if vkind == 0:
+                neg = builder.icmp_signed("<", vals, ir.Constant(_vec(I8, 32), [0] * 32))
+                vals = builder.select(neg, builder.sub(ir.Constant(_vec(I8, 32), [0] * 32), vals),
+                                      vals)
             mw = half_at(2) if has_min else None
             for r, n in enumerate(rows):  # the decoded block serves every activation row
                 d = builder.fmul(dw, builder.load(_at(context, builder, ayd, yd, n, b)))
                 yp = _at(context, builder, ayq, yq, n, builder.mul(b, ir.Constant(i64, 32)))
                 yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
-                p = builder.sitofp(_pairs(builder, vals, yv), v16)
-                builder.store(_fma(builder, p, _splat(builder, d, 16), builder.load(acc[r])),
+                if neg is not None:
+                    yv = builder.select(neg, builder.sub(ir.Constant(_vec(I8, 32), [0] * 32), yv),
+                                        yv)
+                # |pair| <= 2 * 128 * 127 < 2**15 (activations are within +-127)
+                p16 = _maddubs(builder, vals, yv)
+                if sub:
+                    p16 = builder.sub(p16, _maddubs(builder, ir.Constant(_vec(I8, 32), [sub] * 32),
+                                                    yv))
+                p = builder.sitofp(_madd_ones(builder, p16), v8)
+                builder.store(_fma(builder, p, _splat(builder, d, 8), builder.load(acc[r])),
                               acc[r])
                 if has_min:
                     sy = builder.load(_at(context, builder, ayx, yx, n, b))
                     builder.store(_fma(builder, mw, sy, builder.load(accm[r])), accm[r])
         for r, n in enumerate(rows):
-            v = _tree_sum(builder, builder.load(acc[r]), 16)
+            v = _tree_sum(builder, builder.load(acc[r]), 8)
             if has_min:
                 v = builder.fadd(v, builder.load(accm[r]))
             builder.store(v, _at(context, builder, aout, out, n, m))
@@ -286,49 +343,6 @@ row4_q8_0 = intrinsic(_row_legacy(4, 4))
 
 
 _KQ_BYTES = (144, 176, 210)
-
-
-def _host_has(feature: str) -> bool:
-    """Whether Numba compiles for this CPU (no ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``) and
-    it has ``feature`` (LLVM's name, e.g. ``avx2``)."""
-    from llvmlite import binding
-    from numba.core import config
-
-    if config.CPU_NAME or config.CPU_FEATURES:
-        return False
-    try:
-        return bool(binding.get_host_cpu_features().get(feature))
-    except RuntimeError:  # LLVM cannot query this CPU
-        return False
-
-
-#: x86 AVX2's ``vpmaddubsw`` (u8 x s8 products, adjacent pairs summed to i16) for
-#: :func:`_maddubs`; elsewhere the same sums in generic IR
-_MADDUBS = "llvm.x86.avx2.pmadd.ub.sw" if _host_has("avx2") else None
-
-
-def _maddubs(builder: ir.IRBuilder, u: ir.Value, s8: ir.Value) -> ir.Value:
-    """<16 x i16>: adjacent pair sums of ``u * s8`` for <32 x i8> ``u`` read as unsigned and
-    ``s8`` as signed. Callers keep ``|u0 s0 + u1 s1| < 2**15`` (so the instruction's saturation
-    never acts and both forms agree)."""
-    if _MADDUBS is not None:
-        t = _vec(I8, 32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_vec(I16, 16), [t, t]),
-                                            _MADDUBS)
-        return builder.call(fn, [u, s8])
-    p = builder.mul(builder.zext(u, _vec(I16, 32)), builder.sext(s8, _vec(I16, 32)))
-    return builder.add(_shuf(builder, p, p, list(range(0, 32, 2))),
-                       _shuf(builder, p, p, list(range(1, 32, 2))))
-
-
-def _madd_scales(builder: ir.IRBuilder, p16: ir.Value, s0: ir.Value, s1: ir.Value) -> ir.Value:
-    """<8 x i32>: adjacent pair sums of ``p16 * s`` (<16 x i16> pair sums of a group's 32
-    products; ``s`` the i16 scale ``s0`` for lanes 0-7 (elements 0-15), ``s1`` for 8-15): the
-    ``pmaddwd`` shape."""
-    sc = _shuf(builder, _splat(builder, s0, 8), _splat(builder, s1, 8), list(range(16)))
-    p = builder.mul(builder.sext(p16, _vec(I32, 16)), builder.sext(sc, _vec(I32, 16)))
-    return builder.add(_shuf(builder, p, p, list(range(0, 16, 2))),
-                       _shuf(builder, p, p, list(range(1, 16, 2))))
 
 
 def _k4_scales_mins(builder: ir.IRBuilder, s12: ir.Value) -> tuple[ir.Value, ir.Value]:
