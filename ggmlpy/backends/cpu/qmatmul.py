@@ -357,12 +357,13 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
     """The compiled kernel call for weight rows ``m0:m1``, its arguments and scratch bound once
     (a step is called per token: per-call Python work is the cost to keep small)."""
     if t in (Type.F16, Type.BF16):
-        return partial(k.half_dot, w, act.q, out, m0, m1, t == Type.BF16)
+        return partial(k.half_dot, w, act.q, out, m0, m1, 0, t == Type.BF16)
     if t in _KQUANT:
-        return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, _KQUANT[t],
+        return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, 0, _KQUANT[t],
                        _f16_table())
     ys = act.x if act.kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
-    return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, _LEGACY[t], _f16_table())
+    return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, 0, _LEGACY[t],
+                   _f16_table())
 
 
 def _rows_numpy(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int, m1: int) -> None:
@@ -429,13 +430,15 @@ def mul_mat_parts(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray,
 #: a dot task's rows per chunk: about this many chunks per product (at least 8 rows each), so
 #: that the threads' shares even out when one of them starts late
 _CHUNKS = 32
+#: words of a control block (:mod:`ggmlpy.backends.cpu.spin`) for a task without workers
+_CTL_SOLO = 96
 #: runs a dot task: ``run_dot(main, worker)`` (:meth:`ggmlpy.backends.cpu.threads.Pool.run_dot`)
 RunDot = Callable[[Callable[[np.ndarray, int], int], Callable[[np.ndarray, int], Any]], int]
 
 
 def _solo(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
     del worker
-    return main(np.zeros(16, np.int64), 1)
+    return main(np.zeros(_CTL_SOLO, np.int64), 1)
 
 
 def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,

@@ -91,6 +91,7 @@ def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
                           ir.Constant(_vec(I8, 32), [0] * 32))
 
 
+@intrinsic
 def acc_h16(typingctx, w, iw, y, iy, bf, acc):
     """``acc[0:16] += float64(f(w[iw + j]) * y[iy + j])`` for 16 F16 (``bf`` False) or BF16 bits
     ``w`` and float32 ``y`` (float32 products, float64 lanes)."""

@@ -42,18 +42,29 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     row_q6_K,
     row_q8_0,
 )
-from ggmlpy.backends.cpu.spin import DONE, aadd, claim, publish, wait_done
+from ggmlpy.backends.cpu.spin import (
+    DONE,
+    RESCUE_CYCLES,
+    STATES,
+    aadd,
+    acas,
+    astore,
+    claim,
+    publish,
+    wait_cycles,
+    wait_done,
+)
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
 
 
 @njit(**_OPTS)
-def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
+def legacy_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
     """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1, one
     compiled row dot per weight row and four activation rows at a time
     (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_0` and the others; ``yx``: Q8_1's sums, or any
-    float32 ``(N, nb)`` for Q8_0)."""
+    float32 ``(N, nb)`` for Q8_0); row ``m``'s results go to column ``m - mo`` of ``out``."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     N4 = N - N % 4
@@ -61,33 +72,34 @@ def legacy_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
         wr = w[m]
         for n in range(0, N4, 4):
             if kind == 0:
-                row4_q4_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q4_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 1:
-                row4_q4_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q4_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 2:
-                row4_q5_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q5_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 3:
-                row4_q5_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q5_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             else:
-                row4_q8_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q8_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
         for n in range(N4, N):
             if kind == 0:
-                row_q4_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q4_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 1:
-                row_q4_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q4_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 2:
-                row_q5_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q5_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 3:
-                row_q5_1(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q5_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             else:
-                row_q8_0(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q8_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
 
 
 @njit(**_OPTS)
-def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
+def kquant_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
     """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) rows against Q8_K,
     one compiled row dot per weight row and four activation rows at a time
-    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_K` and the others)."""
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_K` and the others); row ``m``'s results go to
+    column ``m - mo`` of ``out``."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
     N4 = N - N % 4
@@ -95,18 +107,18 @@ def kquant_lanes(w, yq, yd, yx, out, m0, m1, kind, tbl):
         wr = w[m]
         for n in range(0, N4, 4):
             if kind == 0:
-                row4_q4_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q4_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 1:
-                row4_q5_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q5_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             else:
-                row4_q6_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row4_q6_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
         for n in range(N4, N):
             if kind == 0:
-                row_q4_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q4_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 1:
-                row_q5_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q5_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             else:
-                row_q6_K(wr, 0, yq, yd, yx, n, out, m, tbl, nb)
+                row_q6_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
 
 
 @njit(inline="always", **_OPTS)
@@ -123,7 +135,7 @@ def _f16v(h):
 
 
 @njit(**_OPTS)
-def half_dot(w, y, out, m0, m1, bf):
+def half_dot(w, y, out, m0, m1, mo, bf):
     """F16 (``bf`` False) or BF16 (True) weight rows (uint16 bits ``(M, K)``) against activations
     rounded to that type, held as float32 ``(N, K)``: float32 products summed in 16 float64
     lanes (:func:`ggmlpy.backends.cpu.qmatmul_ir.acc_h16`, element ``k`` in lane ``k mod 16``
@@ -146,7 +158,7 @@ def half_dot(w, y, out, m0, m1, bf):
                 h = np.int32(wr[k])
                 v = np.int32(h << 16).view(np.float32) if bf else _f16v(h)
                 s += np.float64(v * yr[k])
-            out[n, m] = F32(s)
+            out[n, m - mo] = F32(s)
 
 
 @njit(**_OPTS)
@@ -224,12 +236,14 @@ def quant_q8_k(x, yq, yd, bs):
 # ----------------------------------------------------------------------------- threaded drivers
 # A dot task (ggmlpy.backends.cpu.threads.Pool.run_dot): the weight rows in chunks of ``chunk``
 # rows that the threads claim one at a time from the control block ``ctl`` (generation ``gen``,
-# ggmlpy.backends.cpu.spin); ``*_chunks`` computes claimed chunks until none is left (any
-# thread), ``*_main`` (the calling thread) first quantizes the activations ``x`` float32
-# ``(N, K)`` into ``yq``/``yd``/``yx`` with the scales' f16 rounding, publishes the task, then
-# computes chunks and waits for the rest. ``*_main`` returns 1 without computing when an
-# activation scale (or Q8_1 sum, or an F16 activation) overflowed float16, else 0. Which
-# thread computes a row never changes its operations.
+# ggmlpy.backends.cpu.spin); ``*_chunks`` (a worker) computes claimed chunks into scratch and
+# copies each out unless the caller took it over; ``*_main`` (the calling thread) first
+# quantizes the activations ``x`` float32 ``(N, K)`` into ``yq``/``yd``/``yx`` with the scales'
+# f16 rounding, publishes the task, computes the chunks it claims in place, then waits for the
+# workers' chunks and takes over one whose worker does not finish in time (:func:`_rescue`):
+# when it returns, no worker writes into ``out`` any more. ``*_main`` returns 1 without
+# computing when an activation scale (or Q8_1 sum, or an F16 activation) overflowed float16,
+# else 0. Which thread computes a row never changes its operations.
 
 
 @njit(**_OPTS)
@@ -251,24 +265,71 @@ def quant_q8_f16(x, yq, yd, ys, kind):
     return ok
 
 
+@njit(inline="always", **_OPTS)
+def _commit(ctl, c, tmp, out, m0, m1):
+    """A worker's chunk ``c`` (rows ``m0:m1`` computed into ``tmp``): copied to ``out`` unless the
+    caller took the chunk over meanwhile (:func:`_rescue`)."""
+    if acas(ctl, STATES + c, 0, 2):
+        for n in range(out.shape[0]):
+            for m in range(m0, m1):
+                out[n, m] = tmp[n, m - m0]
+        astore(ctl, STATES + c, 3)
+        aadd(ctl, DONE, 1)
+
+
+@njit(inline="always", **_OPTS)
+def _own(ctl, c):
+    """The caller finished chunk ``c`` (computed in place)."""
+    astore(ctl, STATES + c, 3)
+    aadd(ctl, DONE, 1)
+
+
+@njit(inline="always", **_OPTS)
+def _rescue(ctl, nch):
+    """Once every chunk is claimed: wait for the workers' chunks for up to :data:`RESCUE_CYCLES`;
+    then a chunk a worker still holds without having started to copy it out (a thread the
+    operating system put aside) is taken over: returns its index for the caller to compute
+    (the worker's copy is then dropped, :func:`_commit`), or -1 once every chunk is done."""
+    if wait_cycles(ctl, DONE, nch, RESCUE_CYCLES):
+        return -1
+    for c in range(nch):
+        if acas(ctl, STATES + c, 0, 4):
+            return c
+    wait_done(ctl, nch)  # the rest are being copied out
+    return -1
+
+
 @njit(**_OPTS)
 def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
-            return nch
-        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), kind, tbl)
-        aadd(ctl, DONE, 1)
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        legacy_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
+        _commit(ctl, c, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
 def legacy_main(x, qkind, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     if not quant_q8_f16(x, yq, yd, yx, qkind):
         return 1
-    publish(ctl, gen)
-    wait_done(ctl, legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen))
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        _own(ctl, c)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch)
+    while c >= 0:
+        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch)
     return 0
 
 
@@ -276,19 +337,32 @@ def legacy_main(x, qkind, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
-            return nch
-        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), kind, tbl)
-        aadd(ctl, DONE, 1)
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        kquant_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
+        _commit(ctl, c, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
 def kquant_main(x, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     quant_q8_k(x, yq, yd, yx)
-    publish(ctl, gen)
-    wait_done(ctl, kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen))
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        _own(ctl, c)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch)
+    while c >= 0:
+        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch)
     return 0
 
 
@@ -296,12 +370,14 @@ def kquant_main(x, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 def half_chunks(w, y, out, bf, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
-            return nch
-        half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), bf)
-        aadd(ctl, DONE, 1)
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        half_dot(w, y, tmp, m0, m1, m0, bf)
+        _commit(ctl, c, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
@@ -323,6 +399,17 @@ def half_main(x, w, y, out, bf, chunk, ctl, gen):
                 if abs(r) == F32(np.inf):
                     return 1
                 y[n, k] = r
-    publish(ctl, gen)
-    wait_done(ctl, half_chunks(w, y, out, bf, chunk, ctl, gen))
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
+        _own(ctl, c)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch)
+    while c >= 0:
+        half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch)
     return 0

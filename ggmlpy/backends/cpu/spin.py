@@ -25,8 +25,9 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["aload", "astore", "acas", "aadd", "relax", "TASK", "DONE", "claim", "publish",
-           "wait_done", "wait_change", "wait_value"]
+__all__ = ["aload", "astore", "acas", "aadd", "relax", "cycles", "TASK", "DONE", "STATES",
+           "MAX_CHUNKS", "WORDS", "RESCUE_CYCLES", "claim", "publish", "wait_done", "wait_change",
+           "wait_value", "wait_cycles"]
 
 I64 = ir.IntType(64)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
@@ -35,6 +36,16 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 TASK = 0
 #: chunks of the current dot task finished
 DONE = 8
+#: ``ctl[STATES + c]``: chunk ``c``'s state (0 claimed or not yet, 2 being copied out by a
+#: worker, 3 done, 4 taken over by the caller)
+STATES = 16
+#: the most chunks a dot task may have
+MAX_CHUNKS = 64
+#: words of the control block the dot tasks use (a pool's own words follow)
+WORDS = STATES + MAX_CHUNKS + 16
+#: time-stamp-counter ticks (of the order of 10 us) the caller of a dot task waits for a
+#: worker's chunk before it takes the chunk over
+RESCUE_CYCLES = 30000
 
 # the spin-loop hint as an LLVM target intrinsic (inline assembly has no parser in Numba's JIT)
 _HINT = {"x86_64": ("llvm.x86.sse2.pause", []), "amd64": ("llvm.x86.sse2.pause", []),
@@ -101,9 +112,23 @@ def relax(typingctx):
     return types.none(), codegen
 
 
+@intrinsic
+def cycles(typingctx):
+    """The CPU's time-stamp counter (``llvm.readcyclecounter``: x86 ``rdtsc``; 0 where there is
+    none)."""
+    def codegen(context, builder, sig, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I64, []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
 @njit(**_OPTS)
-def publish(ctl, gen):
-    """Start dot task ``gen`` (0 < gen < 2**31): no chunk done, chunk 0 next."""
+def publish(ctl, gen, n_chunks):
+    """Start dot task ``gen`` (0 < gen < 2**31) of ``n_chunks <= MAX_CHUNKS`` chunks: none done,
+    every state 0, chunk 0 next."""
+    for c in range(n_chunks):
+        astore(ctl, STATES + c, 0)
     astore(ctl, DONE, 0)
     astore(ctl, TASK, gen << 32)
 
@@ -142,6 +167,22 @@ def wait_change(ctl, gen_seen, i_seq, seq_seen, budget):
             return 2
         relax()
     return 0
+
+
+@njit(**_OPTS)
+def wait_cycles(ctl, i, value, ticks):
+    """Spin until ``ctl[i] >= value`` (True) or about ``ticks`` counter ticks passed (False;
+    without a counter: after ``ticks`` spins)."""
+    t0 = cycles()
+    for k in range(ticks):
+        if aload(ctl, i) >= value:
+            return True
+        relax()
+        if k % 16 == 15:
+            t = cycles()
+            if t != 0 and t - t0 > ticks:
+                break
+    return aload(ctl, i) >= value
 
 
 @njit(**_OPTS)

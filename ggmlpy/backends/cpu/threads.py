@@ -274,11 +274,12 @@ class Pool:
 #: spins a polling thread waits (a load and the CPU's spin-loop hint each: of the order of a
 #: millisecond) before it blocks
 SPIN = 20000
-# control block words (each on its own 64-byte line): spin.TASK, spin.DONE, then the count of
-# hand-outs of slices, then per worker whether it stopped polling
-_PYSEQ = 16
+# control block words (each on its own 64-byte line): the dot tasks' (spin.TASK, spin.DONE,
+# the chunk states: spin.WORDS of them), the count of hand-outs of slices, then per worker
+# whether it stopped polling
+_PYSEQ = 96
 _SLEEP = 0
-_CTL_WORDS = 24
+_CTL_WORDS = 104
 _WAKE = object()  # a queue item that only makes a blocked worker poll again
 _spin_mod: list[Any] = []
 

@@ -39,9 +39,9 @@ def test_claim_hands_out_each_chunk_once() -> None:
 
     spin = _spin()
     done = njit(lambda ctl: spin.aadd(ctl, spin.DONE, 1))
-    ctl = np.zeros(16, np.int64)
+    ctl = np.zeros(spin.WORDS, np.int64)
     n = 20000
-    spin.publish(ctl, 7)
+    spin.publish(ctl, 7, 0)  # (no chunk states: claim and DONE only)
     got: list[list[int]] = [[], [], []]
 
     def claimer(k: int) -> None:
@@ -61,11 +61,19 @@ def test_claim_hands_out_each_chunk_once() -> None:
     assert every == list(range(n))
     assert ctl[spin.DONE] == n
     assert spin.claim(ctl, 7, n) == -1
-    spin.publish(ctl, 8)  # a new generation: the old one's claimers get nothing
+    spin.publish(ctl, 8, 0)  # a new generation: the old one's claimers get nothing
     assert spin.claim(ctl, 7, n) == -1
     assert spin.claim(ctl, 8, n) == 0
     assert not spin.wait_value(ctl, spin.DONE, 1, 100)
     assert spin.wait_value(ctl, spin.TASK, 1, 100)
+
+
+def test_pool_words_follow_the_dot_task_words() -> None:
+    from ggmlpy.backends.cpu import threads
+
+    spin = _spin()
+    assert threads._PYSEQ >= spin.WORDS and qmatmul._CTL_SOLO >= spin.WORDS
+    assert spin.MAX_CHUNKS >= qmatmul._CHUNKS
 
 
 def _product(t: Type, N: int, M: int = 200, K: int = 512, seed: int = 0):
@@ -81,7 +89,7 @@ def _by_hand(main, worker) -> int:
     """A run_dot whose worker side is a second thread started for this call: it waits for the
     task to be published, then claims chunks like a pool worker."""
     spin = _spin()
-    ctl = np.zeros(32, np.int64)
+    ctl = np.zeros(spin.WORDS, np.int64)
     started = threading.Event()
     claimed = []
 
@@ -182,3 +190,41 @@ def test_kernels_compiled_for_a_generic_cpu_stay_within_the_bound(tmp_path) -> N
                        timeout=600, cwd=os.path.join(tests, ".."))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "ok"
+
+
+def test_caller_takes_over_the_chunk_of_a_stalled_worker() -> None:
+    """A worker that claimed a chunk and then stalls (the operating system put it aside) does
+    not hold the caller up: once the caller's own chunks are done, :func:`_rescue` waits its
+    bounded time and hands it the stalled chunk (state 4); the worker's late copy is then
+    dropped (it writes nothing into ``out``), and the task counts each chunk done once."""
+    from numba import njit
+
+    from ggmlpy.backends.cpu import qmatmul_kernels as k
+
+    spin = _spin()
+    done = njit(lambda ctl: spin.aadd(ctl, spin.DONE, 1))
+    nch, chunk = 5, 4
+    ctl = np.zeros(spin.WORDS, np.int64)
+    spin.publish(ctl, 3, nch)
+    stalled = spin.claim(ctl, 3, nch)  # the worker's claim
+    c = spin.claim(ctl, 3, nch)
+    while c >= 0:  # the caller's chunks
+        k._own(ctl, c)
+        c = spin.claim(ctl, 3, nch)
+    assert ctl[spin.DONE] == nch - 1
+    assert k._rescue(ctl, nch) == stalled
+    assert ctl[spin.STATES + stalled] == 4
+    done(ctl)  # the caller computed it
+    assert k._rescue(ctl, nch) == -1
+    out = np.zeros((2, nch * chunk), np.float32)
+    tmp = np.full((2, chunk), np.nan, np.float32)
+    m0 = stalled * chunk
+    k._commit(ctl, stalled, tmp, out, m0, m0 + chunk)  # the worker wakes up: dropped
+    assert not out.any() and ctl[spin.DONE] == nch
+    # a worker that is on time copies its chunk out and counts it
+    spin.publish(ctl, 4, 1)
+    assert spin.claim(ctl, 4, 1) == 0
+    k._commit(ctl, 0, tmp, out, 0, chunk)
+    assert np.isnan(out[:, :chunk]).all() and not out[:, chunk:].any()
+    assert ctl[spin.STATES] == 3 and ctl[spin.DONE] == 1
+    assert k._rescue(ctl, 1) == -1
