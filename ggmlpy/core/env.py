@@ -70,6 +70,7 @@ JIT = "GGMLPY_JIT"
 BLAS = "GGMLPY_BLAS"
 WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
 QUANT_MATMUL = "GGMLPY_QUANT_MATMUL"
+CPU_SPIN = "GGMLPY_CPU_SPIN"
 FIXTURES = "GGMLPY_FIXTURES"
 CACHE = "GGMLPY_CACHE"
 GEMMA3_GGUF = "GGMLPY_GEMMA3_GGUF"
@@ -82,7 +83,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
-         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, FIXTURES, CACHE,
+         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, CPU_SPIN, FIXTURES, CACHE,
          GEMMA3_GGUF, REF_PYTHON,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
@@ -379,6 +380,25 @@ def weight_cache_mb_set() -> bool:
         EnvError: a malformed value.
     """
     return _number(WEIGHT_CACHE_MB, positive=False) is not None
+
+
+#: ``GGMLPY_CPU_SPIN`` when unset
+CPU_SPIN_DEFAULT = 1000
+
+
+def cpu_spin() -> int:
+    """``GGMLPY_CPU_SPIN`` (0..10**8; default :data:`CPU_SPIN_DEFAULT`): how many spins (a load
+    and the CPU's spin-loop hint each, of the order of 10 ns) a CPU backend worker thread polls
+    for the next dot task after its work before it sleeps
+    (:class:`ggmlpy.backends.cpu.threads.Pool`). Large values save the wake-ups of back-to-back
+    products on a machine with cores to spare; 0 sleeps at once (the polite choice on cores
+    shared with other work). Read when a pool's workers start.
+
+    Raises:
+        EnvError: not an integer in range.
+    """
+    v = _int_in(CPU_SPIN, 0, 10 ** 8)
+    return CPU_SPIN_DEFAULT if v is None else v
 
 
 def quant_matmul() -> str:

@@ -441,6 +441,25 @@ def _solo(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
     return main(np.zeros(_CTL_SOLO, np.int64), 1)
 
 
+def _desc(k: Any, family: int, kind: int, w: np.ndarray, act: ActQ, yx: np.ndarray,
+          out: np.ndarray, chunk: int) -> np.ndarray:
+    """A dot task's descriptor (:func:`ggmlpy.backends.cpu.qmatmul_kernels.serve`: the arrays'
+    addresses and shapes, for a worker that runs the task without Python); family -1 (the
+    worker calls the task's Python callable) unless every array is C-contiguous."""
+    d = np.full(16, -1, np.int64)
+    arrays = (w, act.q, act.d, yx, out, _f16_table())
+    if not all(a.flags.c_contiguous for a in arrays):
+        return d
+    N, K = act.q.shape
+    for i, v in ((k.D_FAMILY, family), (k.D_W, w.ctypes.data), (k.D_M, w.shape[0]),
+                 (k.D_ROW, w.shape[1]), (k.D_YQ, act.q.ctypes.data), (k.D_N, N), (k.D_K, K),
+                 (k.D_YD, act.d.ctypes.data), (k.D_NB, act.d.shape[1]),
+                 (k.D_YX, yx.ctypes.data), (k.D_NX, yx.shape[1]), (k.D_OUT, out.ctypes.data),
+                 (k.D_TBL, _f16_table().ctypes.data), (k.D_CHUNK, chunk), (k.D_KIND, kind)):
+        d[i] = v
+    return d
+
+
 def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
             run_dot: RunDot | None = None) -> Step:
     """A step computing ``out = x @ W^T`` (as :func:`mul_mat`) whose checks, buffers and kernel
@@ -482,16 +501,19 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
         chunk = max(8, -(-M // _CHUNKS))
         if t in (Type.F16, Type.BF16):
             bf = t == Type.BF16
-            main = partial(k.half_main, x, wv, act.q, out, bf, chunk)
+            desc = _desc(k, 2, int(bf), wv, act, act.q, out, chunk)
+            main = partial(k.half_main, x, desc, wv, act.q, out, bf, chunk)
             worker = partial(k.half_chunks, wv, act.q, out, bf, chunk)
         elif t in _KQUANT:
             args = (wv, act.q, act.d, act.x, out, _KQUANT[t], _f16_table(), chunk)
-            main = partial(k.kquant_main, x, *args)
+            desc = _desc(k, 1, _KQUANT[t], wv, act, act.x, out, chunk)
+            main = partial(k.kquant_main, x, desc, *args)
             worker = partial(k.kquant_chunks, *args)
         else:
             ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
             args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
-            main = partial(k.legacy_main, x, 1 if kind == "q8_1" else 0, *args)
+            desc = _desc(k, 0, _LEGACY[t], wv, act, ys, out, chunk)
+            main = partial(k.legacy_main, x, 1 if kind == "q8_1" else 0, desc, *args)
             worker = partial(k.legacy_chunks, *args)
 
         def run() -> None:

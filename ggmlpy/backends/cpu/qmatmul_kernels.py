@@ -20,7 +20,7 @@ float32 ``(N, nb)`` Q8_1's ``s`` or int32 ``(N, nb * 16)`` Q8_K's ``bsums`` (unu
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import carray, njit
 
 from ggmlpy.backends.cpu.qmatmul_ir import (
     acc_h16,
@@ -43,14 +43,19 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     row_q8_0,
 )
 from ggmlpy.backends.cpu.spin import (
+    DESC,
     DONE,
     RESCUE_CYCLES,
     STATES,
+    TASK,
     aadd,
     acas,
+    aload,
+    as_ptr,
     astore,
     claim,
     publish,
+    relax,
     wait_cycles,
     wait_done,
 )
@@ -299,6 +304,16 @@ def _rescue(ctl, nch):
     return -1
 
 
+@njit(inline="always", **_OPTS)
+def _post(ctl, desc):
+    """Write the task's descriptor into the control block: first the task word to generation 0
+    (a worker reads a descriptor only between two loads of one live generation, :func:`serve`),
+    then the words."""
+    astore(ctl, TASK, 0)
+    for i in range(desc.shape[0]):
+        astore(ctl, DESC + i, desc[i])
+
+
 @njit(**_OPTS)
 def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
@@ -314,11 +329,12 @@ def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 
 
 @njit(**_OPTS)
-def legacy_main(x, qkind, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+def legacy_main(x, qkind, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     if not quant_q8_f16(x, yq, yd, yx, qkind):
         return 1
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
@@ -348,10 +364,11 @@ def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 
 
 @njit(**_OPTS)
-def kquant_main(x, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+def kquant_main(x, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     quant_q8_k(x, yq, yd, yx)
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
@@ -381,7 +398,7 @@ def half_chunks(w, y, out, bf, chunk, ctl, gen):
 
 
 @njit(**_OPTS)
-def half_main(x, w, y, out, bf, chunk, ctl, gen):
+def half_main(x, desc, w, y, out, bf, chunk, ctl, gen):
     N, K = x.shape
     for n in range(N):
         for k in range(K):
@@ -401,6 +418,7 @@ def half_main(x, w, y, out, bf, chunk, ctl, gen):
                 y[n, k] = r
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
@@ -413,3 +431,63 @@ def half_main(x, w, y, out, bf, chunk, ctl, gen):
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch)
     return 0
+
+
+# descriptor words (int64) of a dot task, ``ctl[DESC + i]``: what a polling worker needs to run
+# the task's ``*_chunks`` without Python (:func:`serve`); built once per prepared step
+# (ggmlpy.backends.cpu.qmatmul.prepare) from C-contiguous arrays only (family -1 otherwise)
+D_FAMILY, D_W, D_M, D_ROW, D_YQ, D_N, D_K, D_YD, D_NB, D_YX, D_NX, D_OUT, D_TBL, D_CHUNK, D_KIND = \
+    range(15)
+
+
+@njit(**_OPTS)
+def _run_desc(ctl, gen, d, u8, i8, u16, i32, f32):
+    fam = d[D_FAMILY]
+    N, M = d[D_N], d[D_M]
+    out = carray(as_ptr(d[D_OUT], f32), (N, M))
+    if fam == 2:
+        w = carray(as_ptr(d[D_W], u16), (M, d[D_ROW]))
+        y = carray(as_ptr(d[D_YQ], f32), (N, d[D_K]))
+        half_chunks(w, y, out, d[D_KIND] != 0, d[D_CHUNK], ctl, gen)
+        return
+    w8 = carray(as_ptr(d[D_W], u8), (M, d[D_ROW]))
+    yq = carray(as_ptr(d[D_YQ], i8), (N, d[D_K]))
+    yd = carray(as_ptr(d[D_YD], f32), (N, d[D_NB]))
+    tbl = carray(as_ptr(d[D_TBL], f32), (65536,))
+    if fam == 1:
+        bs = carray(as_ptr(d[D_YX], i32), (N, d[D_NX]))
+        kquant_chunks(w8, yq, yd, bs, out, d[D_KIND], tbl, d[D_CHUNK], ctl, gen)
+    else:
+        yx = carray(as_ptr(d[D_YX], f32), (N, d[D_NX]))
+        legacy_chunks(w8, yq, yd, yx, out, d[D_KIND], tbl, d[D_CHUNK], ctl, gen)
+
+
+@njit(**_OPTS)
+def serve(ctl, gen_seen, i_seq, seq_seen, budget):
+    """A pool worker's wait (ggmlpy.backends.cpu.threads): poll the control block; run every
+    dot task published meanwhile whose descriptor has a native form (its chunks, here, without
+    the GIL); return ``(code, generation last seen)`` with code 1 for a task that needs Python
+    (family -1: the caller runs its Python callable), 2 when word ``i_seq`` is not ``seq_seen``
+    (slices in the queue), 0 after ``budget`` spins without either."""
+    d = np.empty(16, np.int64)
+    u8, i8, u16 = np.empty(0, np.uint8), np.empty(0, np.int8), np.empty(0, np.uint16)
+    i32, f32 = np.empty(0, np.int32), np.empty(0, np.float32)
+    k = 0
+    while k < budget:
+        v = aload(ctl, TASK)
+        g = v >> 32
+        if g != gen_seen and g != 0:
+            for i in range(16):
+                d[i] = aload(ctl, DESC + i)
+            if (aload(ctl, TASK) >> 32) == g:  # the descriptor is generation g's
+                gen_seen = g
+                if d[D_FAMILY] < 0:
+                    return 1, g
+                _run_desc(ctl, g, d, u8, i8, u16, i32, f32)
+                k = 0
+                continue
+        if aload(ctl, i_seq) != seq_seen:
+            return 2, gen_seen
+        relax()
+        k += 1
+    return 0, gen_seen

@@ -25,8 +25,8 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["aload", "astore", "acas", "aadd", "relax", "cycles", "TASK", "DONE", "STATES",
-           "MAX_CHUNKS", "WORDS", "RESCUE_CYCLES", "claim", "publish", "wait_done", "wait_change",
+__all__ = ["aload", "astore", "acas", "aadd", "relax", "cycles", "as_ptr", "TASK", "DONE",
+           "STATES", "MAX_CHUNKS", "DESC", "WORDS", "RESCUE_CYCLES", "claim", "publish", "wait_done", "wait_change",
            "wait_value", "wait_cycles"]
 
 I64 = ir.IntType(64)
@@ -41,8 +41,10 @@ DONE = 8
 STATES = 16
 #: the most chunks a dot task may have
 MAX_CHUNKS = 64
+#: ``ctl[DESC:DESC + 16]``: the current dot task's descriptor (see qmatmul_kernels.serve)
+DESC = STATES + MAX_CHUNKS
 #: words of the control block the dot tasks use (a pool's own words follow)
-WORDS = STATES + MAX_CHUNKS + 16
+WORDS = DESC + 16
 #: time-stamp-counter ticks (of the order of 10 us) the caller of a dot task waits for a
 #: worker's chunk before it takes the chunk over
 RESCUE_CYCLES = 30000
@@ -110,6 +112,17 @@ def relax(typingctx):
             builder.call(fn, [ir.Constant(ir.IntType(32), v) for v in imm])
         return context.get_dummy_value()
     return types.none(), codegen
+
+
+@intrinsic
+def as_ptr(typingctx, addr, like):
+    """The int64 address ``addr`` as a pointer to the dtype of array ``like`` (for
+    ``numba.carray``)."""
+    dt = like.dtype
+
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.CPointer(dt)))
+    return types.CPointer(dt)(addr, like), codegen
 
 
 @intrinsic

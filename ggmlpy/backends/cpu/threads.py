@@ -46,6 +46,7 @@ import numpy as np
 
 from ggmlpy.backends.kernels import matmul
 from ggmlpy.backends.kernels.attention import fa_query_chunk
+from ggmlpy.core import env
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 
@@ -162,8 +163,8 @@ class Pool:
 
     Hand-off: slices (Python callables) go through one queue per worker, and the caller blocks
     on their results. With Numba (:mod:`ggmlpy.backends.cpu.spin`) an idle worker first polls a
-    shared control block for :data:`SPIN` spins before it blocks on its queue, so that a dot
-    task (:meth:`run_dot`, published from compiled code that holds no GIL) reaches it without an
+    shared control block for ``GGMLPY_CPU_SPIN`` spins (:func:`ggmlpy.core.env.cpu_spin`)
+    before it blocks on its queue, so that a dot task (:meth:`run_dot`, published from compiled code that holds no GIL) reaches it without an
     operating-system wake-up (ggml's threadpool polls likewise). Slices are not polled for: the
     caller holds the GIL while it hands them out, and a worker that woke up for one would only
     wait for the GIL instead.
@@ -235,7 +236,8 @@ class Pool:
         (:func:`~ggmlpy.backends.cpu.spin.publish`), computes the chunks it claims and waits
         for the others; every worker polling then calls ``worker(ctl, gen)``, which claims and
         computes chunks until none is left. A worker that is not polling takes no part (the
-        caller computes every chunk): the result never depends on who computed which chunk.
+        caller computes every chunk): the result never depends on who computed which chunk. A
+        worker blocked on its queue is woken up first (it joins the task if it comes in time).
         Without Numba's spin module, a concurrent caller, or one thread: ``main`` alone with a
         control block of its own. Returns ``main``'s result."""
         if self.n_threads < 2 or not self._lock.acquire(blocking=False):
@@ -248,13 +250,12 @@ class Pool:
                 return main(np.zeros(_CTL_WORDS, np.int64), 1)
             sh.gen = sh.gen % 0x7FFFFFFE + 1
             sh.dot = (worker, sh.gen)
-            r = main(sh.ctl, sh.gen)
             ctl = sh.ctl
             for i in range(len(self._inq)):
-                if ctl[_worker_word(i, _SLEEP)]:  # it stopped polling: poll for the next task
+                if ctl[_worker_word(i, _SLEEP)]:  # it stopped polling: wake it up for this task
                     ctl[_worker_word(i, _SLEEP)] = 0
                     self._inq[i].put(_WAKE)
-            return r
+            return main(ctl, sh.gen)
         finally:
             self._lock.release()
 
@@ -271,9 +272,6 @@ class Pool:
             self._sh = None
 
 
-#: spins a polling thread waits (a load and the CPU's spin-loop hint each: of the order of a
-#: millisecond) before it blocks
-SPIN = 20000
 # control block words (each on its own 64-byte line): the dot tasks' (spin.TASK, spin.DONE,
 # the chunk states: spin.WORDS of them), the count of hand-outs of slices, then per worker
 # whether it stopped polling
@@ -305,25 +303,33 @@ def _worker_word(i: int, w: int) -> int:
 
 class _Shared:
     """What a pool shares with its workers: the control block, the current dot task
-    ``(worker callable, generation)`` and the generation counter."""
+    ``(worker callable, generation)``, the generation counter, the spins a worker polls
+    (``GGMLPY_CPU_SPIN``), and the compiled poll loop
+    (:func:`ggmlpy.backends.cpu.qmatmul_kernels.serve`; None without Numba)."""
 
     def __init__(self, n_workers: int) -> None:
         self.ctl = np.zeros(_CTL_WORDS + 8 * n_workers, np.int64)
         self.dot: tuple[Callable[[np.ndarray, int], Any], int] | None = None
         self.gen = 0
+        self.spins = env.cpu_spin()
         self.spin = _spin()
+        self.serve = None
+        if self.spin is not None:
+            from ggmlpy.backends.cpu import qmatmul_kernels
+
+            self.serve = qmatmul_kernels.serve
 
 
 def _worker(i: int, inq: queue.SimpleQueue, outq: queue.SimpleQueue, sh: _Shared) -> None:
-    ctl, sp = sh.ctl, sh.spin
+    ctl, serve = sh.ctl, sh.serve
     gen_seen, py_seen = 0, int(ctl[_PYSEQ])
     w_sleep = _worker_word(i, _SLEEP)
     with np.errstate(all="ignore"):  # as Plan.run: ggml's kernels do not trap overflow
         while True:
-            if sp is not None and inq.empty():
-                r = sp.wait_change(ctl, gen_seen, _PYSEQ, py_seen, SPIN)
-                if r == 1:
-                    gen_seen = int(ctl[0]) >> 32
+            if serve is not None and inq.empty():
+                # poll: dot tasks with a native descriptor run inside serve, without the GIL
+                r, gen_seen = serve(ctl, gen_seen, _PYSEQ, py_seen, sh.spins)
+                if r == 1:  # a task without one: its Python callable
                     d = sh.dot
                     if d is not None and d[1] == gen_seen:
                         try:

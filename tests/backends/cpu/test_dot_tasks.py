@@ -228,3 +228,40 @@ def test_caller_takes_over_the_chunk_of_a_stalled_worker() -> None:
     assert np.isnan(out[:, :chunk]).all() and not out[:, chunk:].any()
     assert ctl[spin.STATES] == 3 and ctl[spin.DONE] == 1
     assert k._rescue(ctl, 1) == -1
+
+
+@pytest.mark.parametrize("t", [Type.Q5_0, Type.Q4_1, Type.Q6_K, Type.BF16])
+def test_a_polling_worker_runs_a_published_task_without_python(t: Type) -> None:
+    """:func:`serve` (a pool worker's poll loop) picks up a published task, runs every chunk
+    from the task's descriptor (its arrays rebuilt from their addresses, no Python), copies them
+    out, and returns after its budget: the same bits as the caller alone."""
+    from ggmlpy.backends.cpu import qmatmul_kernels as k
+
+    spin = _spin()
+    w, x = _product(t, 5)
+    M = w.shape[0]
+    seen = []
+
+    def capture(main, worker) -> int:
+        seen.append(main)
+        return main(np.zeros(spin.WORDS, np.int64), 1)
+
+    out = np.full((5, M), np.nan, np.float32)
+    qmatmul.prepare(t, w, x, out, capture)()
+    want = out.copy()
+    assert np.isfinite(want).all()
+    main = seen[0]
+    desc = next(a for a in main.args if isinstance(a, np.ndarray) and a.dtype == np.int64)
+    assert desc[k.D_FAMILY] >= 0  # every array C-contiguous: a native descriptor
+    nch = -(-M // int(desc[k.D_CHUNK]))
+    out[...] = np.nan
+    ctl = np.zeros(spin.WORDS + 8, np.int64)
+    k._post(ctl, desc)
+    spin.publish(ctl, 9, nch)
+    code, gen = k.serve(ctl, 0, spin.WORDS, 0, 1000)
+    assert (code, gen) == (0, 9)
+    assert ctl[spin.DONE] == nch and (ctl[spin.STATES:spin.STATES + nch] == 3).all()
+    np.testing.assert_array_equal(out, want)
+    # a new slice hand-out ends the poll at once
+    ctl[spin.WORDS] = 1
+    assert k.serve(ctl, 9, spin.WORDS, 0, 10 ** 9) == (2, 9)
