@@ -18,7 +18,7 @@ Two implementations:
 Numerics, against the referee (:mod:`ggmlpy.quants.vec_dot`, ggml's generic scalar loops). The
 fallback computes exactly its float32 operations in its order (bit-identical). The compiled
 block kernels sum in ggml's SIMD shape instead (ggml-cpu's AVX2/AVX512 ``vec_dot``): every
-block's integer products in exact int32 lanes, converted to float32 and added to 16 float32
+block's integer products in exact int32 lanes, converted to float32 and added to 8 float32
 lanes with one fused multiply-add by the block's scale ``d_w * d_y`` (K-quants: the sub-block
 scales applied in the integers first; Q4_1/Q5_1's ``m_w * s_y`` and the K-quants' min terms in
 one more float32 accumulator), the lanes then added as a fixed tree. With ``nb`` blocks and

@@ -4,9 +4,9 @@ IR), decoding the blocks from their bytes as LLVM vector IR.
 
 Numba types every integer expression as int64, so a plain loop over int8 products vectorizes
 with 64-bit lanes (or not at all); these intrinsics build the vectors at the widths the data
-has (``<32 x i8>`` loaded, sign-extended, multiplied and pair-summed in ``i32``), which LLVM
+has (``<32 x i8>`` loaded, multiplied and pair-summed in ``i16`` and ``i32``), which LLVM
 lowers to the target's widening multiply-add instructions (x86: ``pmaddwd``). The block sums
-are exact integers; they are converted to float32 and accumulated in 16 float32 lanes with
+are exact integers; they are converted to float32 and accumulated in 8 float32 lanes with
 ``llvm.fma`` (one rounding per multiply-add), the lanes added as a fixed tree at the end: the
 shape of ggml's SIMD ``vec_dot`` loops (ggml-cpu/arch/x86/quants.c), whose error bound against
 the scalar referee :mod:`ggmlpy.backends.cpu.qmatmul` states. Everything here is generic LLVM IR
@@ -326,9 +326,11 @@ def _row_legacy(kind: int, R: int):
 # row_q*/row4_q*(w, wo, yq, yd, yx, n0, out, m, tbl, nb): out[n0 + r, m] for r < R, the dot products
 # of one weight row (its nb blocks from byte wo of the uint8 array w) with activation rows
 # n0 + r (int8 quants yq (N, K), float32 scales yd (N, nb), Q8_1 sums yx (N, nb)), each block
-# decoded once for the R rows. ggml's SIMD shape: every block's 32 integer products in 16
-# exact int32 pair sums, converted to float and added to 16 float32 lanes with one fused
-# multiply-add by the block's scale d_w * d_y (d_w read from the f16 table tbl); the lanes then
+# decoded once for the R rows. ggml's SIMD shape: every block's 32 integer products in 8 exact
+# int32 lane sums (the unsigned quants times the activations by _maddubs, the offset taken off
+# as offset * the activations' pair sums, Q8_0 by the sign trick; then pmaddwd with ones),
+# converted to float and added to 8 float32 lanes with one fused multiply-add by the block's
+# scale d_w * d_y (d_w read from the f16 table tbl); the lanes then
 # summed as a fixed tree; Q4_1/Q5_1 add their m_w * s_y terms in one more float32 accumulator
 # (fused multiply-adds in block order) after the tree. row_*: R = 1, row4_*: R = 4.
 row_q4_0 = intrinsic(_row_legacy(0, 1))

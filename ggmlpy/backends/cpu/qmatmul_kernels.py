@@ -5,7 +5,7 @@ caller, not here.
 
 The block kernels (:func:`legacy_lanes`, :func:`kquant_lanes`) compute ``out[n, m]`` for the
 weight rows ``m0 <= m < m1`` and every activation row ``n``, each row's sum in ggml's SIMD shape
-(exact int32 block sums in 16 lanes, float32 lanes with fused multiply-adds, a fixed tree at the
+(exact int32 block sums in 8 lanes, float32 lanes with fused multiply-adds, a fixed tree at the
 end: :mod:`ggmlpy.backends.cpu.qmatmul_ir`; the bound against the referee is in
 :mod:`ggmlpy.backends.cpu.qmatmul`). Every output is computed in one fixed order, so results do
 not depend on how the rows are split over threads.
