@@ -28,8 +28,8 @@ tests/helpers.py ``lanes_bound``): the referee's own rounding error vs the exact
 and the kernels' are each below half of that. Where a weight block's scale is inf or NaN (a
 block that does not decode) both are non-finite, but the kind may differ (an inf scale times a
 lane without products is NaN where the referee has +-inf, as in ggml's SIMD loops). For F16/BF16
-the float32 products are summed in float64 in another fixed order (16 lanes, then the lanes in
-order; the fallback: NumPy's pairwise sum) instead of the referee's sequential one:
+the float32 products are summed in float64 in another fixed order (2 x 16 lanes, then the lanes
+in order; the fallback: NumPy's pairwise sum) instead of the referee's sequential one:
 ``|y - y_ref| <= ulp32(y_ref) + K * 2**-53 * sum_k |x_k w_k|``. In every case each output is
 computed by one thread in one fixed order, so results do not depend on the thread count or on
 how the rows are split.

@@ -26,6 +26,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+F32T = ir.FloatType()
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
@@ -92,24 +93,37 @@ def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
 
 
 @intrinsic
-def acc_h16(typingctx, w, iw, y, iy, bf, acc):
-    """``acc[0:16] += float64(f(w[iw + j]) * y[iy + j])`` for 16 F16 (``bf`` False) or BF16 bits
-    ``w`` and float32 ``y`` (float32 products, float64 lanes)."""
+def row_h16(typingctx, w, y, n32, bf):
+    """The float64 dot product of ``32 * n32`` F16 (``bf`` False) or BF16 weight bits (uint16
+    ``w``) with float32 ``y``: float32 products added to two sets of 16 float64 lanes (element
+    ``k`` in lane ``k mod 16`` of set ``(k // 16) mod 2``: two independent chains of adds), then
+    ``sum_j (a_j + b_j)`` in lane order."""
     def codegen(context, builder, sig, args):
-        aw, aiw, ay, aiy, abf, aacc = args
-        bits = _load(context, builder, sig.args[0], aw, aiw, I16, 16)
-        xf = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 16)), _vec(ir.FloatType(), 16))
-        xb = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 16)),
-                                         ir.Constant(_vec(I32, 16), [16] * 16)),
-                             _vec(ir.FloatType(), 16))
-        x = builder.select(abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1)), xb, xf)
-        yv = _load(context, builder, sig.args[2], ay, aiy, ir.FloatType(), 16)
-        p = builder.fpext(builder.fmul(x, yv), _vec(ir.DoubleType(), 16))
-        a = context.make_array(sig.args[5])(context, builder, aacc)
-        pa = builder.bitcast(a.data, _vec(ir.DoubleType(), 16).as_pointer())
-        builder.store(builder.fadd(builder.load(pa, align=8), p), pa, align=8)
-        return context.get_dummy_value()
-    return types.none(w, iw, y, iy, bf, acc), codegen
+        aw, ay, an, abf = args
+        f64 = ir.DoubleType()
+        is_bf = abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1))
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(_vec(f64, 16), [0.0] * 16))
+               for _ in range(2)]
+        with cgutils.for_range(builder, an) as loop:
+            for h in range(2):
+                k = builder.add(builder.mul(loop.index, ir.Constant(an.type, 32)),
+                                ir.Constant(an.type, 16 * h))
+                bits = _load(context, builder, sig.args[0], aw, k, I16, 16)
+                xf = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 16)),
+                                   _vec(F32T, 16))
+                xb = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 16)),
+                                                 ir.Constant(_vec(I32, 16), [16] * 16)),
+                                     _vec(F32T, 16))
+                x = builder.select(is_bf, xb, xf)
+                yv = _load(context, builder, sig.args[1], ay, k, F32T, 16)
+                p = builder.fpext(builder.fmul(x, yv), _vec(f64, 16))
+                builder.store(builder.fadd(builder.load(acc[h]), p), acc[h])
+        v = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
+        r = ir.Constant(f64, 0.0)
+        for j in range(16):
+            r = builder.fadd(r, builder.extract_element(v, ir.Constant(I32, j)))
+        return r
+    return types.float64(w, y, n32, bf), codegen
 
 
 def _kgroups(context, builder, aty, w, o, kind: int,
@@ -162,8 +176,6 @@ def f16_round(typingctx, x):
         return builder.fpext(h, ir.FloatType())
     return types.float32(x), codegen
 
-
-F32T = ir.FloatType()
 
 
 def _fma(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:

@@ -23,7 +23,6 @@ import numpy as np
 from numba import carray, njit
 
 from ggmlpy.backends.cpu.qmatmul_ir import (
-    acc_h16,
     f16_round,
     row4_q4_0,
     row4_q4_1,
@@ -33,6 +32,7 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     row4_q5_K,
     row4_q6_K,
     row4_q8_0,
+    row_h16,
     row_q4_0,
     row_q4_1,
     row_q4_K,
@@ -142,23 +142,16 @@ def _f16v(h):
 @njit(**_OPTS)
 def half_dot(w, y, out, m0, m1, mo, bf):
     """F16 (``bf`` False) or BF16 (True) weight rows (uint16 bits ``(M, K)``) against activations
-    rounded to that type, held as float32 ``(N, K)``: float32 products summed in 16 float64
-    lanes (:func:`ggmlpy.backends.cpu.qmatmul_ir.acc_h16`, element ``k`` in lane ``k mod 16``
-    for ``k < K - K mod 16``), the lanes then added in order, then the tail elements."""
+    rounded to that type, held as float32 ``(N, K)``: float32 products summed in float64 lanes
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_h16`, the first ``K - K mod 32`` elements), then
+    the tail elements in order; row ``m``'s results go to column ``m - mo`` of ``out``."""
     N, K = y.shape
-    K16 = K - K % 16
-    acc = np.empty(16, np.float64)
+    K16 = K - K % 32
     for m in range(m0, m1):
         wr = w[m]
         for n in range(N):
             yr = y[n]
-            for j in range(16):
-                acc[j] = 0.0
-            for k in range(0, K16, 16):
-                acc_h16(wr, k, yr, k, bf, acc)
-            s = 0.0
-            for j in range(16):
-                s += acc[j]
+            s = row_h16(wr, yr, K16 // 32, bf)
             for k in range(K16, K):
                 h = np.int32(wr[k])
                 v = np.int32(h << 16).view(np.float32) if bf else _f16v(h)
