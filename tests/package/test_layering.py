@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.backends.cpu.jit_kernels", "ggmlpy.backends.cpu.qmatmul_ir",
      "ggmlpy.backends.cpu.rope_ggml_kernel", "ggmlpy.backends.cpu.spin"),
     ("ggmlpy.backends.cpu.qmatmul_kernels", "ggmlpy.backends.cpu.dequant_kernels"),
+    ("ggmlpy.backends.cpu.qmatmul_tasks",),
     ("ggmlpy.backends.cpu.fastpath", "ggmlpy.backends.cpu.jit", "ggmlpy.backends.cpu.blas",
      "ggmlpy.backends.cpu.qmatmul"),
     ("ggmlpy.backends.cpu.qgemm",),

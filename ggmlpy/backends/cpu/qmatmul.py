@@ -443,9 +443,10 @@ def _solo(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
 
 def _desc(k: Any, family: int, kind: int, w: np.ndarray, act: ActQ, yx: np.ndarray,
           out: np.ndarray, chunk: int) -> np.ndarray:
-    """A dot task's descriptor (:func:`ggmlpy.backends.cpu.qmatmul_kernels.serve`: the arrays'
-    addresses and shapes, for a worker that runs the task without Python); family -1 (the
-    worker calls the task's Python callable) unless every array is C-contiguous."""
+    """A dot task's descriptor (:func:`ggmlpy.backends.cpu.qmatmul_tasks.serve`: the arrays'
+    addresses and shapes, for a worker that runs the task without Python; ``k`` that module);
+    family -1 (the worker calls the task's Python callable) unless every array is
+    C-contiguous."""
     d = np.full(16, -1, np.int64)
     arrays = (w, act.q, act.d, yx, out, _f16_table())
     if not all(a.flags.c_contiguous for a in arrays):
@@ -467,7 +468,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     the current contents of ``x`` into buffers owned by the step, then runs the kernel.
 
     With the Numba kernels the whole call is one compiled task (quantization with the scales'
-    f16 rounding, then the weight rows in chunks, :mod:`ggmlpy.backends.cpu.qmatmul_kernels`)
+    f16 rounding, then the weight rows in chunks, :mod:`ggmlpy.backends.cpu.qmatmul_tasks`)
     that ``run_dot`` shares among threads (a CPU backend's
     :meth:`~ggmlpy.backends.cpu.threads.Pool.run_dot`; None: the calling thread alone). Every
     output is computed by one thread in one fixed order, so the result does not depend on the
@@ -496,25 +497,27 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     k = _jit() if jit else None
     wv = _w_rows(t, w, K)
     if k is not None:
+        from ggmlpy.backends.cpu import qmatmul_tasks as tk  # noqa: PLC0415 - imports Numba
+
         go = run_dot or _solo
         M = wv.shape[0]
         chunk = max(8, -(-M // _CHUNKS))
         if t in (Type.F16, Type.BF16):
             bf = t == Type.BF16
-            desc = _desc(k, 2, int(bf), wv, act, act.q, out, chunk)
-            main = partial(k.half_main, x, desc, wv, act.q, out, bf, chunk)
-            worker = partial(k.half_chunks, wv, act.q, out, bf, chunk)
+            desc = _desc(tk, 2, int(bf), wv, act, act.q, out, chunk)
+            main = partial(tk.half_main, x, desc, wv, act.q, out, bf, chunk)
+            worker = partial(tk.half_chunks, wv, act.q, out, bf, chunk)
         elif t in _KQUANT:
             args = (wv, act.q, act.d, act.x, out, _KQUANT[t], _f16_table(), chunk)
-            desc = _desc(k, 1, _KQUANT[t], wv, act, act.x, out, chunk)
-            main = partial(k.kquant_main, x, desc, *args)
-            worker = partial(k.kquant_chunks, *args)
+            desc = _desc(tk, 1, _KQUANT[t], wv, act, act.x, out, chunk)
+            main = partial(tk.kquant_main, x, desc, *args)
+            worker = partial(tk.kquant_chunks, *args)
         else:
             ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
             args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
-            desc = _desc(k, 0, _LEGACY[t], wv, act, ys, out, chunk)
-            main = partial(k.legacy_main, x, 1 if kind == "q8_1" else 0, desc, *args)
-            worker = partial(k.legacy_chunks, *args)
+            desc = _desc(tk, 0, _LEGACY[t], wv, act, ys, out, chunk)
+            main = partial(tk.legacy_main, x, 1 if kind == "q8_1" else 0, desc, *args)
+            worker = partial(tk.legacy_chunks, *args)
 
         def run() -> None:
             if go(main, worker):

@@ -1,5 +1,5 @@
 """Atomics and spin-waits for the CPU backend's worker hand-off, as Numba functions (imported only
-when Numba is; :mod:`ggmlpy.backends.cpu.threads` and :mod:`ggmlpy.backends.cpu.qmatmul_kernels`
+when Numba is; :mod:`ggmlpy.backends.cpu.threads` and :mod:`ggmlpy.backends.cpu.qmatmul_tasks`
 use them).
 
 A waiting thread reads a shared word in a loop inside a ``nogil`` compiled function instead of
@@ -41,7 +41,7 @@ DONE = 8
 STATES = 16
 #: the most chunks a dot task may have
 MAX_CHUNKS = 64
-#: ``ctl[DESC:DESC + 16]``: the current dot task's descriptor (see qmatmul_kernels.serve)
+#: ``ctl[DESC:DESC + 16]``: the current dot task's descriptor (see qmatmul_tasks.serve)
 DESC = STATES + MAX_CHUNKS
 #: words of the control block the dot tasks use (a pool's own words follow)
 WORDS = DESC + 16

@@ -305,7 +305,7 @@ class _Shared:
     """What a pool shares with its workers: the control block, the current dot task
     ``(worker callable, generation)``, the generation counter, the spins a worker polls
     (``GGMLPY_CPU_SPIN``), and the compiled poll loop
-    (:func:`ggmlpy.backends.cpu.qmatmul_kernels.serve`; None without Numba)."""
+    (:func:`ggmlpy.backends.cpu.qmatmul_tasks.serve`; None without Numba)."""
 
     def __init__(self, n_workers: int) -> None:
         self.ctl = np.zeros(_CTL_WORDS + 8 * n_workers, np.int64)
@@ -315,9 +315,9 @@ class _Shared:
         self.spin = _spin()
         self.serve = None
         if self.spin is not None:
-            from ggmlpy.backends.cpu import qmatmul_kernels
+            from ggmlpy.backends.cpu import qmatmul_tasks
 
-            self.serve = qmatmul_kernels.serve
+            self.serve = qmatmul_tasks.serve
 
 
 def _worker(i: int, inq: queue.SimpleQueue, outq: queue.SimpleQueue, sh: _Shared) -> None:

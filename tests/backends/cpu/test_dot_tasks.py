@@ -199,7 +199,7 @@ def test_caller_takes_over_the_chunk_of_a_stalled_worker() -> None:
     dropped (it writes nothing into ``out``), and the task counts each chunk done once."""
     from numba import njit
 
-    from ggmlpy.backends.cpu import qmatmul_kernels as k
+    from ggmlpy.backends.cpu import qmatmul_tasks as k
 
     spin = _spin()
     done = njit(lambda ctl: spin.aadd(ctl, spin.DONE, 1))
@@ -235,7 +235,7 @@ def test_a_polling_worker_runs_a_published_task_without_python(t: Type) -> None:
     """:func:`serve` (a pool worker's poll loop) picks up a published task, runs every chunk
     from the task's descriptor (its arrays rebuilt from their addresses, no Python), copies them
     out, and returns after its budget: the same bits as the caller alone."""
-    from ggmlpy.backends.cpu import qmatmul_kernels as k
+    from ggmlpy.backends.cpu import qmatmul_tasks as k
 
     spin = _spin()
     w, x = _product(t, 5)

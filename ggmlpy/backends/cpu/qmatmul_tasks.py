@@ -1,0 +1,293 @@
+"""Dot tasks: one compiled MUL_MAT product whose weight-row chunks the CPU backend's threads
+claim from a shared control block (:meth:`ggmlpy.backends.cpu.threads.Pool.run_dot`,
+:mod:`ggmlpy.backends.cpu.spin`), built on the row kernels of
+:mod:`ggmlpy.backends.cpu.qmatmul_kernels` (imported on first use only: importing this module
+imports Numba).
+
+Per weight family (legacy blocks, K-quants, F16/BF16): ``*_chunks`` (a worker) computes the
+chunks it claims into scratch and copies each out unless the caller took it over;
+``*_main`` (the calling thread) first quantizes the activations ``x`` float32 ``(N, K)`` into
+``yq``/``yd``/``yx`` with the scales' f16 rounding, publishes the task, computes the chunks it
+claims in place, then waits for the workers' chunks and takes over one whose worker does not
+finish in time (:func:`_rescue`): when it returns, no worker writes into ``out`` any more.
+``*_main`` returns 1 without computing when an activation scale (or Q8_1 sum, or an F16
+activation) overflowed float16, else 0. Which thread computes a row never changes its
+operations. :func:`serve` is a pool worker's poll loop, which runs a task from its descriptor
+without Python.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import carray, njit
+
+from ggmlpy.backends.cpu.qmatmul_ir import f16_round
+from ggmlpy.backends.cpu.qmatmul_kernels import (
+    F32,
+    half_dot,
+    kquant_lanes,
+    legacy_lanes,
+    quant_q8,
+    quant_q8_k,
+)
+from ggmlpy.backends.cpu.spin import (
+    DESC,
+    DONE,
+    RESCUE_CYCLES,
+    STATES,
+    TASK,
+    aadd,
+    acas,
+    aload,
+    as_ptr,
+    astore,
+    claim,
+    publish,
+    relax,
+    wait_cycles,
+    wait_done,
+)
+
+_OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
+
+
+@njit(**_OPTS)
+def quant_q8_f16(x, yq, yd, ys, kind):
+    """:func:`quant_q8` and the f16 rounding of the scales (Q8_1: and sums); False when one of
+    them overflowed to inf."""
+    quant_q8(x, yq, yd, ys, kind)
+    ok = True
+    N, nb = yd.shape
+    for n in range(N):
+        for b in range(nb):
+            d = f16_round(yd[n, b])
+            yd[n, b] = d
+            ok = ok and not (abs(d) == F32(np.inf))
+            if kind == 1:
+                s = f16_round(ys[n, b])
+                ys[n, b] = s
+                ok = ok and not (abs(s) == F32(np.inf))
+    return ok
+
+
+@njit(inline="always", **_OPTS)
+def _commit(ctl, c, tmp, out, m0, m1):
+    """A worker's chunk ``c`` (rows ``m0:m1`` computed into ``tmp``): copied to ``out`` unless the
+    caller took the chunk over meanwhile (:func:`_rescue`)."""
+    if acas(ctl, STATES + c, 0, 2):
+        for n in range(out.shape[0]):
+            for m in range(m0, m1):
+                out[n, m] = tmp[n, m - m0]
+        astore(ctl, STATES + c, 3)
+        aadd(ctl, DONE, 1)
+
+
+@njit(inline="always", **_OPTS)
+def _own(ctl, c):
+    """The caller finished chunk ``c`` (computed in place)."""
+    astore(ctl, STATES + c, 3)
+    aadd(ctl, DONE, 1)
+
+
+@njit(inline="always", **_OPTS)
+def _rescue(ctl, nch):
+    """Once every chunk is claimed: wait for the workers' chunks for up to :data:`RESCUE_CYCLES`;
+    then a chunk a worker still holds without having started to copy it out (a thread the
+    operating system put aside) is taken over: returns its index for the caller to compute
+    (the worker's copy is then dropped, :func:`_commit`), or -1 once every chunk is done."""
+    if wait_cycles(ctl, DONE, nch, RESCUE_CYCLES):
+        return -1
+    for c in range(nch):
+        if acas(ctl, STATES + c, 0, 4):
+            return c
+    wait_done(ctl, nch)  # the rest are being copied out
+    return -1
+
+
+@njit(inline="always", **_OPTS)
+def _post(ctl, desc):
+    """Write the task's descriptor into the control block: first the task word to generation 0
+    (a worker reads a descriptor only between two loads of one live generation, :func:`serve`),
+    then the words."""
+    astore(ctl, TASK, 0)
+    for i in range(desc.shape[0]):
+        astore(ctl, DESC + i, desc[i])
+
+
+@njit(**_OPTS)
+def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        legacy_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
+        _commit(ctl, c, tmp, out, m0, m1)
+
+
+@njit(**_OPTS)
+def legacy_main(x, qkind, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    if not quant_q8_f16(x, yq, yd, yx, qkind):
+        return 1
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        _own(ctl, c)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch)
+    while c >= 0:
+        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch)
+    return 0
+
+
+@njit(**_OPTS)
+def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        kquant_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
+        _commit(ctl, c, tmp, out, m0, m1)
+
+
+@njit(**_OPTS)
+def kquant_main(x, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
+    quant_q8_k(x, yq, yd, yx)
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        _own(ctl, c)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch)
+    while c >= 0:
+        kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch)
+    return 0
+
+
+@njit(**_OPTS)
+def half_chunks(w, y, out, bf, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        half_dot(w, y, tmp, m0, m1, m0, bf)
+        _commit(ctl, c, tmp, out, m0, m1)
+
+
+@njit(**_OPTS)
+def half_main(x, desc, w, y, out, bf, chunk, ctl, gen):
+    N, K = x.shape
+    for n in range(N):
+        for k in range(K):
+            v = x[n, k]
+            if bf:
+                u = np.float32(v).view(np.uint32)
+                if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+                    u = (u >> np.uint32(16)) | np.uint32(64)
+                else:
+                    u = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) \
+                        >> np.uint32(16)
+                y[n, k] = np.uint32(u << np.uint32(16)).view(np.float32)
+            else:
+                r = f16_round(v)
+                if abs(r) == F32(np.inf):
+                    return 1
+                y[n, k] = r
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
+        _own(ctl, c)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch)
+    while c >= 0:
+        half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch)
+    return 0
+
+
+# descriptor words (int64) of a dot task, ``ctl[DESC + i]``: what a polling worker needs to run
+# the task's ``*_chunks`` without Python (:func:`serve`); built once per prepared step
+# (ggmlpy.backends.cpu.qmatmul.prepare) from C-contiguous arrays only (family -1 otherwise)
+D_FAMILY, D_W, D_M, D_ROW, D_YQ, D_N, D_K, D_YD, D_NB, D_YX, D_NX, D_OUT, D_TBL, D_CHUNK, D_KIND = \
+    range(15)
+
+
+@njit(**_OPTS)
+def _run_desc(ctl, gen, d, u8, i8, u16, i32, f32):
+    fam = d[D_FAMILY]
+    N, M = d[D_N], d[D_M]
+    out = carray(as_ptr(d[D_OUT], f32), (N, M))
+    if fam == 2:
+        w = carray(as_ptr(d[D_W], u16), (M, d[D_ROW]))
+        y = carray(as_ptr(d[D_YQ], f32), (N, d[D_K]))
+        half_chunks(w, y, out, d[D_KIND] != 0, d[D_CHUNK], ctl, gen)
+        return
+    w8 = carray(as_ptr(d[D_W], u8), (M, d[D_ROW]))
+    yq = carray(as_ptr(d[D_YQ], i8), (N, d[D_K]))
+    yd = carray(as_ptr(d[D_YD], f32), (N, d[D_NB]))
+    tbl = carray(as_ptr(d[D_TBL], f32), (65536,))
+    if fam == 1:
+        bs = carray(as_ptr(d[D_YX], i32), (N, d[D_NX]))
+        kquant_chunks(w8, yq, yd, bs, out, d[D_KIND], tbl, d[D_CHUNK], ctl, gen)
+    else:
+        yx = carray(as_ptr(d[D_YX], f32), (N, d[D_NX]))
+        legacy_chunks(w8, yq, yd, yx, out, d[D_KIND], tbl, d[D_CHUNK], ctl, gen)
+
+
+@njit(**_OPTS)
+def serve(ctl, gen_seen, i_seq, seq_seen, budget):
+    """A pool worker's wait (ggmlpy.backends.cpu.threads): poll the control block; run every
+    dot task published meanwhile whose descriptor has a native form (its chunks, here, without
+    the GIL); return ``(code, generation last seen)`` with code 1 for a task that needs Python
+    (family -1: the caller runs its Python callable), 2 when word ``i_seq`` is not ``seq_seen``
+    (slices in the queue), 0 after ``budget`` spins without either."""
+    d = np.empty(16, np.int64)
+    u8, i8, u16 = np.empty(0, np.uint8), np.empty(0, np.int8), np.empty(0, np.uint16)
+    i32, f32 = np.empty(0, np.int32), np.empty(0, np.float32)
+    k = 0
+    while k < budget:
+        v = aload(ctl, TASK)
+        g = v >> 32
+        if g != gen_seen and g != 0:
+            for i in range(16):
+                d[i] = aload(ctl, DESC + i)
+            if (aload(ctl, TASK) >> 32) == g:  # the descriptor is generation g's
+                gen_seen = g
+                if d[D_FAMILY] < 0:
+                    return 1, g
+                _run_desc(ctl, g, d, u8, i8, u16, i32, f32)
+                k = 0
+                continue
+        if aload(ctl, i_seq) != seq_seen:
+            return 2, gen_seen
+        relax()
+        k += 1
+    return 0, gen_seen
