@@ -588,7 +588,8 @@ def mul_mat(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray | None = None
 
 
 def warm_up() -> bool:
-    """*Sync*: compile (or load from Numba's cache) every kernel; returns :func:`jit_available`."""
+    """*Sync*: compile (or load from Numba's cache) every kernel and dot task; returns
+    :func:`jit_available`."""
     if not jit_available():
         return False
     rng = np.random.default_rng(0)
@@ -599,5 +600,6 @@ def warm_up() -> bool:
         wq = quantize(x, t)
         if t in (Type.F16, Type.BF16):
             wq = wq.view(np.uint16)
-        mul_mat(t, wq, x)
+        out = mul_mat(t, wq, x)
+        prepare(t, wq, x, out)()
     return True

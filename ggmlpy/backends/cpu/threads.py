@@ -318,6 +318,9 @@ class _Shared:
             from ggmlpy.backends.cpu import qmatmul_tasks
 
             self.serve = qmatmul_tasks.serve
+            # compiled (or loaded from Numba's cache) here, on the starting thread: in a worker it
+            # would hold the GIL for it in the middle of the caller's first task
+            self.serve(self.ctl, 0, _PYSEQ, 0, 0)
 
 
 def _worker(i: int, inq: queue.SimpleQueue, outq: queue.SimpleQueue, sh: _Shared) -> None:

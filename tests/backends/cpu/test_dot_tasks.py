@@ -265,3 +265,9 @@ def test_a_polling_worker_runs_a_published_task_without_python(t: Type) -> None:
     # a new slice hand-out ends the poll at once
     ctl[spin.WORDS] = 1
     assert k.serve(ctl, 9, spin.WORDS, 0, 10 ** 9) == (2, 9)
+
+
+def test_warm_up_runs_every_kernel_and_task(monkeypatch) -> None:
+    assert qmatmul.warm_up() is True
+    monkeypatch.setenv("GGMLPY_JIT", "0")
+    assert qmatmul.warm_up() is False
