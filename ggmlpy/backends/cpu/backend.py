@@ -348,7 +348,8 @@ class CPUBackend(Backend):
                 plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
                 cpu_threads.compile_pending(plan.steps)
                 # (a step the plan builder wrapped keeps the wrapped one as ``step``)
-                plan.threaded = any(isinstance(getattr(s, "step", s), cpu_threads.Split)
+                plan.threaded = any(isinstance(getattr(s, "step", s),
+                                               (cpu_threads.Split, cpu_threads.DotStep))
                                     for s in plan.steps)
         return plan
 

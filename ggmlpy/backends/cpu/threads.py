@@ -50,7 +50,7 @@ from ggmlpy.core import env
 from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 
-__all__ = ["Pool", "Split", "default_n_threads", "split_step", "fuse_chains", "compile_pending",
+__all__ = ["Pool", "Split", "DotStep", "default_n_threads", "split_step", "fuse_chains", "compile_pending",
            "blas_single_thread", "find_blas_libs", "SPLIT_OPS",
            "MIN_ELEMENTS", "MIN_MACS", "MIN_DOT_MACS", "MAX_N_THREADS"]
 
@@ -711,6 +711,20 @@ def compile_pending(steps: list[Step]) -> None:
             inner.whole_step()
 
 
+class DotStep:
+    """A plan step whose product the pool's threads share (:meth:`Pool.run_dot`); calling it
+    runs ``step``. The CPU backend holds BLAS at one thread while a plan with such a step runs,
+    as for :class:`Split` steps (a spinning BLAS worker would compete with the pool's)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+
+    def __call__(self) -> None:
+        self.step()
+
+
 def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
                compile_node: Compile, whole: Step | None) -> Split | None:
     """A MUL_MAT with a block-quantized weight
@@ -731,7 +745,8 @@ def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
     if dot and _spin() is not None:
         # one compiled task per product whose row chunks the threads claim (Pool.run_dot)
         with matmul.dot_threads(pool.run_dot if big else None):
-            return compile_node(xp, node, dst, srcs)
+            step = compile_node(xp, node, dst, srcs)
+        return DotStep(step) if big and step is not None else step
     bounds = _bounds(M, min(M, pool.n_threads))
 
     def compile_parts() -> list[Step] | None:

@@ -113,6 +113,7 @@ def test_dot_split_cuts_the_weight_rows(monkeypatch):
                 s = threads.split_step(np, node, d, [w, x], pool, compile_node)
                 if jit:
                     assert not isinstance(s, threads.Split)
+                    assert isinstance(s, threads.DotStep) == big
                     run_dot = pool.run_dot if big else None
                     assert calls == [((1, 1, 1, M), w.shape, run_dot)]
                 else:
@@ -152,3 +153,25 @@ def test_graph_without_numba_gives_the_same_bits(t, monkeypatch):
     (got,) = _evaluate(t, raw, x, K, M, BufferUsage.WEIGHTS, 2, times=1)
     act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
     np.testing.assert_array_equal(got, vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act)))
+
+
+def test_plan_with_a_shared_dot_product_holds_blas(monkeypatch):
+    """A 2-thread plan whose only threaded step is a dot product shared through the pool is a
+    threaded plan (BLAS held at one thread while it runs, as for split steps)."""
+    if not qmatmul.jit_available():
+        pytest.skip("numba not installed")
+    cpu = backend_cpu_init()
+    cpu.set_n_threads(2)
+    ctx = Context(no_alloc=True)
+    a = ctx.new_tensor(Type.Q8_0, (640, 2048))
+    b = ctx.new_tensor(Type.F32, (640, 1))
+    out = ops.mul_mat(ctx, a, b)
+    buf = alloc_ctx_tensors(ctx, cpu)
+    try:
+        g = Graph(8)
+        g.build_forward_expand(out)
+        plan = cpu.plan_cache.get(g)
+        assert any(isinstance(getattr(s, "step", s), threads.DotStep) for s in plan.steps)
+        assert plan.threaded
+    finally:
+        buf.free()
