@@ -713,16 +713,17 @@ def compile_pending(steps: list[Step]) -> None:
 
 class DotStep:
     """A plan step whose product the pool's threads share (:meth:`Pool.run_dot`); calling it
-    runs ``step``. The CPU backend holds BLAS at one thread while a plan with such a step runs,
-    as for :class:`Split` steps (a spinning BLAS worker would compete with the pool's)."""
+    runs ``inner``. The CPU backend holds BLAS at one thread while a plan with such a step runs,
+    as for :class:`Split` steps (a spinning BLAS worker would compete with the pool's).
+    (Not named ``step``: that attribute marks the plan builder's wrappers.)"""
 
-    __slots__ = ("step",)
+    __slots__ = ("inner",)
 
-    def __init__(self, step: Step) -> None:
-        self.step = step
+    def __init__(self, inner: Step) -> None:
+        self.inner = inner
 
     def __call__(self) -> None:
-        self.step()
+        self.inner()
 
 
 def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,

@@ -155,9 +155,11 @@ def test_graph_without_numba_gives_the_same_bits(t, monkeypatch):
     np.testing.assert_array_equal(got, vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act)))
 
 
-def test_plan_with_a_shared_dot_product_holds_blas(monkeypatch):
+@pytest.mark.parametrize("usage", [BufferUsage.COMPUTE, BufferUsage.ANY])
+def test_plan_with_a_shared_dot_product_holds_blas(usage):
     """A 2-thread plan whose only threaded step is a dot product shared through the pool is a
-    threaded plan (BLAS held at one thread while it runs, as for split steps)."""
+    threaded plan (BLAS held at one thread while it runs, as for split steps), whether the plan
+    builder wraps the step (a destination outside a COMPUTE buffer) or not."""
     if not qmatmul.jit_available():
         pytest.skip("numba not installed")
     cpu = backend_cpu_init()
@@ -167,11 +169,13 @@ def test_plan_with_a_shared_dot_product_holds_blas(monkeypatch):
     b = ctx.new_tensor(Type.F32, (640, 1))
     out = ops.mul_mat(ctx, a, b)
     buf = alloc_ctx_tensors(ctx, cpu)
+    buf.set_usage(usage)
     try:
         g = Graph(8)
         g.build_forward_expand(out)
         plan = cpu.plan_cache.get(g)
-        assert any(isinstance(getattr(s, "step", s), threads.DotStep) for s in plan.steps)
+        (step,) = plan.steps
+        assert isinstance(step, threads.DotStep) == (usage == BufferUsage.COMPUTE)
         assert plan.threaded
     finally:
         buf.free()
