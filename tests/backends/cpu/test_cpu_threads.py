@@ -432,7 +432,7 @@ def test_pool_after_fork_gets_fresh_workers() -> None:
         names = []
         part = lambda: names.append(threading.current_thread().name)
         pool.run([part, part])
-        assert names[1] == "ggmlpy-cpu-1", names
+        assert sorted(names) == ["MainThread", "ggmlpy-cpu-1"], names  # (either may be first)
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -440,7 +440,7 @@ def test_pool_after_fork_gets_fresh_workers() -> None:
                 done = []
                 t = threading.Thread(target=lambda: (pool.run([part, part]), done.append(1)))
                 t.start(); t.join(10)
-                ok = done == [1] and names[-1] == "ggmlpy-cpu-1" and len(names) == 4
+                ok = done == [1] and "ggmlpy-cpu-1" in names[2:] and len(names) == 4
                 code = 0 if ok else 3
             finally:
                 os._exit(code)
