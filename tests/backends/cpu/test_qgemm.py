@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import dot_abs_terms, lanes_bound
 from qgemm_ref import ggml_gemm_expected
 
 from ggmlpy import ops
@@ -225,8 +226,12 @@ def test_mul_mat_tracks_the_vec_dot_referee(t, n, monkeypatch):
     x = rng.standard_normal((n, K)).astype(np.float32)
     want, bound = ggml_gemm_expected(t, raw.reshape(M, -1), x)
     off = _mul_mat(t, raw, x, K, M, 1, False)[0]
-    if n < qmatmul.CROSSOVER[t] and t in BLOCK:
-        np.testing.assert_array_equal(off, want)   # the dot kernels: the referee's operations
+    if n < qmatmul.CROSSOVER[t] and t in BLOCK and not qmatmul.jit_available():
+        np.testing.assert_array_equal(off, want)   # the NumPy dot path: the referee's operations
+    elif n < qmatmul.CROSSOVER[t] and t in BLOCK:  # the compiled dot kernels: their lanes bound
+        yb = qmatmul.act_bytes(qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x))
+        lb = lanes_bound(t, K, dot_abs_terms(t, raw.reshape(M, -1), yb))
+        assert (np.abs(off.astype(np.float64) - want) <= lb).all()
     else:
         assert (np.abs(off.astype(np.float64) - want) <= bound).all()
     monkeypatch.setenv(env.WEIGHT_CACHE_MB, "64")  # block types are cached only when it is set
