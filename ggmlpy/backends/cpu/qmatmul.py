@@ -88,10 +88,10 @@ _NP_CHUNK = 1 << 20
 #: the ``vec_dot_type``, a BLAS GEMM) instead of the dot kernel: the crossover, measured per type
 #: with ``scripts/bench_qmatmul.py --crossover`` on the Gemma 3 270M shapes with 2 threads (the
 #: batch from which the GEMM path won at every larger batch; figures in docs/quant_matmul.md).
-#: F16/BF16 weights take it from 2 rows: there the float32 GEMM wins as soon as the batch is
+#: F16/BF16 weights take it from 2 and 4 rows: there the float32 GEMM wins as soon as the batch is
 #: more than a matrix-vector product (which reads half the bytes on the dot kernel).
-CROSSOVER = {Type.Q4_0: 12, Type.Q4_1: 12, Type.Q5_0: 12, Type.Q5_1: 8, Type.Q8_0: 16,
-             Type.Q4_K: 12, Type.Q5_K: 12, Type.Q6_K: 8, Type.F16: 2, Type.BF16: 2}
+CROSSOVER = {Type.Q4_0: 48, Type.Q4_1: 48, Type.Q5_0: 48, Type.Q5_1: 32, Type.Q8_0: 48,
+             Type.Q4_K: 32, Type.Q5_K: 48, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
 
 _state: dict[str, Any] = {}
 
