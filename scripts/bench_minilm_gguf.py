@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def _llama(python: str, path: Path, sentences: list[str], threads: int, tmp: Pat
 
 def main() -> None:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", type=Path, default=Path("/tmp/ggmlpy_minilm_gguf"))
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "ggmlpy_minilm_gguf")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--types", default="f32,q8_0")

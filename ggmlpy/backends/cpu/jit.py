@@ -43,19 +43,49 @@ the calling thread and release the GIL.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
 
 from ggmlpy.core import env
 
-__all__ = ["available", "reason", "warm_up", "gelu_erf", "soft_max", "norm", "binary", "BINARY_OPS"]
+__all__ = ["available", "reason", "kernel_module", "f16_table", "warm_up", "gelu_erf", "soft_max", "norm", "binary", "BINARY_OPS"]
 
 #: ``binary`` op codes
 BINARY_OPS = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
 
 _state: dict[str, Any] = {}
 _NO_MASK = np.zeros(1, np.float32)
+
+
+def kernel_module(name: str) -> Any:
+    """The Numba kernel module ``ggmlpy.backends.cpu.<name>`` (imported on the first call, which
+    imports Numba), or None when it cannot be imported (no Numba, a broken install); the outcome
+    is kept, so a failing import is tried once. Does not read ``GGMLPY_JIT`` (callers do).
+
+    Args:
+        name: the module's name inside ``ggmlpy.backends.cpu`` (``"qmatmul_kernels"``, ...).
+    """
+    key = "mod:" + name
+    m = _state.get(key)
+    if m is None:
+        try:
+            m = importlib.import_module(f"ggmlpy.backends.cpu.{name}")
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
+            m = f"numba is not importable ({type(e).__name__}: {e})"
+        _state[key] = m
+    return None if isinstance(m, str) else m
+
+
+def f16_table() -> np.ndarray:
+    """float32 ``(65536,)``: the value of every f16 bit pattern (ggml's ``ggml_table_f32_f16``;
+    256 KiB, made once), which the compiled kernels read block scales from."""
+    tbl = _state.get("f16_table")
+    if tbl is None:
+        tbl = _state["f16_table"] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(np.float32)
+    return tbl
 
 
 def _build() -> dict[str, Any]:

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.cpu import qmatmul
 from ggmlpy.core import env
 from ggmlpy.core.types import Type
@@ -70,18 +71,10 @@ SPLIT_MIN_TYPES = frozenset((Type.Q4_1, Type.Q5_1))
 #: times when a call covers a whole weight (their temporaries leave the cache)
 DEQUANT_CHUNK_ELEMS = 1 << 15
 
-_state: dict[str, Any] = {}
 
 
 def _kernels() -> Any:
-    k = _state.get("k")
-    if k is None:
-        try:
-            from ggmlpy.backends.cpu import dequant_kernels as k
-        except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
-            k = f"numba is not importable ({type(e).__name__}: {e})"
-        _state["k"] = k
-    return None if isinstance(k, str) else k
+    return cpu_jit.kernel_module("dequant_kernels")
 
 
 def kernels_available() -> bool:
@@ -93,12 +86,6 @@ def kernels_available() -> bool:
     return env.jit_enabled() and _kernels() is not None
 
 
-def _f16_table() -> np.ndarray:
-    tbl = _state.get("f16")
-    if tbl is None:
-        tbl = _state["f16"] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
-            np.float16).astype(F32)
-    return tbl
 
 
 def gemm_numerics(t: Type, src1_type: Type) -> str:
@@ -175,7 +162,7 @@ def dequantize_rows(t: Type, w: np.ndarray, out: np.ndarray | None = None, split
         jit = kernels_available()
     k = _kernels() if jit else None
     if k is not None:
-        k.DEQUANT[t.type_name](w, out, _f16_table(), split, 16)
+        k.DEQUANT[t.type_name](w, out, cpu_jit.f16_table(), split, 16)
         return out
     _numpy_rows(t, w, out, K, split)
     return out

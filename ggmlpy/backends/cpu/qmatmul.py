@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.core import env
 from ggmlpy.core.types import Type
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
@@ -93,7 +94,6 @@ _NP_CHUNK = 1 << 20
 CROSSOVER = {Type.Q4_0: 48, Type.Q4_1: 48, Type.Q5_0: 48, Type.Q5_1: 32, Type.Q8_0: 48,
              Type.Q4_K: 32, Type.Q5_K: 48, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
 
-_state: dict[str, Any] = {}
 
 
 def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
@@ -111,14 +111,7 @@ def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
 
 
 def _jit() -> Any:
-    k = _state.get("k")
-    if k is None:
-        try:
-            from ggmlpy.backends.cpu import qmatmul_kernels as k
-        except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
-            k = f"numba is not importable ({type(e).__name__}: {e})"
-        _state["k"] = k
-    return None if isinstance(k, str) else k
+    return cpu_jit.kernel_module("qmatmul_kernels")
 
 
 def jit_available() -> bool:
@@ -345,11 +338,7 @@ _KQUANT = {Type.Q4_K: 0, Type.Q5_K: 1, Type.Q6_K: 2}
 def _f16_table() -> np.ndarray:
     """float32 value of every f16 bit pattern (256 KiB, made once; ggml's
     ``ggml_table_f32_f16``): the legacy kernels read each block's scale from it."""
-    tbl = _state.get("f16_table")
-    if tbl is None:
-        tbl = _state["f16_table"] = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(
-            np.float16).astype(F32)
-    return tbl
+    return cpu_jit.f16_table()
 
 
 def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: int,
