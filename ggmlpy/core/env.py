@@ -21,6 +21,9 @@ variable                   accepted value
 ``GGMLPY_QUANT_MATMUL``    ``ggml`` or ``dequant``: how the NumPy MUL_MAT multiplies F16/BF16/
                            quantized weights (default ``ggml``: ggml's quantized-activation dot
                            products for small batches)
+``GGMLPY_Q8_ROUNDING``     ``native``, ``ref``, ``x86`` or ``arm``: how the CPU MUL_MAT rounds
+                           activations to Q8_0/Q8_1 (default ``native``: as ggml-cpu on this
+                           machine's architecture)
 ``GGMLPY_RAY_DEVICES``     integer 0..1024: RAY devices (Ray actors) registered at first use
 ``GGMLPY_RAY_ADDRESS``     ``auto`` or ``HOST:PORT``: the Ray cluster the RAY devices join
 ``GGMLPY_RAY_TIMEOUT_S``   finite number > 0: seconds any wait on a RAY device may take
@@ -57,6 +60,7 @@ __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SI
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
            "ray_requested", "parse_ray_address", "WEIGHT_CACHE_MB", "DEFAULT_WEIGHT_CACHE_MB",
            "weight_cache_mb", "weight_cache_mb_set", "QUANT_MATMUL", "quant_matmul",
+           "Q8_ROUNDING", "q8_rounding",
            "CACHE", "GEMMA3_GGUF", "cache_dir", "gemma3_gguf"]
 
 BACKENDS = "GGMLPY_BACKENDS"
@@ -71,6 +75,7 @@ BLAS = "GGMLPY_BLAS"
 WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
 QUANT_MATMUL = "GGMLPY_QUANT_MATMUL"
 CPU_SPIN = "GGMLPY_CPU_SPIN"
+Q8_ROUNDING = "GGMLPY_Q8_ROUNDING"
 FIXTURES = "GGMLPY_FIXTURES"
 CACHE = "GGMLPY_CACHE"
 GEMMA3_GGUF = "GGMLPY_GEMMA3_GGUF"
@@ -83,7 +88,8 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
-         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, CPU_SPIN, FIXTURES, CACHE,
+         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, CPU_SPIN, Q8_ROUNDING,
+         FIXTURES, CACHE,
          GEMMA3_GGUF, REF_PYTHON,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
 
@@ -420,6 +426,26 @@ def quant_matmul() -> str:
     return v.lower()
 
 
+def q8_rounding() -> str:
+    """``GGMLPY_Q8_ROUNDING``: ``"native"`` (default), ``"ref"``, ``"x86"`` or ``"arm"``,
+    case-insensitive, returned in lower case: which of ggml's activation quantizers the CPU
+    MUL_MAT follows when it converts ``src1`` to Q8_0/Q8_1 (:mod:`ggmlpy.quants.q8_arch`):
+    ``native`` the one ggml-cpu runs on this machine's architecture
+    (:func:`ggmlpy.quants.q8_arch.host_form`), ``ref`` ggml-quants.c's reference loop, ``x86`` /
+    ``arm`` ggml-cpu's AVX2 / NEON forms on any machine. Q8_K is the reference loop in every
+    setting. Read at each quantization.
+
+    Raises:
+        EnvError: any other value.
+    """
+    v = _raw(Q8_ROUNDING)
+    if v is None:
+        return "native"
+    if v.lower() not in ("native", "ref", "x86", "arm"):
+        raise EnvError(Q8_ROUNDING, v, "native, ref, x86 or arm")
+    return v.lower()
+
+
 def cache_dir() -> str:
     """``GGMLPY_CACHE``: the folder ``python -m ggmlpy download`` writes model files into
     (created on demand, not here); when unset ``$XDG_CACHE_HOME/ggmlpy``, else
@@ -461,6 +487,7 @@ def validate() -> None:
     blas()
     weight_cache_mb()
     quant_matmul()
+    q8_rounding()
     ray_devices()
     ray_address()
     ray_timeout_s()
