@@ -64,8 +64,16 @@ def test_q8_bit_exact_with_ggml_reference(ref, kind):
 
 @pytest.mark.parametrize("kind", ["q8_0", "q8_1", "q8_K"])
 def test_quantize_act_bit_exact_with_ggml_reference(ref, kind, jit):
-    act = dk.quantize_act(kind, ref["x"], n_parts=3)
+    act = dk.quantize_act(kind, ref["x"], n_parts=3, form="ref")
     np.testing.assert_array_equal(dk.act_bytes(act), ref["ref_" + kind])
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q8_1", "q8_K"])
+def test_quantize_act_x86_bit_exact_with_ggml_cpu(ref, kind, jit):
+    """The x86 form gives ggml-cpu's own from_float (AVX2 quantize_row_q8_0/_q8_1; Q8_K's
+    reference loop) on this blob's rows, extreme ones included."""
+    act = dk.quantize_act(kind, ref["x"], n_parts=3, form="x86")
+    np.testing.assert_array_equal(dk.act_bytes(act), ref["cpu_" + kind])
 
 
 def test_reference_covers_the_extremes(ref):

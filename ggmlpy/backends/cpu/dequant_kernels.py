@@ -1,7 +1,7 @@
 """The Numba kernels behind :mod:`ggmlpy.backends.cpu.qgemm` (imported by it on first use only;
 importing this module imports Numba): block-quantized weight rows to float32 tiles, and float32
-activations quantized to Q8_0/Q8_1/Q8_K (ggml's reference rounding, bit for bit as
-:mod:`ggmlpy.quants.q8`) and written as the float32 values their blocks stand for.
+activations quantized to Q8_0/Q8_1/Q8_K (Q8_0/Q8_1 in any form of
+:mod:`ggmlpy.quants.q8_arch`, Q8_K as :mod:`ggmlpy.quants.q8`, bit for bit) and written as the float32 values their blocks stand for.
 
 Module-level functions so that Numba's on-disk cache (``cache=True``) finds them again in a later
 process. Shapes and layouts are checked by the caller, not here. No ``fastmath``: every float32
@@ -248,11 +248,12 @@ def act_values(q, d, bs, out):
 
 
 @njit(**_OPTS)
-def q8_scales(xi, d, n32):
-    """Q8_0/Q8_1, first pass: ``d[n, b] = amax / 127`` (float32, before the f16 rounding) of
-    every 32-element block of the rows whose float32 bits are ``xi`` (int32 ``(N, K)``); NaN for
-    a block holding NaN or +-inf. ``amax`` is taken on the bits of ``|x|`` (their integer order
-    is the values' order), which vectorizes. ``n32`` is 32 (see the module doc)."""
+def q8_amax(xi, a, n32):
+    """Q8_0/Q8_1, first pass: ``a[n, b] = amax`` (float32) of every 32-element block of the rows
+    whose float32 bits are ``xi`` (int32 ``(N, K)``); NaN for a block holding NaN or +-inf. The
+    max is taken on the bits of ``|x|`` (their integer order is the values' order, so it is the
+    maximum of every form's max tree on finite blocks), which vectorizes. ``n32`` is 32 (see the
+    module doc)."""
     N, K = xi.shape
     for n in range(N):
         xr = xi[n]
@@ -261,39 +262,73 @@ def q8_scales(xi, d, n32):
             for j in range(b * 32, b * 32 + n32):
                 m = max(m, np.int32(xr[j] & np.int32(0x7FFFFFFF)))
             if m >= np.int32(0x7F800000):
-                d[n, b] = F32(np.nan)
+                a[n, b] = F32(np.nan)
             else:
-                d[n, b] = np.int32(m).view(np.float32) / F32(127)
+                a[n, b] = np.int32(m).view(np.float32)
 
 
 @njit(**_OPTS)
-def q8_values(x, d, d16, out, s, want_s, n32):
-    """Q8_0/Q8_1, second pass: the quants ``q = roundf(x / d)`` (``x * (1 / d)``, half away from
-    zero, 0 where that is not finite: ggml-quants.c ``quantize_row_q8_0_ref``) of every block
-    with scale ``d`` (:func:`q8_scales`), written as their values ``out[n, k] = q * d16`` (``d16``
-    the f16-rounded scale as float32); with ``want_s`` also ``s[n, b] = float(sum(q)) * d``
-    (Q8_1's sum, before its f16 rounding). The quants stay integral float32 values (``+ 0``
-    turns a -0 into the +0 an integer quant gives), which keeps the loop vectorized."""
+def q8_values(x, a, d, d16, out, s, want_s, form, n32):
+    """Q8_0/Q8_1, second pass: the quants of every block with ``amax`` ``a`` (:func:`q8_amax`)
+    and scale ``d = a / 127``, written as their values ``out[n, k] = q * d16`` (``d16`` the
+    f16-rounded scale as float32); with ``want_s`` also ``s[n, b] = float(sum(q)) * d`` (Q8_1's
+    sum, before its f16 rounding). ``form`` (:mod:`ggmlpy.quants.q8_arch`): 0 ``"ref"``, ggml-quants.c
+    ``quantize_row_q8_0_ref``: ``q = roundf(x * (1 / d))``, half away from zero; 1 ``"x86"``,
+    ggml-cpu/arch/x86/quants.c ``quantize_row_q8_0``: ``q = rint(x * (127 / amax))``, half to even;
+    2 ``"arm"``, ggml-cpu/arch/arm/quants.c: ``q = rint(x * (1 / d))``. A quant that is not finite
+    or beyond int8 (a block whose inverse scale overflows, ``amax`` below ~3.7e-37, whose ``d16``
+    is 0) is what that form stores (0; -128; -1 or 0) and Q8_1's sum adds the form's int32
+    conversion of it, wrapping, so even the signs of those zero values and sums are ggml's. A
+    block holding NaN or +-inf (``a`` NaN) gives NaN values in every form. The quants stay integral
+    float32 values (``+ 0`` turns a -0 into the +0 an integer quant gives), which keeps the loops
+    vectorized."""
     N, K = x.shape
     for n in range(N):
         xr = x[n]
         o = out[n]
         for b in range(K // 32):
             dd = d[n, b]
-            idv = F32(1) / dd if dd != F32(0) else F32(0)
+            if form == 1:
+                am = a[n, b]
+                idv = F32(127) / am if am != F32(0) else F32(0)
+            else:
+                idv = F32(1) / dd if dd != F32(0) else F32(0)
             h = d16[n, b]
-            for j in range(b * 32, b * 32 + n32):
-                v = xr[j] * idv
-                t = np.trunc(v)
-                r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
-                o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * h
-            if want_s:
-                acc = np.int32(0)
+            if form == 0:
                 for j in range(b * 32, b * 32 + n32):
                     v = xr[j] * idv
                     t = np.trunc(v)
                     r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
-                    acc += np.int32(r) if abs(r) < F32(256) else np.int32(0)
+                    o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * h
+            elif form == 1:
+                for j in range(b * 32, b * 32 + n32):
+                    r = np.rint(xr[j] * idv)
+                    o[j] = ((r if abs(r) < F32(256) else F32(-128)) + F32(0)) * h
+            else:
+                for j in range(b * 32, b * 32 + n32):
+                    r = np.rint(xr[j] * idv)
+                    q = r if abs(r) < F32(256) else (F32(-1) if r > F32(0) else F32(0))
+                    o[j] = (q + F32(0)) * h
+            if want_s:
+                if form == 0:
+                    acc = np.int32(0)
+                    for j in range(b * 32, b * 32 + n32):
+                        v = xr[j] * idv
+                        t = np.trunc(v)
+                        r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
+                        acc += np.int32(r) if abs(r) < F32(256) else np.int32(0)
+                    s[n, b] = F32(acc) * dd
+                    continue
+                acc64 = np.int64(0)
+                for j in range(b * 32, b * 32 + n32):
+                    r = np.rint(xr[j] * idv)
+                    if abs(r) < F32(2147483648.0):
+                        acc64 += np.int64(r)
+                    elif form == 2 and r > F32(0):
+                        acc64 += np.int64(2147483647)
+                    elif form == 1 or r < F32(0):
+                        acc64 -= np.int64(2147483648)
+                acc = np.int32(((acc64 + 2147483648) & 0xFFFFFFFF) - 2147483648)
                 s[n, b] = F32(acc) * dd
 
 

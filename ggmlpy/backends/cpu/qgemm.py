@@ -15,7 +15,8 @@ off) that write the float32 rows straight from the weight's bytes, bit-identical
 
 Numerics (:func:`gemm_numerics`). ``"ggml"`` (``GGMLPY_QUANT_MATMUL=ggml``, the default): ``x`` is
 quantized to the weight type's ``vec_dot_type`` exactly as the dot path quantizes it
-(:func:`ggmlpy.backends.cpu.qmatmul.quantize_act`, bit-exact with ggml's reference quantizers)
+(:func:`ggmlpy.backends.cpu.qmatmul.quantize_act`, bit-exact with ggml-cpu's quantizer of the
+host's architecture, or another form of :mod:`ggmlpy.quants.q8_arch` by ``GGMLPY_Q8_ROUNDING``)
 and the GEMM's left operand is what those blocks stand for, ``xa = d_a * q_a``
 (:func:`act_operand`). ggml's ``vec_dot`` computes ``sum_b d_w d_a isum_b`` (plus the min
 terms) from integer block sums; the GEMM computes the same sum of the products
@@ -37,6 +38,8 @@ all), so the f16 rounding of ``s`` is ggml's. F16/BF16 weights: ``x`` rounded to
 Activations the ``vec_dot_type`` cannot hold (:func:`ggmlpy.backends.cpu.qmatmul` ``_overflowed``:
 a Q8_0/Q8_1 scale or an F16 value beyond float16's range) make :func:`act_operand` return False;
 the caller then multiplies the float32 ``x`` with exactly dequantized tiles, as the dot path does.
+A Q8_0/Q8_1 block holding NaN or +-inf stands for NaN values (and ``s``) in every rounding form
+(ggml's x86 quantizer would keep finite quants beside a NaN its ``maxps`` order drops).
 ``"exact"`` (``GGMLPY_QUANT_MATMUL=dequant``, and F16 activations): the float32 ``x`` times
 :func:`ggmlpy.quants.dequantize`'s values, the GEMM's own rounding only.
 
@@ -55,6 +58,7 @@ from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.cpu import qmatmul
 from ggmlpy.core import env
 from ggmlpy.core.types import Type
+from ggmlpy.quants import q8_arch
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE
 
 __all__ = ["BLOCK_TYPES", "SPLIT_MIN_TYPES", "DEQUANT_CHUNK_ELEMS", "dequantize_rows",
@@ -188,12 +192,13 @@ def _numpy_rows(t: Type, w: np.ndarray, out: np.ndarray, K: int, split: bool) ->
             out[r:e] = gguf_dequantize_blocks(blk, t).reshape(e - r, K)
 
 
-def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None) -> bool:
+def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None,
+                form: str | None = None) -> bool:
     """*Sync*: the GEMM's left operand under ``"ggml"`` numerics: ``x`` quantized to
-    ``VEC_DOT_TYPE[t]`` with ggml's reference rounding (the compiled quantizers of
+    ``VEC_DOT_TYPE[t]`` with the rounding of ``form`` (the compiled quantizers of
     :mod:`.dequant_kernels`, else :func:`ggmlpy.backends.cpu.qmatmul.quantize_act`: both give
-    the blocks of :mod:`ggmlpy.quants.q8` bit for bit, as the dot path does) and written as the
-    values its blocks stand for, ``out[n, k] = d_a * q_a``
+    the blocks of :func:`ggmlpy.quants.q8_arch.quantize_row_q8` bit for bit, as the dot path
+    does) and written as the values its blocks stand for, ``out[n, k] = d_a * q_a``
     (F16/BF16: ``x`` rounded to that type); for Q4_1/Q5_1 weights also Q8_1's ``s`` of block
     ``b`` in ``out[n, K + b]``.
 
@@ -202,6 +207,8 @@ def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None
         x: float32 ``(N, K)`` (ggml ``src1``, ``ne = [K, N]``), any strides.
         out: float32 ``(N, gemm_cols(t, K, "ggml"))``, unit element stride.
         jit: use the compiled kernels (None: when available).
+        form: Q8_0/Q8_1 rounding, one of :data:`ggmlpy.quants.q8_arch.FORMS` (None:
+            ``GGMLPY_Q8_ROUNDING``, :func:`ggmlpy.quants.q8_arch.env_form`).
 
     Returns:
         True when ``out`` was written; False when the activations overflow the ``vec_dot_type``
@@ -209,8 +216,11 @@ def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None
 
     Raises:
         ValueError: ``t`` has no ``vec_dot_type``; the arrays' types or shapes do not match;
-            ``K`` is not whole blocks.
+            ``K`` is not whole blocks; unknown ``form``.
     """
+    form = q8_arch.env_form() if form is None else form
+    if form not in q8_arch.FORMS:
+        raise ValueError(f"act_operand: form must be one of {q8_arch.FORMS}, got {form!r}")
     if t not in VEC_DOT_TYPE:
         raise ValueError(f"act_operand: type {t.type_name} has no vec_dot_type")
     if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2:
@@ -231,8 +241,14 @@ def act_operand(t: Type, x: np.ndarray, out: np.ndarray, jit: bool | None = None
         jit = kernels_available()
     k = _kernels() if jit else None
     if k is not None and kind != "f16" and kind != "bf16":
-        return _act_jit(k, kind, np.ascontiguousarray(x), out)
-    act = qmatmul.quantize_act(kind, x)
+        return _act_jit(k, kind, np.ascontiguousarray(x), out, form)
+    act = qmatmul.quantize_act(kind, x, form=form)
+    if kind in ("q8_0", "q8_1") and form != "ref":
+        # blocks holding NaN or +-inf stand for NaN, as in the compiled quantizers
+        bad = ~np.isfinite(x).reshape(N, K // 32, 32).all(axis=2)
+        act.d[bad] = np.nan
+        if kind == "q8_1":
+            act.x[bad] = np.nan
     if qmatmul._overflowed(act):
         return False
     if act.kind in ("f16", "bf16"):
@@ -250,23 +266,25 @@ def _f16_round(v: np.ndarray) -> np.ndarray:
         return v.astype(np.float16).astype(F32)
 
 
-def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray) -> bool:
+def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray, form: str) -> bool:
     """:func:`act_operand` with the compiled quantizers of :mod:`.dequant_kernels` (the same
-    rounding as :mod:`ggmlpy.quants.q8`, in two passes for Q8_0/Q8_1: the block scales, their
-    f16 rounding here, then the quants written as values)."""
+    rounding as :func:`ggmlpy.quants.q8_arch.quantize_row_q8` in ``form``, in two passes for
+    Q8_0/Q8_1: the block maxima, the scales and their f16 rounding here, then the quants written
+    as values)."""
     N, K = x.shape
     xi = x.view(np.int32)
     if kind == "q8_K":
         k.q8k_values(x, xi, out, 32)
         return True
     nb = K // 32
-    d = np.empty((N, nb), F32)
-    k.q8_scales(xi, d, 32)
+    a = np.empty((N, nb), F32)
+    k.q8_amax(xi, a, 32)
+    d = (a / F32(127)).astype(F32, copy=False)
     d16 = _f16_round(d)
     if np.isinf(d16).any():
         return False
     s = np.empty((N, nb), F32)
-    k.q8_values(x, d, d16, out, s, kind == "q8_1", 32)
+    k.q8_values(x, a, d, d16, out, s, kind == "q8_1", q8_arch.FORM_CODE[form], 32)
     if kind == "q8_1":
         s16 = _f16_round(s)
         if np.isinf(s16).any():

@@ -37,8 +37,9 @@ how the rows are split.
 Against ggml's own SIMD kernels the difference is the lanes' layout and the order of the
 roundings: ``|y - y_ggml| <= T * 2**-23 * sum_b |term_b|`` with ``T = 4 * nb`` roundings
 (``nb`` blocks; ``+ 16`` for the K-quants' lane sums) and ``term_b`` the per-block float terms;
-ggml's activation quantizer on AVX2 also rounds ties to even where the reference rounds them away
-from zero (one quant step in rare elements; this module follows the reference). Two ggml kernels
+the activations are quantized as ggml-cpu quantizes them on the host's architecture (AVX2 on
+x86-64: ``id = 127 / amax``, ties to even; :mod:`ggmlpy.quants.q8_arch`, ``GGMLPY_Q8_ROUNDING``),
+the referee taking those same blocks. Two ggml kernels
 are less precise on this kind of CPU: its F16 dot with AVX512-FP16 accumulates in f16 lanes
 (ggml-cpu/simd-mappings.h), ``|y - y_ggml| <= (K/32 + 5) * 2**-10 * sum_k |x_k w_k|``, and its BF16
 dot with AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126`` more).
@@ -71,6 +72,7 @@ import numpy as np
 from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.core import env
 from ggmlpy.core.types import Type
+from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
@@ -164,8 +166,9 @@ def _alloc_act(kind: str, N: int, K: int) -> ActQ:
     return ActQ(kind, np.empty((N, K), np.int8), d, x)
 
 
-def _quant_rows(act: ActQ, x: np.ndarray, n0: int, n1: int, jit: bool) -> None:
-    """Quantize activation rows ``n0:n1`` of ``x`` into ``act`` (one part of a call)."""
+def _quant_rows(act: ActQ, x: np.ndarray, n0: int, n1: int, jit: bool, form: str) -> None:
+    """Quantize activation rows ``n0:n1`` of ``x`` into ``act`` (one part of a call; Q8_0/Q8_1
+    rounded in ``form``, :mod:`ggmlpy.quants.q8_arch`)."""
     kind = act.kind
     xs = x[n0:n1]
     if kind == "f16":
@@ -180,16 +183,12 @@ def _quant_rows(act: ActQ, x: np.ndarray, n0: int, n1: int, jit: bool) -> None:
             k.quant_q8_k(xs, act.q[n0:n1], act.d[n0:n1], act.x[n0:n1])
             return
         k.quant_q8(xs, act.q[n0:n1], act.d[n0:n1], act.x[n0:n1] if kind == "q8_1" else _DUMMY,
-                   1 if kind == "q8_1" else 0)
+                   (1 if kind == "q8_1" else 0) + 2 * q8_arch.FORM_CODE[form])
         act.d[n0:n1] = _f16_value(act.d[n0:n1])
         if kind == "q8_1":
             act.x[n0:n1] = _f16_value(act.x[n0:n1])
         return
-    from ggmlpy.quants import q8  # noqa: PLC0415
-
-    fn = {"q8_0": q8.quantize_row_q8_0, "q8_1": q8.quantize_row_q8_1,
-          "q8_K": q8.quantize_row_q8_K}[kind]
-    _from_bytes(act, fn(xs), n0, n1)
+    _from_bytes(act, q8_arch.quantize_row_q8(kind, xs, form), n0, n1)
 
 
 def _from_bytes(act: ActQ, b: np.ndarray, n0: int, n1: int) -> None:
@@ -226,30 +225,38 @@ def _check_x(x: Any, kind: str, fn: str) -> np.ndarray:
 
 
 def quantize_act(kind: str, x: np.ndarray, n_parts: int = 1,
-                 run: Callable[[list[Step]], None] | None = None) -> ActQ:
+                 run: Callable[[list[Step]], None] | None = None,
+                 form: str | None = None) -> ActQ:
     """Convert activation rows to a ``vec_dot_type`` (ggml: ``from_float`` of ``vec_dot_type``
-    applied to every row of ``src1``), with ggml's reference rounding (:mod:`ggmlpy.quants.q8`;
-    F16 round to nearest even, BF16 ``GGML_FP32_TO_BF16``).
+    applied to every row of ``src1``): Q8_0/Q8_1 with the rounding of ``form``
+    (:func:`ggmlpy.quants.q8_arch.quantize_row_q8`, bit for bit), Q8_K with ggml's reference
+    quantizer (:mod:`ggmlpy.quants.q8`), F16 round to nearest even, BF16 ``GGML_FP32_TO_BF16``.
 
     Args:
         kind: ``"q8_0"``, ``"q8_1"``, ``"q8_K"``, ``"f16"`` or ``"bf16"``.
         x: float32 ``(N, K)`` (ggml ``ne = [K, N]``); K a multiple of the block size.
         n_parts: split the rows into this many parts, run by ``run`` (e.g. a CPU backend pool's
             ``run``; None runs them in turn).
+        form: one of :data:`ggmlpy.quants.q8_arch.FORMS` (None: ``GGMLPY_Q8_ROUNDING``,
+            :func:`ggmlpy.quants.q8_arch.env_form`).
 
     Returns:
         An :class:`ActQ`. Synchronous.
 
     Raises:
-        ValueError: unknown kind, or ``x`` not a 2-D float32 array with whole blocks.
+        ValueError: unknown kind or form, or ``x`` not a 2-D float32 array with whole blocks.
     """
+    form = q8_arch.env_form() if form is None else form
+    if form not in q8_arch.FORMS:
+        raise ValueError(f"quantize_act: form must be one of {q8_arch.FORMS}, got {form!r}")
     if kind not in ("q8_0", "q8_1", "q8_K", "f16", "bf16"):
         raise ValueError(f"quantize_act: kind must be q8_0, q8_1, q8_K, f16 or bf16, got {kind!r}")
     x = _check_x(x, kind, "quantize_act")
     N, K = x.shape
     act = _alloc_act(kind, N, K)
     jit = jit_available()
-    parts = [partial(_quant_rows, act, x, lo, hi, jit) for lo, hi in _bounds(N, n_parts) if hi > lo]
+    parts = [partial(_quant_rows, act, x, lo, hi, jit, form)
+             for lo, hi in _bounds(N, n_parts) if hi > lo]
     _run(parts, run)
     return act
 
@@ -485,6 +492,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     jit = jit_available()
     k = _jit() if jit else None
     wv = _w_rows(t, w, K)
+    form = q8_arch.env_form()
     if k is not None:
         from ggmlpy.backends.cpu import qmatmul_tasks as tk  # noqa: PLC0415 - imports Numba
 
@@ -505,7 +513,8 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
             ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
             args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
             desc = _desc(tk, 0, _LEGACY[t], wv, act, ys, out, chunk)
-            main = partial(tk.legacy_main, x, 1 if kind == "q8_1" else 0, desc, *args)
+            qkind = (1 if kind == "q8_1" else 0) + 2 * q8_arch.FORM_CODE[form]
+            main = partial(tk.legacy_main, x, qkind, desc, *args)
             worker = partial(tk.legacy_chunks, *args)
 
         def run() -> None:
@@ -514,7 +523,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
         return run
 
     def run_other() -> None:
-        _quant_rows(act, np.ascontiguousarray(x), 0, N, jit)
+        _quant_rows(act, np.ascontiguousarray(x), 0, N, jit, form)
         if _overflowed(act):
             _exact(t, wv, x, out)
             return

@@ -141,16 +141,79 @@ def half_dot(w, y, out, m0, m1, mo, bf):
             out[n, m - mo] = F32(s)
 
 
+@njit(inline="always", **_OPTS)
+def _maxps(a, b):
+    """x86 ``maxps``: ``a > b ? a : b`` (a NaN in either operand gives ``b``)."""
+    return a if a > b else b
+
+
+@njit(inline="always", **_OPTS)
+def _amax_x86(x, n, p, m):
+    """``amax`` of the block ``x[n, p:p + 32]`` in ggml-cpu/arch/x86/quants.c's ``maxps`` order
+    (four 8-lane vectors, then the horizontal tree), ``m`` an 8-float scratch."""
+    for ln in range(8):
+        m[ln] = abs(x[n, p + ln])
+    for c in range(8, 32, 8):
+        for ln in range(8):
+            m[ln] = _maxps(m[ln], abs(x[n, p + c + ln]))
+    a0 = _maxps(_maxps(m[4], m[0]), _maxps(m[6], m[2]))
+    a1 = _maxps(_maxps(m[5], m[1]), _maxps(m[7], m[3]))
+    return _maxps(a0, a1)
+
+
+@njit(inline="always", **_OPTS)
+def _wrap32(s):
+    """An integer sum taken modulo 2**32 as a signed int32 (C's wrapping int32 adds)."""
+    return np.int32(((np.int64(s) + 2147483648) & 0xFFFFFFFF) - 2147483648)
+
+
 @njit(**_OPTS)
 def quant_q8(x, yq, yd, ys, kind):
-    """Activation rows float32 ``(N, K)`` -> Q8_0 (``kind`` 0) / Q8_1 (1) quants ``yq`` int8
-    ``(N, K)``, float32 scales ``yd`` ``(N, K/32)`` and (Q8_1) ``ys = sum(q) * d``, as
-    :func:`ggmlpy.quants.q8.quantize_row_q8_0`/``_q8_1`` compute them before the scales' f16
-    rounding (the caller rounds them; NaN for a block with non-finite input)."""
+    """Activation rows float32 ``(N, K)`` -> Q8_0 / Q8_1 quants ``yq`` int8 ``(N, K)``, float32
+    scales ``yd`` ``(N, K/32)`` and (Q8_1) ``ys = sum(q) * d``, before the scales' f16 rounding
+    (the caller rounds them). ``kind = t + 2 * form``: ``t`` 0 Q8_0, 1 Q8_1; ``form`` the rounding
+    of :mod:`ggmlpy.quants.q8_arch`: 0 ``"ref"`` as :func:`ggmlpy.quants.q8.quantize_row_q8_0`
+    (NaN scales and 0 quants for a block with non-finite input), 1 ``"x86"`` as
+    :func:`~ggmlpy.quants.q8_arch.quantize_row_q8_0_x86`, 2 ``"arm"`` as
+    :func:`~ggmlpy.quants.q8_arch.quantize_row_q8_0_arm` (``_q8_1`` for Q8_1), bit for bit."""
     N, K = x.shape
+    q81 = kind & 1
+    form = kind >> 1
+    m = np.empty(8, np.float32)
     for n in range(N):
         for b in range(K // 32):
             p = b * 32
+            if form != 0:
+                if form == 1:
+                    amax = _amax_x86(x, n, p, m)
+                    d = amax / F32(127)
+                    idv = F32(127) / amax if amax != F32(0) else F32(0)
+                else:
+                    amax = F32(0)
+                    for j in range(32):
+                        v = abs(x[n, p + j])
+                        amax = v if (v > amax or v != v) else amax
+                    d = amax / F32(127)
+                    idv = F32(1) / d if d != F32(0) else F32(0)
+                s = np.int64(0)
+                for j in range(32):
+                    r = np.rint(x[n, p + j] * idv)
+                    if form == 1:
+                        # cvtps2dq (0x80000000 for NaN / out of range), then saturating packs
+                        iv = np.int64(r) if abs(r) < F32(2147483648.0) else np.int64(-2147483648)
+                        q = min(max(iv, -128), 127)
+                    else:
+                        # vcvtnq_s32_f32 (saturating, NaN to 0), stored as its low byte
+                        iv = (np.int64(0) if r != r else np.int64(2147483647)
+                              if r >= F32(2147483648.0) else np.int64(-2147483648)
+                              if r < F32(-2147483648.0) else np.int64(r))
+                        q = ((iv + 128) & 255) - 128
+                    yq[n, p + j] = np.int8(q)
+                    s += iv
+                yd[n, b] = d
+                if q81 == 1:
+                    ys[n, b] = d * F32(_wrap32(s))
+                continue
             amax = F32(0)
             bad = False
             for j in range(32):
@@ -171,7 +234,7 @@ def quant_q8(x, yq, yd, ys, kind):
                 yq[n, p + j] = q
                 s += np.int32(q)
             yd[n, b] = F32(np.nan) if bad else d
-            if kind == 1:
+            if q81 == 1:
                 ys[n, b] = F32(np.nan) if bad else F32(s) * d
 
 

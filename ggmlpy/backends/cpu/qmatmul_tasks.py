@@ -53,8 +53,8 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 
 @njit(**_OPTS)
 def quant_q8_f16(x, yq, yd, ys, kind):
-    """:func:`quant_q8` and the f16 rounding of the scales (Q8_1: and sums); False when one of
-    them overflowed to inf."""
+    """:func:`quant_q8` (``kind``: its Q8_0/Q8_1 and rounding-form code) and the f16 rounding of
+    the scales (Q8_1: and sums); False when one of them overflowed to inf."""
     quant_q8(x, yq, yd, ys, kind)
     ok = True
     N, nb = yd.shape
@@ -63,7 +63,7 @@ def quant_q8_f16(x, yq, yd, ys, kind):
             d = f16_round(yd[n, b])
             yd[n, b] = d
             ok = ok and not (abs(d) == F32(np.inf))
-            if kind == 1:
+            if (kind & 1) == 1:
                 s = f16_round(ys[n, b])
                 ys[n, b] = s
                 ok = ok and not (abs(s) == F32(np.inf))

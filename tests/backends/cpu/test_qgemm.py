@@ -36,7 +36,7 @@ from ggmlpy.core import env
 from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
-from ggmlpy.quants import dequantize, q8, quantize, vec_dot
+from ggmlpy.quants import dequantize, q8_arch, quantize, vec_dot
 
 pytest.importorskip("gguf")
 
@@ -146,9 +146,12 @@ def _hard_rows(rng: np.random.Generator, K: int, big: float = 1e6) -> np.ndarray
     return x
 
 
+@pytest.mark.parametrize("form", q8_arch.FORMS)
 @pytest.mark.parametrize("jit", [True, False])
 @pytest.mark.parametrize("t", BLOCK + [Type.F16, Type.BF16])
-def test_act_operand_is_the_block_values(t, jit):
+def test_act_operand_is_the_block_values(t, jit, form):
+    """The operand is what the blocks of ``form``'s quantizer stand for, bit for bit (the sign
+    of zero included), except in blocks holding NaN or +-inf, which are NaN in every form."""
     if jit and not _jit():
         pytest.skip("numba not importable")
     rng = np.random.default_rng(11 + int(t))
@@ -160,22 +163,26 @@ def test_act_operand_is_the_block_values(t, jit):
     N = x.shape[0]
     C = qgemm.gemm_cols(t, K, "ggml")
     out = np.empty((N, C), np.float32)
-    assert qgemm.act_operand(t, x, out, jit=jit)
+    assert qgemm.act_operand(t, x, out, jit=jit, form=form)
     if kind in ("f16", "bf16"):
         Y = vec_dot.unpack_act(kind, qmatmul.act_bytes(qmatmul.quantize_act(kind, x)))
         np.testing.assert_array_equal(out, Y["v"])
         return
-    ref = {"q8_0": q8.quantize_row_q8_0, "q8_1": q8.quantize_row_q8_1,
-           "q8_K": q8.quantize_row_q8_K}[kind](x)    # ggml's reference quantizers
+    with np.errstate(invalid="ignore", over="ignore"):
+        ref = q8_arch.quantize_row_q8(kind, x, form)  # ggml's quantizers of that form
     Y = vec_dot.unpack_act(kind, ref)
+    bs = 256 if kind == "q8_K" else 32
+    bad = ~np.isfinite(x).reshape(N, K // bs, bs).all(axis=2)
     with np.errstate(invalid="ignore"):
-        want = (Y["q"].astype(np.float32) * Y["d"][:, :, None]).reshape(N, K)
-    _same(out[:, :K], want)
+        want = Y["q"].astype(np.float32) * Y["d"][:, :, None]
+    want[bad] = np.nan
+    _same(out[:, :K], want.reshape(N, K))
     if kind == "q8_1":
-        _same(out[:, K:], Y["s"])
+        _same(out[:, K:], np.where(bad, np.float32(np.nan), Y["s"]))
     # beyond float16's range the Q8_0/Q8_1 scale overflows: no operand
     if kind != "q8_K":
-        assert not qgemm.act_operand(t, np.full((1, K), 1e7, np.float32), out[:1], jit=jit)
+        assert not qgemm.act_operand(t, np.full((1, K), 1e7, np.float32), out[:1], jit=jit,
+                                     form=form)
     with pytest.raises(ValueError, match="block size"):
         qgemm.act_operand(t, x[:, :K - 16], out[:, :K - 16], jit=jit)
 
