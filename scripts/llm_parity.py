@@ -2,7 +2,7 @@
 
     python scripts/llm_parity.py [--model FILE.gguf] [--threads 2] [--cache-type f16|f32]
         [--flash-attn on|off] [--n-ctx 2048] [--prompts name,name,...] [--no-greedy]
-        [--without VARIANT,...] [--x86-q8] [--all-dot]
+        [--without VARIANT,...] [--all-dot]
 
 Reads ``gemma3_logits.npz`` and ``gemma3_greedy.json`` (made by ``scripts/make_llm_reference.py``
 with llama-cpp-python; its header has llama.cpp's settings) and runs the same prompts through
@@ -20,10 +20,9 @@ summary also gives ``ok_to_tie`` counts for the fixed thresholds 0.1, 0.25 and 0
 
 Experiments (this script only): ``--without`` takes named kernel variants out of the registry
 (e.g. ``cpu.jit.rope``, ``cpu.gelu_f16_table,cpu.geglu_f16_table``) to measure each one's effect;
-``--x86-q8`` rounds Q8_0 activations as ggml-cpu's AVX2 ``quantize_row_q8_0`` does (``id =
-127/amax``, ties to even; ggmlpy's dot kernels follow ggml's reference quantizer, ``id = 1/d``,
-ties away from zero), replacing the compiled quantizer; ``--all-dot`` sends every quantized
-MUL_MAT, prompt batches included, through the dot kernels (q8 activations, as ggml-cpu does).
+``--all-dot`` sends every quantized MUL_MAT, prompt batches included, through the dot kernels.
+The activation rounding follows ``GGMLPY_Q8_ROUNDING`` (default ``native``: ggml-cpu's quantizer
+of this machine's architecture; ``ref``: ggml's reference quantizer); the summary names it.
 
 The model file: ``--model``, else ``$GGMLPY_GEMMA3_GGUF``.
 """
@@ -61,24 +60,6 @@ def _drop_variants(names: set[str]) -> None:
         raise SystemExit(f"--without: no variant named {sorted(names - found)}")
 
 
-def _patch_x86_q8() -> None:
-    from ggmlpy.backends.cpu import qmatmul_kernels as k
-
-    orig = k.quant_q8
-
-    def quant_q8(x, yq, yd, ys, kind):
-        if kind != 0:
-            return orig(x, yq, yd, ys, kind)
-        b = x.reshape(x.shape[0], -1, 32)
-        amax = np.abs(b).max(axis=-1)
-        with np.errstate(divide="ignore"):
-            idv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-        q = np.rint((b * idv[..., None]).astype(np.float32))
-        yq[...] = np.clip(q, -128, 127).astype(np.int8).reshape(x.shape)
-        yd[...] = (amax / np.float32(127)).astype(np.float32)
-    k.quant_q8 = quant_q8
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=os.environ.get("GGMLPY_GEMMA3_GGUF"))
@@ -93,9 +74,6 @@ def main() -> int:
                     help="comma-separated kernel variants taken out of the registry for this "
                          "run (e.g. cpu.jit.rope,cpu.gelu_f16_table,cpu.geglu_f16_table), to "
                          "measure what each one changes")
-    ap.add_argument("--x86-q8", action="store_true",
-                    help="experiment: Q8_0 activations rounded as ggml-cpu's AVX2 "
-                         "quantize_row_q8_0 (id = 127/amax, round to nearest even)")
     ap.add_argument("--all-dot", action="store_true",
                     help="every quantized MUL_MAT through ggml's dot kernels (q8 activations), "
                          "prompt batches included (qmatmul.CROSSOVER raised)")
@@ -109,8 +87,6 @@ def main() -> int:
     os.environ.setdefault("GGMLPY_WEIGHT_CACHE_MB", "2048")
     if args.without:
         _drop_variants(set(args.without.split(",")))
-    if args.x86_q8:
-        _patch_x86_q8()
     if args.all_dot:
         from ggmlpy.backends.cpu import qmatmul
 
@@ -154,7 +130,10 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "gaps"}), file=sys.stderr)
     err = max(r["max_abs"] for r in rows)
-    summary = {"label": args.label, "settings": vars(args), "n_prompts": len(rows),
+    from ggmlpy.quants import q8_arch
+
+    summary = {"label": args.label, "settings": vars(args), "q8_rounding": q8_arch.env_form(),
+               "n_prompts": len(rows),
                "max_abs_max": err, "max_abs_median": float(np.median([r["max_abs"] for r in rows])),
                "cosine_min": min(r["cosine"] for r in rows),
                "top1": sum(r["top1"] for r in rows), "seconds": round(time.time() - t0, 1)}

@@ -5,6 +5,8 @@ Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K-quants) and then runs integer
 block by block (ggml-cpu.c ``ggml_compute_forward_mul_mat``). This module writes those blocks
 like ggml's reference quantizers ``quantize_row_q8_0_ref``, ``quantize_row_q8_1_ref`` and
 ``quantize_row_q8_K_ref`` (ggml-quants.c), bit for bit, vectorized over all blocks of all rows.
+ggml-cpu's SIMD forms of the Q8_0/Q8_1 quantizers, which its MUL_MAT runs on x86-64 and aarch64,
+round differently; they are in :mod:`ggmlpy.quants.q8_arch`.
 
 Byte layouts (little-endian, per block):
 
