@@ -19,6 +19,11 @@ Arrays written (K = 256 elements per row: 8 Q8_0/Q8_1 blocks, 1 Q8_K block):
   overflows; zero, -0 and single-element blocks; +-inf, NaN and -NaN in each of the four 8-lane
   vectors of a block and in its first lanes (where AVX ``maxps`` drops a NaN); huge values.
 * ``cpu_q8_0``, ``cpu_q8_1``, ``cpu_q8_K``: uint8 (R, row_bytes), ``from_float`` of every row.
+* ``mm_rows``: int64 indices of the rows of ``x`` that are finite; ``w_<type>``: uint8 (256,
+  row_bytes) weight rows whose row ``m`` is one-hot at element ``m`` (``from_float_ref`` of the
+  identity), and ``mm_<type>``: float32 (len(mm_rows), 256), ggml's CPU ``ggml_mul_mat(w, x)``
+  on those rows (one thread), for type in q8_0 and q4_1: each output is one activation element's
+  ``d_w * d_a * q_w * q_a``, so the activation quants the MUL_MAT itself used show through.
 """
 
 from __future__ import annotations
@@ -99,6 +104,25 @@ def _from_float(fn, x: np.ndarray, row_bytes: int) -> np.ndarray:
     return out
 
 
+def _mul_mat(t: int, wb: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """ggml's CPU MUL_MAT of weight rows ``wb`` (type ``t``, 256 rows of K) with float32 ``x``."""
+    n = x.shape[0]
+    ctx = ggml.ggml_init(ggml.ggml_init_params(mem_size=64 << 20, mem_buffer=None))
+    w = ggml.ggml_new_tensor_2d(ctx, t, K, K)
+    b = ggml.ggml_new_tensor_2d(ctx, ggml.GGML_TYPE_F32, K, n)
+    y = ggml.ggml_mul_mat(ctx, w, b)
+    gf = ggml.ggml_new_graph(ctx)
+    ggml.ggml_build_forward_expand(gf, y)
+    ctypes.memmove(ggml.ggml_get_data(w), wb.ctypes.data, wb.nbytes)
+    xc = np.ascontiguousarray(x, dtype=np.float32)
+    ctypes.memmove(ggml.ggml_get_data(b), xc.ctypes.data, xc.nbytes)
+    ggml.ggml_graph_compute_with_ctx(ctx, gf, 1)
+    out = np.empty((n, K), np.float32)
+    ctypes.memmove(out.ctypes.data, ggml.ggml_get_data(y), out.nbytes)
+    ggml.ggml_free(ctx)
+    return out
+
+
 def main() -> None:
     ggml.ggml_cpu_init()
     rng = np.random.default_rng(20261202)
@@ -109,6 +133,14 @@ def main() -> None:
         tr = ggml.ggml_get_type_traits(t).contents
         nb = K // tr.blck_size * tr.type_size
         out[f"cpu_{kind}"] = _from_float(ggml.ggml_get_type_traits_cpu(t).contents.from_float, x, nb)
+    rows = np.where(np.isfinite(x).all(axis=1))[0]
+    out["mm_rows"] = rows
+    eye = np.eye(K, dtype=np.float32)
+    for name, t in (("q8_0", ggml.GGML_TYPE_Q8_0), ("q4_1", ggml.GGML_TYPE_Q4_1)):
+        tr = ggml.ggml_get_type_traits(t).contents
+        w = _from_float(tr.from_float_ref, eye, K // tr.blck_size * tr.type_size)
+        out[f"w_{name}"] = w
+        out[f"mm_{name}"] = _mul_mat(t, w, x[rows])
     np.savez_compressed(OUT, **out)
     print("wrote", os.path.normpath(OUT), x.shape, sum(v.nbytes for v in out.values()), "bytes")
 

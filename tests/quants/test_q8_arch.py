@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from ggmlpy.core import env
-from ggmlpy.quants import q8, q8_arch
+from ggmlpy.core.types import Type
+from ggmlpy.quants import q8, q8_arch, vec_dot
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 X86 = os.path.join(DATA, "ggml_q8_x86_reference.npz")
@@ -199,3 +200,16 @@ def test_errors():
         q8_arch.quantize_row_q8_0_x86(np.ones(40, np.float32))
     with pytest.raises(TypeError, match="float"):
         q8_arch.quantize_row_q8_1_arm(np.array(["a"] * 32))
+
+
+@pytest.mark.parametrize("name,t,kind", [("q8_0", "Q8_0", "q8_0"), ("q4_1", "Q4_1", "q8_1")])
+def test_ggml_mul_mat_uses_the_x86_form(x86, name, t, kind):
+    """ggml's CPU MUL_MAT of one-hot weight rows with the blob's finite rows equals, bit for bit,
+    the vec_dot referee on the x86 form's activation blocks, and not on the reference's."""
+    x = x86["x"][x86["mm_rows"]]
+    mm = x86["mm_" + name]
+    w = x86["w_" + name]
+    y = vec_dot.vec_dot(Type[t], w, q8_arch.quantize_row_q8(kind, x, "x86"))
+    np.testing.assert_array_equal(y.view(np.uint32), mm.view(np.uint32))
+    yr = vec_dot.vec_dot(Type[t], w, _quiet(q8_arch.quantize_row_q8, kind, x, "ref"))
+    assert (yr != mm).sum() > 100
