@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -298,3 +299,32 @@ def test_overflowing_activations_take_the_exact_product(t):
     assert np.isfinite(got).all()
     bound = K * 2.0 ** -24 * (np.abs(x).astype(np.float64) @ np.abs(W).T)
     assert (np.abs(got - ref) <= bound).all()
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_1])
+def test_mul_mat_gives_ggml_mul_mat_bits_with_x86_rounding(t, n_threads, monkeypatch):
+    """One-hot weight rows make every output one activation element's ``d_w d_a q_w q_a`` (no
+    summation order involved), so a CPU MUL_MAT with the x86 rounding must give ggml's own
+    MUL_MAT on this x86-64 machine bit for bit (tests/data/ggml_q8_x86_reference.npz, edge-case
+    rows: ties, 127/amax scales, 1/amax overflow, zero blocks), on the dot path (4 rows) and on
+    the GEMM path (all finite rows within f16's range), with the compiled quantizers and
+    without."""
+    ref = dict(np.load(os.path.join(os.path.dirname(__file__), "..", "..", "data",
+                                    "ggml_q8_x86_reference.npz")))
+    name = t.type_name
+    # rows whose Q8_1 scales and sums fit f16 (an overflowing one sends the whole product to
+    # the exact path, as documented in qgemm)
+    ds = ref["cpu_q8_1"][ref["mm_rows"]].reshape(len(ref["mm_rows"]), -1, 36)[..., :4]
+    fit = np.isfinite(ds.copy().view(np.float16)).all(axis=(1, 2))
+    x = ref["x"][ref["mm_rows"]][fit]
+    want = ref["mm_" + name][fit]
+    w = ref["w_" + name]
+    K = x.shape[1]
+    assert x.shape[0] >= qmatmul.CROSSOVER[t]
+    monkeypatch.setenv(env.Q8_ROUNDING, "x86")
+    for jit in ("1", "0"):
+        monkeypatch.setenv(env.JIT, jit)
+        for rows in (slice(0, 4), slice(None)):
+            (got,) = _mul_mat(t, w, x[rows], K, K, n_threads, weights=True)
+            np.testing.assert_array_equal(got.view(np.uint32), want[rows].view(np.uint32))
