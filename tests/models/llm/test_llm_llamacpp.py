@@ -20,7 +20,7 @@
 
   - the logits after each of the 28 prompts, on the reference's 16384 vocabulary ids: cosine
     >= ``GEMMA_MIN_COS`` = 0.995 and max abs <= ``GEMMA_MAX_ABS`` = 3.0 (observed: cosine
-    0.9980-0.99994, max abs 0.7-2.0 on logits up to ~25);
+    0.9978-1.0, max abs 0-2.7 on logits up to ~25);
   - the greedy continuations agree token for token up to the first step where llama.cpp's own
     top-2 gap is below ``GAP`` = 0.5 (a near tie within its rounding noise): observed on all
     28 prompts, 10-14 of them for all 32 tokens or until EOG (the count moves with any change
