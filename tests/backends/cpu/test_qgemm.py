@@ -308,8 +308,8 @@ def test_mul_mat_gives_ggml_mul_mat_bits_with_x86_rounding(t, n_threads, monkeyp
     summation order involved), so a CPU MUL_MAT with the x86 rounding must give ggml's own
     MUL_MAT on this x86-64 machine bit for bit (tests/data/ggml_q8_x86_reference.npz, edge-case
     rows: ties, 127/amax scales, 1/amax overflow, zero blocks), on the dot path (4 rows) and on
-    the GEMM path (all finite rows within f16's range), with the compiled quantizers and
-    without."""
+    the GEMM path (all finite rows within f16's range, repeated past the crossover), with the
+    compiled quantizers and without."""
     ref = dict(np.load(os.path.join(os.path.dirname(__file__), "..", "..", "data",
                                     "ggml_q8_x86_reference.npz")))
     name = t.type_name
@@ -319,6 +319,8 @@ def test_mul_mat_gives_ggml_mul_mat_bits_with_x86_rounding(t, n_threads, monkeyp
     fit = np.isfinite(ds.copy().view(np.float16)).all(axis=(1, 2))
     x = ref["x"][ref["mm_rows"]][fit]
     want = ref["mm_" + name][fit]
+    reps = -(-qmatmul.CROSSOVER[t] // x.shape[0])  # enough rows for the GEMM path
+    x, want = np.tile(x, (reps, 1)), np.tile(want, (reps, 1))
     w = ref["w_" + name]
     K = x.shape[1]
     assert x.shape[0] >= qmatmul.CROSSOVER[t]
