@@ -44,6 +44,7 @@ from ggmlpy.backends.cpu.spin import (
     claim,
     publish,
     relax,
+    state,
     wait_cycles,
     wait_done,
 )
@@ -71,26 +72,29 @@ def quant_q8_f16(x, yq, yd, ys, kind):
 
 
 @njit(inline="always", **_OPTS)
-def _commit(ctl, c, tmp, out, m0, m1):
-    """A worker's chunk ``c`` (rows ``m0:m1`` computed into ``tmp``): copied to ``out`` unless the
-    caller took the chunk over meanwhile (:func:`_rescue`)."""
-    if acas(ctl, STATES + c, 0, 2):
+def _commit(ctl, c, gen, tmp, out, m0, m1):
+    """A worker's chunk ``c`` of task ``gen`` (rows ``m0:m1`` computed into ``tmp``): copied to
+    ``out`` unless the caller took the chunk over meanwhile (:func:`_rescue`), which includes a
+    task that ended (and a next one that began) while the worker was put aside: the state word
+    then holds another generation, and the copy is dropped without touching ``out`` (whose
+    memory may hold another tensor by now) or the next task's count."""
+    if acas(ctl, STATES + c, state(gen, 0), state(gen, 2)):
         for n in range(out.shape[0]):
             for m in range(m0, m1):
                 out[n, m] = tmp[n, m - m0]
-        astore(ctl, STATES + c, 3)
+        astore(ctl, STATES + c, state(gen, 3))
         aadd(ctl, DONE, 1)
 
 
 @njit(inline="always", **_OPTS)
-def _own(ctl, c):
-    """The caller finished chunk ``c`` (computed in place)."""
-    astore(ctl, STATES + c, 3)
+def _own(ctl, c, gen):
+    """The caller finished chunk ``c`` of task ``gen`` (computed in place)."""
+    astore(ctl, STATES + c, state(gen, 3))
     aadd(ctl, DONE, 1)
 
 
 @njit(inline="always", **_OPTS)
-def _rescue(ctl, nch):
+def _rescue(ctl, nch, gen):
     """Once every chunk is claimed: wait for the workers' chunks for up to :data:`RESCUE_CYCLES`;
     then a chunk a worker still holds without having started to copy it out (a thread the
     operating system put aside) is taken over: returns its index for the caller to compute
@@ -98,7 +102,7 @@ def _rescue(ctl, nch):
     if wait_cycles(ctl, DONE, nch, RESCUE_CYCLES):
         return -1
     for c in range(nch):
-        if acas(ctl, STATES + c, 0, 4):
+        if acas(ctl, STATES + c, state(gen, 0), state(gen, 4)):
             return c
     wait_done(ctl, nch)  # the rest are being copied out
     return -1
@@ -125,7 +129,7 @@ def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
         legacy_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
-        _commit(ctl, c, tmp, out, m0, m1)
+        _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
@@ -139,13 +143,13 @@ def legacy_main(x, qkind, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     c = claim(ctl, gen, nch)
     while c >= 0:
         legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
-        _own(ctl, c)
+        _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
-    c = _rescue(ctl, nch)
+    c = _rescue(ctl, nch, gen)
     while c >= 0:
         legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
         aadd(ctl, DONE, 1)
-        c = _rescue(ctl, nch)
+        c = _rescue(ctl, nch, gen)
     return 0
 
 
@@ -160,7 +164,7 @@ def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
         kquant_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
-        _commit(ctl, c, tmp, out, m0, m1)
+        _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
@@ -173,13 +177,13 @@ def kquant_main(x, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     c = claim(ctl, gen, nch)
     while c >= 0:
         kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
-        _own(ctl, c)
+        _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
-    c = _rescue(ctl, nch)
+    c = _rescue(ctl, nch, gen)
     while c >= 0:
         kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
         aadd(ctl, DONE, 1)
-        c = _rescue(ctl, nch)
+        c = _rescue(ctl, nch, gen)
     return 0
 
 
@@ -194,7 +198,7 @@ def half_chunks(w, y, out, bf, chunk, ctl, gen):
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
         half_dot(w, y, tmp, m0, m1, m0, bf)
-        _commit(ctl, c, tmp, out, m0, m1)
+        _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
@@ -223,13 +227,13 @@ def half_main(x, desc, w, y, out, bf, chunk, ctl, gen):
     c = claim(ctl, gen, nch)
     while c >= 0:
         half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
-        _own(ctl, c)
+        _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
-    c = _rescue(ctl, nch)
+    c = _rescue(ctl, nch, gen)
     while c >= 0:
         half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
         aadd(ctl, DONE, 1)
-        c = _rescue(ctl, nch)
+        c = _rescue(ctl, nch, gen)
     return 0
 
 

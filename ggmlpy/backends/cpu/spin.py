@@ -26,7 +26,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = ["aload", "astore", "acas", "aadd", "relax", "cycles", "as_ptr", "TASK", "DONE",
-           "STATES", "MAX_CHUNKS", "DESC", "WORDS", "RESCUE_CYCLES", "claim", "publish", "wait_done", "wait_change",
+           "STATES", "state", "MAX_CHUNKS", "DESC", "WORDS", "RESCUE_CYCLES", "claim", "publish", "wait_done", "wait_change",
            "wait_value", "wait_cycles"]
 
 I64 = ir.IntType(64)
@@ -36,7 +36,9 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 TASK = 0
 #: chunks of the current dot task finished
 DONE = 8
-#: ``ctl[STATES + c]``: chunk ``c``'s state (0 claimed or not yet, 2 being copied out by a
+#: ``ctl[STATES + c]``: chunk ``c``'s state word ``(generation << 8) | state`` (:func:`state`;
+#: the dot task's generation, so that a worker that wakes up after its task ended cannot touch the
+#: chunk of the next task: state 0 claimed or not yet, 2 being copied out by a
 #: worker, 3 done, 4 taken over by the caller)
 STATES = 16
 #: the most chunks a dot task may have
@@ -136,12 +138,18 @@ def cycles(typingctx):
     return types.int64(), codegen
 
 
+@njit(inline="always", **_OPTS)
+def state(gen, s):
+    """The state word of a chunk of dot task ``gen`` in state ``s`` (see :data:`STATES`)."""
+    return (gen << 8) | s
+
+
 @njit(**_OPTS)
 def publish(ctl, gen, n_chunks):
     """Start dot task ``gen`` (0 < gen < 2**31) of ``n_chunks <= MAX_CHUNKS`` chunks: none done,
-    every state 0, chunk 0 next."""
+    every state 0 of generation ``gen``, chunk 0 next."""
     for c in range(n_chunks):
-        astore(ctl, STATES + c, 0)
+        astore(ctl, STATES + c, state(gen, 0))
     astore(ctl, DONE, 0)
     astore(ctl, TASK, gen << 32)
 

@@ -209,25 +209,61 @@ def test_caller_takes_over_the_chunk_of_a_stalled_worker() -> None:
     stalled = spin.claim(ctl, 3, nch)  # the worker's claim
     c = spin.claim(ctl, 3, nch)
     while c >= 0:  # the caller's chunks
-        k._own(ctl, c)
+        k._own(ctl, c, 3)
         c = spin.claim(ctl, 3, nch)
     assert ctl[spin.DONE] == nch - 1
-    assert k._rescue(ctl, nch) == stalled
-    assert ctl[spin.STATES + stalled] == 4
+    assert k._rescue(ctl, nch, 3) == stalled
+    assert ctl[spin.STATES + stalled] == spin.state(3, 4)
     done(ctl)  # the caller computed it
-    assert k._rescue(ctl, nch) == -1
+    assert k._rescue(ctl, nch, 3) == -1
     out = np.zeros((2, nch * chunk), np.float32)
     tmp = np.full((2, chunk), np.nan, np.float32)
     m0 = stalled * chunk
-    k._commit(ctl, stalled, tmp, out, m0, m0 + chunk)  # the worker wakes up: dropped
+    k._commit(ctl, stalled, 3, tmp, out, m0, m0 + chunk)  # the worker wakes up: dropped
     assert not out.any() and ctl[spin.DONE] == nch
     # a worker that is on time copies its chunk out and counts it
     spin.publish(ctl, 4, 1)
     assert spin.claim(ctl, 4, 1) == 0
-    k._commit(ctl, 0, tmp, out, 0, chunk)
+    k._commit(ctl, 0, 4, tmp, out, 0, chunk)
     assert np.isnan(out[:, :chunk]).all() and not out[:, chunk:].any()
-    assert ctl[spin.STATES] == 3 and ctl[spin.DONE] == 1
-    assert k._rescue(ctl, 1) == -1
+    assert ctl[spin.STATES] == spin.state(4, 3) and ctl[spin.DONE] == 1
+    assert k._rescue(ctl, 1, 4) == -1
+
+
+@pytest.mark.parametrize("stalled,n_next", [(0, 1), (1, 2), (2, 3), (3, 5)])
+def test_a_worker_waking_after_its_task_ended_touches_nothing_of_the_next(stalled: int,
+                                                                         n_next: int) -> None:
+    """A worker claims a chunk of task 5 and is put aside; the caller takes the chunk over,
+    finishes, and the next task (6) is published, which resets the chunk states. When the worker
+    wakes up, its copy is dropped: the old ``out`` (memory that may hold another tensor by now)
+    is not written, and the next task's chunks and count are untouched, so the next task's
+    caller still computes every chunk (before the states carried the generation, the stale copy
+    won the reset state, wrote the old ``out`` and counted as a chunk of the next task, which
+    was then never computed: zeros in a loaded machine's Gemma logits). Table over the
+    stalled chunk and the next task's size."""
+    from ggmlpy.backends.cpu import qmatmul_tasks as k
+
+    spin = _spin()
+    nch, chunk = 4, 4
+    ctl = np.zeros(spin.WORDS, np.int64)
+    spin.publish(ctl, 5, nch)
+    claims = [spin.claim(ctl, 5, nch) for _ in range(nch)]
+    for c in claims:
+        if c != stalled:
+            k._own(ctl, c, 5)
+    assert k._rescue(ctl, nch, 5) == stalled  # the caller takes it over, computes it
+    ctl[spin.DONE] += 1
+    assert k._rescue(ctl, nch, 5) == -1
+    spin.publish(ctl, 6, n_next)  # the next task
+    old_out = np.zeros((2, nch * chunk), np.float32)
+    tmp = np.full((2, chunk), np.nan, np.float32)
+    m0 = stalled * chunk
+    k._commit(ctl, stalled, 5, tmp, old_out, m0, m0 + chunk)  # the stale worker wakes up
+    assert not old_out.any()
+    assert ctl[spin.DONE] == 0
+    assert (ctl[spin.STATES:spin.STATES + n_next] == spin.state(6, 0)).all()
+    got = [spin.claim(ctl, 6, n_next) for _ in range(n_next + 1)]
+    assert got == [*range(n_next), -1]  # every chunk of the next task is still handed out
 
 
 @pytest.mark.parametrize("t", [Type.Q5_0, Type.Q4_1, Type.Q6_K, Type.BF16])
@@ -260,7 +296,7 @@ def test_a_polling_worker_runs_a_published_task_without_python(t: Type) -> None:
     spin.publish(ctl, 9, nch)
     code, gen = k.serve(ctl, 0, spin.WORDS, 0, 1000)
     assert (code, gen) == (0, 9)
-    assert ctl[spin.DONE] == nch and (ctl[spin.STATES:spin.STATES + nch] == 3).all()
+    assert ctl[spin.DONE] == nch and (ctl[spin.STATES:spin.STATES + nch] == spin.state(9, 3)).all()
     np.testing.assert_array_equal(out, want)
     # a new slice hand-out ends the poll at once
     ctl[spin.WORDS] = 1
