@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ggmlpy.backend.interface import tensor_alloc, view_init
+from ggmlpy import ops
+from ggmlpy.alloc.tallocr import alloc_ctx_tensors
+from ggmlpy.backend.interface import BufferUsage, tensor_alloc, view_init
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu.backend import TENSOR_ALIGNMENT, backend_cpu_init
 from ggmlpy.core.graph import Graph
@@ -151,3 +153,38 @@ def lanes_bound(t: Type, K: int, S: np.ndarray) -> np.ndarray:
     """The compiled block kernels' distance to the referee (qmatmul's numerics statement):
     ``terms * 2**-23 * sum|terms|`` plus one float32 tiny for results near the underflow."""
     return dot_terms(t, K) * float(np.finfo(np.float32).eps) * S + np.finfo(np.float32).tiny
+
+
+def eval_mul_mat(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int,
+                 usage: BufferUsage | None, n_threads: int,
+                 times: int = 1) -> tuple[list[np.ndarray], bool]:
+    """One MUL_MAT node on a fresh CPU backend of ``n_threads`` threads: the weight ``raw`` (its
+    bytes, type ``t``, ggml ``ne = [K, M]``) in its own buffer (given ``usage``, e.g. WEIGHTS),
+    the F32 activations ``x`` (NumPy ``(N, K)``); the graph computed ``times`` times. Returns each
+    result (float32 ``(N, M)``) and whether the node ran on the dot kernels."""
+    cpu = backend_cpu_init()
+    cpu.set_n_threads(n_threads)
+    wctx, ctx = Context(no_alloc=True), Context(no_alloc=True)
+    a = wctx.new_tensor(t, (K, M))
+    b = ctx.new_tensor(Type.F32, (K, x.shape[0]))
+    out = ops.mul_mat(ctx, a, b)
+    wbuf = alloc_ctx_tensors(wctx, cpu)
+    if usage is not None:
+        wbuf.set_usage(usage)
+    buf = alloc_ctx_tensors(ctx, cpu)
+    try:
+        backend_tensor_set(a, raw.reshape(-1).view(np.uint8))
+        backend_tensor_set(b, x)
+        g = Graph(8)
+        g.build_forward_expand(out)
+        res = []
+        for _ in range(times):
+            cpu.graph_compute(g)
+            res.append(np.asarray(backend_tensor_get(out)).reshape(x.shape[0], M).copy())
+        from ggmlpy.backends.kernels.matmul import uses_dot_kernel  # noqa: PLC0415
+
+        return res, uses_dot_kernel(out)
+    finally:
+        wbuf.free()
+        buf.free()
+        cpu.free()

@@ -22,19 +22,15 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import dot_abs_terms, lanes_bound
+from helpers import dot_abs_terms, eval_mul_mat, lanes_bound
 from qgemm_ref import ggml_gemm_expected
 
 from ggmlpy import ops
-from ggmlpy.alloc.tallocr import alloc_ctx_tensors
 from ggmlpy.backend.interface import BufferUsage
-from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu import qgemm, qmatmul
-from ggmlpy.backends.cpu.backend import backend_cpu_init
-from ggmlpy.backends.kernels.matmul import splits_weight_rows, uses_dot_kernel
+from ggmlpy.backends.kernels.matmul import splits_weight_rows
 from ggmlpy.backends.kernels.weight_cache import CACHE
 from ggmlpy.core import env
-from ggmlpy.core.graph import Graph
 from ggmlpy.core.tensor import Context
 from ggmlpy.core.types import Type
 from ggmlpy.quants import dequantize, q8_arch, quantize, vec_dot
@@ -190,31 +186,10 @@ def test_act_operand_is_the_block_values(t, jit, form):
 
 def _mul_mat(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int, n_threads: int,
              weights: bool, times: int = 1) -> list[np.ndarray]:
-    cpu = backend_cpu_init()
-    cpu.set_n_threads(n_threads)
-    wctx, ctx = Context(no_alloc=True), Context(no_alloc=True)
-    a = wctx.new_tensor(t, (K, M))
-    b = ctx.new_tensor(Type.F32, (K, x.shape[0]))
-    out = ops.mul_mat(ctx, a, b)
-    wbuf = alloc_ctx_tensors(wctx, cpu)
-    if weights:
-        wbuf.set_usage(BufferUsage.WEIGHTS)
-    buf = alloc_ctx_tensors(ctx, cpu)
-    try:
-        backend_tensor_set(a, raw.reshape(-1).view(np.uint8))
-        backend_tensor_set(b, x)
-        g = Graph(8)
-        g.build_forward_expand(out)
-        res = []
-        for _ in range(times):
-            cpu.graph_compute(g)
-            res.append(np.asarray(backend_tensor_get(out)).reshape(x.shape[0], M).copy())
-        assert uses_dot_kernel(out) == (x.shape[0] < qmatmul.CROSSOVER[t])
-        return res
-    finally:
-        wbuf.free()
-        buf.free()
-        cpu.free()
+    res, dot = eval_mul_mat(t, raw, x, K, M, BufferUsage.WEIGHTS if weights else None,
+                            n_threads, times)
+    assert dot == (x.shape[0] < qmatmul.CROSSOVER[t])
+    return res
 
 
 def _batches(t: Type) -> list[int]:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import dot_abs_terms as abs_terms
-from helpers import lanes_bound
+from helpers import eval_mul_mat, lanes_bound
 
 from ggmlpy import ops
 from ggmlpy.alloc.tallocr import alloc_ctx_tensors
 from ggmlpy.backend.interface import BufferUsage
-from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set
 from ggmlpy.backends.cpu import qmatmul, threads
 from ggmlpy.backends.cpu.backend import backend_cpu_init
 from ggmlpy.backends.kernels import matmul
@@ -32,29 +31,7 @@ BLOCK = [Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0, Type.Q4_K, Type.
 
 def _evaluate(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int, usage: BufferUsage | None,
               n_threads: int, times: int = 2) -> list[np.ndarray]:
-    cpu = backend_cpu_init()
-    cpu.set_n_threads(n_threads)
-    wctx, ctx = Context(no_alloc=True), Context(no_alloc=True)
-    a = wctx.new_tensor(t, (K, M))
-    b = ctx.new_tensor(Type.F32, (K, x.shape[0]))
-    out = ops.mul_mat(ctx, a, b)
-    wbuf = alloc_ctx_tensors(wctx, cpu)
-    if usage is not None:
-        wbuf.set_usage(usage)
-    buf = alloc_ctx_tensors(ctx, cpu)
-    try:
-        backend_tensor_set(a, raw)
-        backend_tensor_set(b, x)
-        g = Graph(8)
-        g.build_forward_expand(out)
-        res = []
-        for _ in range(times):
-            cpu.graph_compute(g)
-            res.append(np.asarray(backend_tensor_get(out)).reshape(x.shape[0], M).copy())
-        return res
-    finally:
-        wbuf.free()
-        buf.free()
+    return eval_mul_mat(t, raw, x, K, M, usage, n_threads, times)[0]
 
 
 # block types on both paths (below and above their crossover); F16/BF16 on the dot kernels only
