@@ -760,12 +760,20 @@ def _dot_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         return parts
 
     reads = [(a, False), (b, False)]
+    return _new_split(pool, big, compile_parts, 3, bounds, dst, reads, whole,
+                      lambda: compile_node(xp, node, dst, srcs))
+
+
+def _new_split(pool: Pool, big: bool, compile_parts: Callable[[], list[Step] | None], ax: int,
+               bounds: list[tuple[int, int]], dst: Any, reads: list[tuple[Any, bool]],
+               whole: Step | None, compile_whole: Callable[[], Step | None]) -> Split | None:
+    """The :class:`Split` of a node: its slices compiled now when it is ``big`` (None when one
+    does not compile), else compiled on the first run that splits (the whole node otherwise)."""
     if big:
         parts = compile_parts()
-        return None if parts is None else Split(pool, parts, 3, bounds, dst, reads)
-    return Split(pool, None, 3, bounds, dst, reads, big=False, whole=whole,
-                 compile_parts=compile_parts,
-                 compile_whole=lambda: compile_node(xp, node, dst, srcs))
+        return None if parts is None else Split(pool, parts, ax, bounds, dst, reads)
+    return Split(pool, None, ax, bounds, dst, reads, big=False, whole=whole,
+                 compile_parts=compile_parts, compile_whole=compile_whole)
 
 
 def _fa_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
@@ -805,12 +813,8 @@ def _fa_split(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
         return parts
 
     reads = [(s, False) for s in srcs if s is not None]
-    if big:
-        parts = compile_parts()
-        return None if parts is None else Split(pool, parts, 1, bounds, dst, reads)
-    return Split(pool, None, 1, bounds, dst, reads, big=False, whole=whole,
-                 compile_parts=compile_parts,
-                 compile_whole=lambda: compile_node(xp, node, dst, srcs))
+    return _new_split(pool, big, compile_parts, 1, bounds, dst, reads, whole,
+                      lambda: compile_node(xp, node, dst, srcs))
 
 
 def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
@@ -902,9 +906,5 @@ def split_step(xp: Any, node: Tensor, dst: Any, srcs: list[Any], pool: Pool,
             parts.append(step)
         return parts
 
-    if big:
-        parts = compile_parts()
-        return None if parts is None else Split(pool, parts, ax, bounds, dst, reads)
-    return Split(pool, None, ax, bounds, dst, reads, big=False, whole=whole,
-                 compile_parts=compile_parts,
-                 compile_whole=lambda: compile_node(xp, node, whole_dst, srcs))
+    return _new_split(pool, big, compile_parts, ax, bounds, dst, reads, whole,
+                      lambda: compile_node(xp, node, whole_dst, srcs))
