@@ -389,7 +389,7 @@ def weight_cache_mb_set() -> bool:
 
 
 #: ``GGMLPY_CPU_SPIN`` when unset
-CPU_SPIN_DEFAULT = 1000
+CPU_SPIN_DEFAULT = 50000
 
 
 def cpu_spin() -> int:

@@ -347,9 +347,13 @@ class CPUBackend(Backend):
             if self._n_threads > 1:
                 plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
                 cpu_threads.compile_pending(plan.steps)
-                # (a step the plan builder wrapped keeps the wrapped one as ``step``)
-                plan.threaded = any(isinstance(getattr(s, "step", s),
-                                               (cpu_threads.Split, cpu_threads.DotStep))
+                # BLAS is held at one thread while a plan with split steps runs (their slices
+                # call BLAS from several threads at once). Dot tasks call no BLAS: a plan whose
+                # only threaded steps are dot tasks leaves BLAS as it is, which spares every
+                # evaluation two thread-count changes of the BLAS library (on OpenBLAS each one
+                # costs more than a small matrix-vector product). (A step the plan builder
+                # wrapped keeps the wrapped one as ``step``.)
+                plan.threaded = any(isinstance(getattr(s, "step", s), cpu_threads.Split)
                                     for s in plan.steps)
         return plan
 
@@ -358,7 +362,7 @@ class CPUBackend(Backend):
             # queued copies (a device's upload from pinned memory) may still read bytes this
             # plan writes: wait for those (the host-read rule, ggmlpy.backend.write_gen)
             plan.wait_host_reads()
-        if plan.threaded:  # decided at build: a plan without split steps keeps BLAS as it is
+        if plan.threaded:  # decided at build: a plan without Split steps keeps BLAS as it is
             with cpu_threads.blas_single_thread():
                 plan.run()
         else:

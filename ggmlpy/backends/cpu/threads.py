@@ -8,8 +8,10 @@ slices of its sources, and the step runs the slices on a :class:`Pool`: the call
 computes the first one while ``n_threads - 1`` worker threads compute the others (NumPy and the
 Numba kernels release the GIL, so the slices really run at once).
 
-BLAS threads. While a threaded plan runs, the BLAS libraries NumPy loaded (OpenBLAS, MKL, BLIS,
-found by ``threadpoolctl``) are held at one thread and MUL_MAT is split like the other ops: a
+BLAS threads. While a plan with :class:`Split` steps runs, the BLAS libraries NumPy loaded
+(OpenBLAS, MKL, BLIS, found by ``threadpoolctl``) are held at one thread and MUL_MAT is split like
+the other ops (a plan whose only threaded steps are compiled dot tasks, :class:`DotStep`, calls no
+BLAS and leaves it as it is): a
 2-thread OpenBLAS leaves its worker spinning after each GEMM, and that spinning thread then
 competes with the slices of the next node for the cores (a cheap node right after a threaded
 GEMM then runs many times slower). The BLAS setting
@@ -713,8 +715,8 @@ def compile_pending(steps: list[Step]) -> None:
 
 class DotStep:
     """A plan step whose product the pool's threads share (:meth:`Pool.run_dot`); calling it
-    runs ``inner``. The CPU backend holds BLAS at one thread while a plan with such a step runs,
-    as for :class:`Split` steps (a spinning BLAS worker would compete with the pool's).
+    runs ``inner``. Unlike a plan with :class:`Split` steps, a plan whose only threaded steps are
+    dot tasks leaves BLAS's thread count as it is: the task calls no BLAS.
     (Not named ``step``: that attribute marks the plan builder's wrappers.)"""
 
     __slots__ = ("inner",)
