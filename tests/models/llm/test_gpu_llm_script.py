@@ -1,6 +1,7 @@
 """scripts/gpu_llm.py as a dry run on SIM0 (what gpu_check.sh runs on CUDA0): the random-weight
 file has Gemma 3 270M's metadata and shapes, and the device's logits and greedy tokens are
-the CPU's."""
+the CPU's; on the CUDA backend's code over the fake CuPy (dequantized weights, float GEMMs) they
+are the exact CPU run's, which the script then picks as the referee."""
 
 from __future__ import annotations
 
@@ -54,6 +55,29 @@ def test_dry_run_on_sim0(gpu_llm, capsys):
     assert out["greedy_steps_agreeing"] == out["greedy_steps_compared"]
     assert out["cpu_tokens"][:out["greedy_steps_compared"]] == \
         out["dev_tokens"][:out["greedy_steps_compared"]]
+
+
+def test_cuda_code_compares_with_the_exact_cpu_run(gpu_llm, capsys):
+    """The CUDA kernels multiply dequantized weights in float32, so their logits are the CPU's
+    exact run's (``GGMLPY_QUANT_MATMUL=dequant``, precise kernels) to float32 rounding and 1e-2
+    away from the default CPU's (activations quantized to Q8 as ggml-cpu does): the script must
+    pick the exact run as the referee, or a correct GPU would fail its check."""
+    from fake_cupy import fake_cuda_reg
+
+    from ggmlpy.backend import registry
+
+    reg = fake_cuda_reg(1, 1 << 30)
+    registry.register(reg)
+    try:
+        rc = gpu_llm.main(["--device", reg.devices[0].name, "--n-vocab", "512", "--n-layer", "1",
+                           "--prompt", "6", "--gen", "1", "--threads", "1"])
+    finally:
+        registry.unregister(reg.name)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ok"] and out["referee"] == "cpu_exact"
+    assert out["max_rel_diff_vs"]["cpu_exact"] <= 1e-4
+    assert out["max_rel_diff_vs"]["cpu"] > 1e-3  # the two CPU numerics really differ here
+    assert out["dev_tokens"] == out["cpu_exact_tokens"][:len(out["dev_tokens"])]
 
 
 def test_missing_device_exit_2(gpu_llm, capsys):
