@@ -7,13 +7,23 @@ and saves every contiguous F32 tensor the graph computes, keyed by llama.cpp's o
 (``inp_scaled``, ``attn_norm-0``, ``Qcur_normed-0``, ``Kcur-0``, ``kq_soft_max-0``, ``kqv_out-0``,
 ``sa_out-0``, ``ffn_out-0``, ``l_out-0`` ... ``result_norm``, ``result_output``), as NumPy arrays
 of shape ne reversed (ne3, ne2, ne1, ne0). On the last layer llama.cpp keeps only the output rows
-(the last token). ``kq``/``kq_soft_max`` span the padded KV cache (n_kv >= n_tokens).
+(the last token); a name several nodes carry is stored as ``name``, ``name#2`` ... in graph
+order. ``kq``/``kq_soft_max`` span the padded KV cache (n_kv >= n_tokens).
 
 Settings as in make_llm_reference.py: CPU, 2 threads, n_ctx 2048, n_batch = n_ubatch = 512,
 flash attention off, default F16 KV cache.
 
+``--embedding`` (an encoder such as BERT, e.g. all-MiniLM-L6-v2): the context is made with
+``embeddings = true`` and ``pooling_type`` MEAN (as ``Llama(file, embedding=True,
+pooling_type=1)``), n_ctx = n_batch = n_ubatch = 512, and the ids are run with
+``llama_encode`` (no KV cache: every tensor has all the tokens; BERT's names are
+``inp_embd``, ``inp_norm``, ``Qcur-0``, ``Kcur-0``, ``Vcur-0``, ``kq-0``, ``kq_soft_max-0``,
+``kqv_out-0``, ``attn_out-0``, ``ffn_inp-0``, ``ffn_up-0``, ``ffn_gelu-0``, ``ffn_out-0``,
+``l_out-0`` ..., ``result_norm``, ``result_embd_pooled``). The pooled embedding itself (before
+any normalisation) is stored as ``embd_pooled`` (``llama_get_embeddings_seq``).
+
 Usage: ``$GGMLPY_REF_PYTHON scripts/dump_llamacpp_tensors.py --ids 2,818,5279 OUT.npz
-[--model PATH]``
+[--model PATH] [--embedding] [--threads 2]``
 """
 
 from __future__ import annotations
@@ -37,7 +47,9 @@ class _Tensor(ctypes.Structure):
                 ("name", ctypes.c_char * 64)]
 
 
-def dump(model_path: Path, ids: list[int]) -> dict[str, np.ndarray]:
+def dump(model_path: Path, ids: list[int], embedding: bool = False,
+         threads: int = 2) -> dict[str, np.ndarray]:
+    """Run ``ids`` once and return every contiguous F32 tensor by name (module docstring)."""
     import llama_cpp
 
     store: dict[str, np.ndarray] = {}
@@ -53,7 +65,12 @@ def dump(model_path: Path, ids: list[int]) -> dict[str, np.ndarray]:
         if tt.type == 0 and tt.data and contiguous:  # GGML_TYPE_F32
             n = ne[0] * ne[1] * ne[2] * ne[3]
             buf = ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float))
-            store[tt.name.decode()] = np.ctypeslib.as_array(buf, shape=(n,)).copy().reshape(
+            name = tt.name.decode()
+            key, k = name, 1
+            while key in store:  # a name given to several nodes: name, name#2, name#3 ...
+                k += 1
+                key = f"{name}#{k}"
+            store[key] = np.ctypeslib.as_array(buf, shape=(n,)).copy().reshape(
                 ne[3], ne[2], ne[1], ne[0])
         return True
 
@@ -61,13 +78,29 @@ def dump(model_path: Path, ids: list[int]) -> dict[str, np.ndarray]:
     model = llama_cpp.llama_model_load_from_file(str(model_path).encode(),
                                                  llama_cpp.llama_model_default_params())
     cp = llama_cpp.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = 2048, 512, 512
-    cp.n_threads = cp.n_threads_batch = 2
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = (512 if embedding else 2048), 512, 512
+    cp.n_threads = cp.n_threads_batch = threads
     cp.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    if embedding:
+        cp.embeddings = True
+        cp.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
     cp.cb_eval = callback
     ctx = llama_cpp.llama_init_from_model(model, cp)
     arr = (llama_cpp.llama_token * len(ids))(*ids)
-    rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(ids)))
+    if embedding:
+        batch = llama_cpp.llama_batch_init(len(ids), 0, 1)
+        batch.n_tokens = len(ids)
+        for i, t in enumerate(ids):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = t, i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, True
+        rc = llama_cpp.llama_encode(ctx, batch)
+        if rc == 0:
+            hidden = llama_cpp.llama_model_n_embd(model)
+            p = llama_cpp.llama_get_embeddings_seq(ctx, 0)
+            store["embd_pooled"] = np.ctypeslib.as_array(p, shape=(hidden,)).copy()
+        llama_cpp.llama_batch_free(batch)
+    else:
+        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(ids)))
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(model)
     if rc != 0:
@@ -81,9 +114,12 @@ def main() -> int:
     ap.add_argument("--ids", required=True, help="comma-separated token ids (include the BOS)")
     ap.add_argument("--model", type=Path, default=os.environ.get("GGMLPY_GEMMA3_GGUF"),
                     required="GGMLPY_GEMMA3_GGUF" not in os.environ,
-                    help="the Gemma 3 270M Q4_K_M file (default: $GGMLPY_GEMMA3_GGUF)")
+                    help="the GGUF file (default: $GGMLPY_GEMMA3_GGUF, the Gemma 3 270M Q4_K_M)")
+    ap.add_argument("--embedding", action="store_true",
+                    help="an encoder (BERT): embeddings on, mean pooling, llama_encode")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    store = dump(args.model, [int(x) for x in args.ids.split(",")])
+    store = dump(args.model, [int(x) for x in args.ids.split(",")], args.embedding, args.threads)
     np.savez_compressed(args.out, **store)
     print(f"{args.out}: {len(store)} tensors")
     return 0

@@ -20,7 +20,9 @@ Graph of one batch of ``S`` sequences padded to ``L`` tokens (``T = S*L`` tokens
   ``[3H, T]`` whose rows' thirds are viewed as Q, K and V); ``KQ = mul_mat(K, Q)`` ``[L, L, nh, S]``;
   ``soft_max_ext(KQ, inp_mask, 1/sqrt(d), 0)``; ``KQV = mul_mat(cont(V^T), KQ)`` ``[d, L, nh, S]``,
   permuted back and ``cont_2d`` to ``[H, T]``; output dense + bias + residual + LayerNorm; FFN
-  ``W2 gelu_erf(W1 x + b1) + b2`` + residual + LayerNorm;
+  ``W2 gelu(W1 x + b1) + b2`` + residual + LayerNorm, the GELU ``gelu_erf`` (the exact one of
+  sentence-transformers) for a model directory and ``gelu`` (ggml's tanh form, as llama.cpp's
+  ``llm_build_bert``) for a GGUF file (``config.gelu``);
 * pooling: mean = ``mul_mat(cont(transpose(x as [H, L, S])), inp_mean)`` -> ``[H, S]`` (cls = row
   0 of each sequence); then ``l2_norm`` (eps 1e-12, as sentence-transformers' ``Normalize``)
   when the model normalises. The result ``[H, S]`` (NumPy ``(S, H)``) is the graph's output.
@@ -332,7 +334,7 @@ class BertModel(SchedModel):
              n_threads: int | None = None, fuse_qkv: bool = True,
              max_seq_length: int | None = None, check_weights: bool = False,
              tensor_split: Sequence[float] | None = None,
-             pooling: str | None = None) -> BertModel:
+             pooling: str | None = None, gelu: str | None = None) -> BertModel:
         """Load a sentence-transformers BERT directory and prepare it for :meth:`encode`.
 
         Args:
@@ -392,6 +394,10 @@ class BertModel(SchedModel):
                 (llama.cpp's rule). None: equal chunks.
             pooling: ``"mean"`` or ``"cls"`` overrides the model's pooling (llama.cpp's
                 ``--pooling``); None keeps it.
+            gelu: ``"erf"`` (the exact GELU, ``ops.gelu_erf``: sentence-transformers' numerics)
+                or ``"tanh"`` (ggml's ``ggml_gelu``: llama.cpp's numerics) for the FFN; None:
+                ``"erf"`` for a model directory, ``"tanh"`` for a ``.gguf`` file
+                (``config.gelu``; llama.cpp runs every BERT GGUF with ``ggml_gelu``).
 
         Loading also loads the compiled CPU kernels (:func:`ggmlpy.backends.cpu.jit.warm_up`,
         when Numba is installed), so that their one-time cost is not paid by the first encode.
@@ -429,6 +435,9 @@ class BertModel(SchedModel):
         check_optional("pooling", pooling, str, where)
         if pooling is not None and pooling not in ("mean", "cls"):
             raise ArgumentValueError("pooling", f"must be 'mean' or 'cls', got {pooling!r}", where)
+        check_optional("gelu", gelu, str, where)
+        if gelu is not None and gelu not in ("erf", "tanh"):
+            raise ArgumentValueError("gelu", f"must be 'erf' or 'tanh', got {gelu!r}", where)
         if tensor_split is not None:
             check_type("tensor_split", tensor_split, (list, tuple), where)
             for i, v in enumerate(tensor_split):
@@ -458,6 +467,8 @@ class BertModel(SchedModel):
                 "--max-seq-length/-c"), stacklevel=2)
         if pooling is not None:
             config = replace(config, pooling_mode=pooling)
+        if gelu is not None:
+            config = replace(config, gelu=gelu)
         if config.hidden_act != "gelu":
             raise ValueError(f"{model_dir}: hidden_act {config.hidden_act!r} is not supported "
                              "(only the exact erf 'gelu')")
@@ -666,7 +677,7 @@ class BertModel(SchedModel):
             cur = self._norm(ctx, cur, lw.attn_norm_w, lw.attn_norm_b)
             ffn_inp = cur
             cur = ops.add(ctx, ops.mul_mat(ctx, lw.w_up, cur), lw.b_up)
-            cur = ops.gelu_erf(ctx, cur)
+            cur = (ops.gelu if cfg.gelu == "tanh" else ops.gelu_erf)(ctx, cur)
             cur = ops.add(ctx, ops.mul_mat(ctx, lw.w_down, cur), lw.b_down)
             cur = ops.add(ctx, cur, ffn_inp)
             cur = self._norm(ctx, cur, lw.out_norm_w, lw.out_norm_b)

@@ -16,6 +16,11 @@ sentence-transformers settings llama.cpp has no key for are stored under ``ggmlp
 without them (llama.cpp's ``convert_hf_to_gguf.py`` writes none) get BERT-uncased defaults
 (lower-casing, L2-normalised) and the truncation length of :func:`fallback_max_seq_length`.
 
+A file read back runs llama.cpp's graph: its ``config.gelu`` is ``"tanh"`` (ggml's
+``ggml_gelu``, as ``llm_build_bert`` computes the FFN of every BERT GGUF), where the model
+directory runs sentence-transformers' exact erf GELU; ``BertModel.load(gelu=...)`` overrides
+either. The two differ by at most ~1e-3 per activation and ~3e-4 in a MiniLM embedding.
+
 Quantization schemes (``--type``), 1-D tensors (norms, biases) and ``token_types`` always F32:
 
 ==========  =======================================================================================
@@ -383,7 +388,8 @@ def read_bert_gguf(path: str | Path) -> tuple[BertConfig, BertTokenizer, dict[st
         max_seq_length=max_seq, do_lower_case=bool(_field(reader, "ggmlpy.do_lower_case", False)),
         pooling_mode="mean" if pooling == int(gguf.PoolingType.MEAN) else "cls",
         normalize=bool(_field(reader, "ggmlpy.normalize", True)),
-        pad_token_id=int(_field(reader, K.PAD_ID, 0)), max_seq_length_source=source)
+        pad_token_id=int(_field(reader, K.PAD_ID, 0)), max_seq_length_source=source,
+        gelu="tanh")
     tokenizer = _tokenizer(tokens, bool(_field(reader, "ggmlpy.tokenizer.lowercase", True)), cfg)
     by_gguf = {g: hf for hf, g in hf_to_gguf_names(n_layer).items()}
     weights: dict[str, TypedWeight] = {}

@@ -165,7 +165,8 @@ class BertConfig:
         max_position_embeddings: rows of the position-embedding table (512).
         type_vocab_size: rows of the token-type table (2); ggmlpy always uses type 0.
         layer_norm_eps: the epsilon of every LayerNorm (1e-12).
-        hidden_act: feed-forward activation; ``"gelu"`` is the exact erf GELU.
+        hidden_act: feed-forward activation the model was trained with; ``"gelu"`` is the
+            exact erf GELU.
         max_seq_length: tokens kept per sentence, [CLS] and [SEP] included (256; from
             ``sentence_bert_config.json``, capped at ``max_position_embeddings``).
         do_lower_case: whether sentence-transformers lower-cases the text before tokenising
@@ -178,6 +179,11 @@ class BertConfig:
         max_seq_length_source: where ``max_seq_length`` came from, for messages:
             ``"sentence_bert_config.json"``, ``"max_position_embeddings"`` (a directory without
             it), a GGUF key, a known model name, or a fallback (:mod:`.gguf_bert`).
+        gelu: the GELU the graph computes for ``hidden_act="gelu"``: ``"erf"`` (the exact
+            ``x * Phi(x)``, ``ops.gelu_erf``, as PyTorch's ``nn.GELU()`` in sentence-transformers;
+            the default for a model directory) or ``"tanh"`` (``ops.gelu``, ggml's
+            tanh-approximated ``ggml_gelu``, which llama.cpp's ``llm_build_bert`` uses for every
+            BERT GGUF; the default for a ``.gguf`` file, :mod:`.gguf_bert`).
     """
 
     vocab_size: int
@@ -195,6 +201,7 @@ class BertConfig:
     normalize: bool
     pad_token_id: int = 0
     max_seq_length_source: str = "sentence_bert_config.json"
+    gelu: str = "erf"
 
     @property
     def head_size(self) -> int:
