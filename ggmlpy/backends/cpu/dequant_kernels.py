@@ -333,6 +333,80 @@ def q8_values(x, a, d, d16, out, s, want_s, form, n32):
 
 
 @njit(**_OPTS)
+def q8_0_rows(x, xi, out, form, n32):
+    """Q8_0 in one call, row by row (the row stays in L1 between the passes; no NumPy between
+    them): per row the block maxima (as :func:`q8_amax`, on the bits of ``|x|``), then each
+    block's scale ``d = amax / 127`` rounded to f16 here (round to nearest even on the float32
+    bits: ``+ 0xFFF + lsb`` and the low 13 bits cleared for f16 normals, ``rint(d * 2**24) *
+    2**-24`` below 2**-14; the same values as NumPy's ``astype(float16)``), then the quants
+    written as their values exactly as :func:`q8_values` writes them in ``form`` (a block holding
+    NaN or +-inf gives NaN values). Returns False, with ``out`` partly written, when a block's
+    ``d`` is beyond f16 (``d >= 65520``: the caller then takes the exact product), else True.
+    ``x`` float32 ``(N, K)`` and ``xi`` its bits (int32 view), ``out`` float32 ``(N, >= K)``,
+    ``n32`` is 32 (see the module doc)."""
+    N, K = x.shape
+    nb = K // 32
+    af = np.empty(nb, F32)
+    ai = af.view(np.int32)
+    hf = np.empty(nb, F32)
+    hi = hf.view(np.int32)
+    iv = np.empty(nb, F32)
+    for n in range(N):
+        xr = x[n]
+        xir = xi[n]
+        o = out[n]
+        for b in range(nb):
+            m = np.int32(0)
+            for j in range(b * 32, b * 32 + n32):
+                m = max(m, np.int32(xir[j] & np.int32(0x7FFFFFFF)))
+            ai[b] = m
+        for b in range(nb):
+            if ai[b] >= np.int32(0x7F800000):  # NaN or +-inf in the block
+                iv[b] = F32(np.nan)
+                hf[b] = F32(np.nan)
+                continue
+            am = af[b]
+            dd = am / F32(127)
+            hf[b] = dd
+            u = hi[b]
+            if u >= np.int32(0x477FF000):  # rounds to f16 inf
+                return False
+            if u >= np.int32(0x38800000):  # an f16 normal: keep 10 mantissa bits
+                hi[b] = (u + np.int32(0xFFF) + ((u >> 13) & np.int32(1))) & np.int32(-8192)
+            else:  # an f16 subnormal (or 0): a multiple of 2**-24
+                hf[b] = F32(np.rint(dd * F32(16777216.0))) * F32(5.9604644775390625e-08)
+            if form == 1:
+                iv[b] = F32(127) / am if am != F32(0) else F32(0)
+            else:
+                iv[b] = F32(1) / dd if dd != F32(0) else F32(0)
+        if form == 1:
+            for b in range(nb):
+                idv = iv[b]
+                h = hf[b]
+                for j in range(b * 32, b * 32 + n32):
+                    r = np.rint(xr[j] * idv)
+                    o[j] = ((r if abs(r) < F32(256) else F32(-128)) + F32(0)) * h
+        elif form == 0:
+            for b in range(nb):
+                idv = iv[b]
+                h = hf[b]
+                for j in range(b * 32, b * 32 + n32):
+                    v = xr[j] * idv
+                    t = np.trunc(v)
+                    r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
+                    o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * h
+        else:
+            for b in range(nb):
+                idv = iv[b]
+                h = hf[b]
+                for j in range(b * 32, b * 32 + n32):
+                    r = np.rint(xr[j] * idv)
+                    q = r if abs(r) < F32(256) else (F32(-1) if r > F32(0) else F32(0))
+                    o[j] = (q + F32(0)) * h
+    return True
+
+
+@njit(**_OPTS)
 def q8k_values(x, xi, out, n32):
     """Q8_K in one pass per 256-element block: ``max`` the first element of largest magnitude,
     ``iscale = -127 / max``, ``q = min(127, nearest_int(iscale * x))`` (the 1.5 * 2**23 trick),

@@ -268,14 +268,16 @@ def _f16_round(v: np.ndarray) -> np.ndarray:
 
 def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray, form: str) -> bool:
     """:func:`act_operand` with the compiled quantizers of :mod:`.dequant_kernels` (the same
-    rounding as :func:`ggmlpy.quants.q8_arch.quantize_row_q8` in ``form``, in two passes for
-    Q8_0/Q8_1: the block maxima, the scales and their f16 rounding here, then the quants written
-    as values)."""
+    rounding as :func:`ggmlpy.quants.q8_arch.quantize_row_q8` in ``form``): Q8_0 in one kernel
+    call (``q8_0_rows``), Q8_1 in two passes (the block maxima, the scales and their f16
+    rounding here, then the quants written as values and their sums)."""
     N, K = x.shape
     xi = x.view(np.int32)
     if kind == "q8_K":
         k.q8k_values(x, xi, out, 32)
         return True
+    if kind == "q8_0":  # one call: maxima, f16 scales and values row by row
+        return bool(k.q8_0_rows(x, xi, out, q8_arch.FORM_CODE[form], 32))
     nb = K // 32
     a = np.empty((N, nb), F32)
     k.q8_amax(xi, a, 32)

@@ -305,3 +305,36 @@ def test_mul_mat_gives_ggml_mul_mat_bits_with_x86_rounding(t, n_threads, monkeyp
         for rows in (slice(0, 4), slice(None)):
             (got,) = _mul_mat(t, w, x[rows], K, K, n_threads, weights=True)
             np.testing.assert_array_equal(got.view(np.uint32), want[rows].view(np.uint32))
+
+
+@pytest.mark.parametrize("form", q8_arch.FORMS)
+def test_q8_0_operand_rounds_scales_to_f16_as_numpy(form):
+    """The compiled Q8_0 operand rounds each block scale ``d = amax / 127`` to f16 itself: on
+    scales that are exact f16 half-way ties (low 13 float32 mantissa bits 0x1000, odd and even
+    neighbours), next to the f16 normal/subnormal edge 2**-14, subnormal ties, and up to the
+    largest finite f16 (65504; from 65520 the scale overflows: no operand) it gives the NumPy
+    path's bits."""
+    if not _jit():
+        pytest.skip("numba not importable")
+    rng = np.random.default_rng(5)
+    ds = []
+    for e in (-20, -15, -14, -13, -1, 0, 7, 15):
+        for m in (0x000000, 0x001000, 0x003000, 0x7FF000, 0x7FEFFF, 0x001001, 0x000FFF):
+            if e == 15 and m >= 0x7FE000:
+                continue  # 65520 and its neighbour: the overflow case below
+            ds.append(np.array([((e + 127) << 23) | m], np.int32).view(np.float32)[0])
+    ds += [np.float32(65504.0), np.float32(65519.0), np.float32(2.0 ** -24 * 1.5),
+           np.float32(2.0 ** -24 * 2.5), np.float32(2.0 ** -25)]
+    K = 32 * len(ds)
+    x = rng.uniform(-1, 1, (3, K)).astype(np.float32)
+    for b, d in enumerate(ds):
+        amax = np.float32(d) * np.float32(127)
+        x[:, b * 32] = amax  # amax / 127 is d or its float32 neighbour: either way a probe
+        x[1, b * 32 + 1] = -amax
+    got, want = np.empty_like(x), np.empty_like(x)
+    assert qgemm.act_operand(Type.Q8_0, x, got, jit=True, form=form)
+    assert qgemm.act_operand(Type.Q8_0, x, want, jit=False, form=form)
+    _same(got, want)
+    over = np.full((1, 64), np.float32(65520.0 * 127), np.float32)
+    assert not qgemm.act_operand(Type.Q8_0, over, np.empty_like(over), jit=True, form=form)
+    assert not qgemm.act_operand(Type.Q8_0, over, np.empty_like(over), jit=False, form=form)
