@@ -10,7 +10,8 @@ its embeddings are to llama.cpp's embedding of the same files; JSON on stdout.
   tokens, each encoded by ggmlpy's ``BertModel.encode`` (batched as it batches) on the CPU
   backend with ``--threads`` threads; ``--repeats`` timed rounds alternate the files (f32, q8_0,
   f32, ...) after one warm-up call each; ``sentences_per_s`` is the best round, ``ratio`` the
-  q8_0 rate over the f32 rate.
+  q8_0 rate over the f32 rate (best rounds), ``ratio_median`` the median over the rounds of each
+  round's ratio (the two files timed back to back); the load average at the start and the end.
 * llama.cpp: a worker under ``--llama-python`` (llama-cpp-python) embeds every sentence with
   ``Llama(file, embedding=True, pooling_type=1)`` (mean pooling, the model's), normalized;
   ``max_abs_vs_llama_cpp`` is the largest absolute difference of any component, and
@@ -94,15 +95,19 @@ def main() -> None:
     models = {t: BertModel.load(str(files[t]), n_threads=a.threads) for t in types}
     emb = {t: np.asarray(m.encode(sentences), np.float64) for t, m in models.items()}  # warm-up
     best = {t: float("inf") for t in types}
+    rounds: list[dict[str, float]] = []
+    load_start = os.getloadavg()
     for _ in range(a.repeats):
+        rounds.append({})
         for t, m in models.items():
             t0 = time.perf_counter()
             m.encode(sentences)
-            best[t] = min(best[t], time.perf_counter() - t0)
+            rounds[-1][t] = time.perf_counter() - t0
+            best[t] = min(best[t], rounds[-1][t])
     for m in models.values():
         m.close()
     res: dict = {"sentences": len(sentences), "threads": a.threads, "repeats": a.repeats,
-                 "loadavg_end": os.getloadavg(), "files": {}}
+                 "loadavg_start": load_start, "loadavg_end": os.getloadavg(), "files": {}}
     for t in types:
         ref = _llama(a.llama_python, files[t], sentences, a.threads, a.dir)
         res["files"][t] = {"path": str(files[t]), "sentences_per_s": len(sentences) / best[t],
@@ -111,6 +116,7 @@ def main() -> None:
                            "llama_cpp_max_abs_vs_st": float(np.abs(ref - st).max())}
     if "f32" in best and "q8_0" in best:
         res["ratio_q8_0_vs_f32"] = best["f32"] / best["q8_0"]
+        res["ratio_median"] = float(np.median([r["f32"] / r["q8_0"] for r in rounds]))
     print(json.dumps(res, indent=1))
 
 
