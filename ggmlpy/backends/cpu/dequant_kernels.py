@@ -259,7 +259,8 @@ def q8_amax(xi, a, n32):
         xr = xi[n]
         for b in range(K // 32):
             m = np.int32(0)
-            for j in range(b * 32, b * 32 + n32):
+            for jj in range(n32):
+                j = b * 32 + jj
                 m = max(m, np.int32(xr[j] & np.int32(0x7FFFFFFF)))
             if m >= np.int32(0x7F800000):
                 a[n, b] = F32(np.nan)
@@ -295,24 +296,28 @@ def q8_values(x, a, d, d16, out, s, want_s, form, n32):
                 idv = F32(1) / dd if dd != F32(0) else F32(0)
             h = d16[n, b]
             if form == 0:
-                for j in range(b * 32, b * 32 + n32):
+                for jj in range(n32):
+                    j = b * 32 + jj
                     v = xr[j] * idv
                     t = np.trunc(v)
                     r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
                     o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * h
             elif form == 1:
-                for j in range(b * 32, b * 32 + n32):
+                for jj in range(n32):
+                    j = b * 32 + jj
                     r = np.rint(xr[j] * idv)
                     o[j] = ((r if abs(r) < F32(256) else F32(-128)) + F32(0)) * h
             else:
-                for j in range(b * 32, b * 32 + n32):
+                for jj in range(n32):
+                    j = b * 32 + jj
                     r = np.rint(xr[j] * idv)
                     q = r if abs(r) < F32(256) else (F32(-1) if r > F32(0) else F32(0))
                     o[j] = (q + F32(0)) * h
             if want_s:
                 if form == 0:
                     acc = np.int32(0)
-                    for j in range(b * 32, b * 32 + n32):
+                    for jj in range(n32):
+                        j = b * 32 + jj
                         v = xr[j] * idv
                         t = np.trunc(v)
                         r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
@@ -320,7 +325,8 @@ def q8_values(x, a, d, d16, out, s, want_s, form, n32):
                     s[n, b] = F32(acc) * dd
                     continue
                 acc64 = np.int64(0)
-                for j in range(b * 32, b * 32 + n32):
+                for jj in range(n32):
+                    j = b * 32 + jj
                     r = np.rint(xr[j] * idv)
                     if abs(r) < F32(2147483648.0):
                         acc64 += np.int64(r)
@@ -333,77 +339,117 @@ def q8_values(x, a, d, d16, out, s, want_s, form, n32):
 
 
 @njit(**_OPTS)
-def q8_0_rows(x, xi, out, form, n32):
-    """Q8_0 in one call, row by row (the row stays in L1 between the passes; no NumPy between
-    them): per row the block maxima (as :func:`q8_amax`, on the bits of ``|x|``), then each
-    block's scale ``d = amax / 127`` rounded to f16 here (round to nearest even on the float32
-    bits: ``+ 0xFFF + lsb`` and the low 13 bits cleared for f16 normals, ``rint(d * 2**24) *
-    2**-24`` below 2**-14; the same values as NumPy's ``astype(float16)``), then the quants
-    written as their values exactly as :func:`q8_values` writes them in ``form`` (a block holding
-    NaN or +-inf gives NaN values). Returns False, with ``out`` partly written, when a block's
-    ``d`` is beyond f16 (``d >= 65520``: the caller then takes the exact product), else True.
-    ``x`` float32 ``(N, K)`` and ``xi`` its bits (int32 view), ``out`` float32 ``(N, >= K)``,
-    ``n32`` is 32 (see the module doc)."""
-    N, K = x.shape
+def q8_0_scales(xi, iv, h, form, n32):
+    """Q8_0, first of two calls: per block of the rows whose float32 bits are ``xi`` (int32
+    ``(N, K)``) the inverse scale of ``form`` into ``iv`` and the f16-rounded scale into ``h``
+    (float32 ``(N, K // 32)`` each). ``amax`` as :func:`q8_amax` (on the bits of ``|x|``; NaN for
+    a block holding NaN or +-inf, which then gets NaN in both), ``d = amax / 127`` rounded to f16
+    on its float32 bits (round to nearest even: ``+ 0xFFF + lsb`` and the low 13 bits cleared for
+    f16 normals, ``rint(d * 2**24) * 2**-24`` below 2**-14: the values of NumPy's
+    ``astype(float16)``), ``iv`` = ``127 / amax`` (``form`` 1, ``"x86"``) or ``1 / d`` (0 and 2),
+    0 where that divisor is 0. The scale loops are branch-free (selects) and vectorize. Returns
+    False when a block's ``d`` is beyond f16 (``d >= 65520``: the caller then takes the exact
+    product), else True. ``n32`` is 32 (see the module doc)."""
+    N, K = xi.shape
     nb = K // 32
-    af = np.empty(nb, F32)
-    ai = af.view(np.int32)
-    hf = np.empty(nb, F32)
-    hi = hf.view(np.int32)
-    iv = np.empty(nb, F32)
+    ai = np.empty(nb, np.int32)
+    af = ai.view(np.float32)
+    di = np.empty(nb, np.int32)
+    df = di.view(np.float32)
+    big = np.int32(0x7F800000)
     for n in range(N):
-        xr = x[n]
         xir = xi[n]
-        o = out[n]
+        hr = h[n]
+        hi = hr.view(np.int32)
+        ivr = iv[n]
         for b in range(nb):
             m = np.int32(0)
-            for j in range(b * 32, b * 32 + n32):
+            for jj in range(n32):
+                j = b * 32 + jj
                 m = max(m, np.int32(xir[j] & np.int32(0x7FFFFFFF)))
-            ai[b] = m
+            ai[b] = m if m < big else np.int32(0x7FC00000)  # NaN or +-inf in the block: NaN
+        over = False
         for b in range(nb):
-            if ai[b] >= np.int32(0x7F800000):  # NaN or +-inf in the block
-                iv[b] = F32(np.nan)
-                hf[b] = F32(np.nan)
-                continue
-            am = af[b]
-            dd = am / F32(127)
-            hf[b] = dd
-            u = hi[b]
-            if u >= np.int32(0x477FF000):  # rounds to f16 inf
-                return False
-            if u >= np.int32(0x38800000):  # an f16 normal: keep 10 mantissa bits
-                hi[b] = (u + np.int32(0xFFF) + ((u >> 13) & np.int32(1))) & np.int32(-8192)
-            else:  # an f16 subnormal (or 0): a multiple of 2**-24
-                hf[b] = F32(np.rint(dd * F32(16777216.0))) * F32(5.9604644775390625e-08)
+            df[b] = af[b] / F32(127)
+        for b in range(nb):
+            u = di[b]
+            over |= (u >= np.int32(0x477FF000)) & (u < big)  # rounds to f16 inf
+            hi[b] = (u + np.int32(0xFFF) + ((u >> 13) & np.int32(1))) & np.int32(-8192)
+        if over:
+            return False
+        for b in range(nb):
+            dd = df[b]
+            sub = F32(np.rint(dd * F32(16777216.0))) * F32(5.9604644775390625e-08)
+            hr[b] = sub if di[b] < np.int32(0x38800000) else hr[b]  # an f16 subnormal (or 0)
             if form == 1:
-                iv[b] = F32(127) / am if am != F32(0) else F32(0)
+                am = af[b]
+                ivr[b] = F32(127) / am if am != F32(0) else F32(0)
             else:
-                iv[b] = F32(1) / dd if dd != F32(0) else F32(0)
-        if form == 1:
-            for b in range(nb):
-                idv = iv[b]
-                h = hf[b]
-                for j in range(b * 32, b * 32 + n32):
-                    r = np.rint(xr[j] * idv)
-                    o[j] = ((r if abs(r) < F32(256) else F32(-128)) + F32(0)) * h
-        elif form == 0:
-            for b in range(nb):
-                idv = iv[b]
-                h = hf[b]
-                for j in range(b * 32, b * 32 + n32):
-                    v = xr[j] * idv
-                    t = np.trunc(v)
-                    r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
-                    o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * h
-        else:
-            for b in range(nb):
-                idv = iv[b]
-                h = hf[b]
-                for j in range(b * 32, b * 32 + n32):
-                    r = np.rint(xr[j] * idv)
-                    q = r if abs(r) < F32(256) else (F32(-1) if r > F32(0) else F32(0))
-                    o[j] = (q + F32(0)) * h
+                ivr[b] = F32(1) / dd if dd != F32(0) else F32(0)
     return True
+
+
+@njit(**_OPTS)
+def q8_0_values_ref(x, iv, h, out, n32):
+    """Q8_0, second call, ``"ref"`` rounding (:func:`q8_values` form 0): the quants of every
+    block (inverse scale ``iv``, f16 scale ``h`` from :func:`q8_0_scales`), ``roundf`` (half away
+    from zero), written as their values ``out[n, k] = q * h`` (NaN scales give NaN values).
+    ``x`` float32 ``(N, K)``, ``out`` float32 ``(N, >= K)``. One kernel per form: with the three
+    forms' loops in one function LLVM leaves them scalar (about 3x slower)."""
+    N, K = x.shape
+    for n in range(N):
+        xr = x[n]
+        o = out[n]
+        ivr = iv[n]
+        hr = h[n]
+        for b in range(K // 32):
+            idv = ivr[b]
+            hh = hr[b]
+            for jj in range(n32):
+                j = b * 32 + jj
+                v = xr[j] * idv
+                t = np.trunc(v)
+                r = t + (np.copysign(F32(1), v) if abs(v - t) >= F32(0.5) else F32(0))
+                o[j] = ((r if abs(r) < F32(256) else F32(0)) + F32(0)) * hh
+
+
+@njit(**_OPTS)
+def q8_0_values_x86(x, iv, h, out, n32):
+    """:func:`q8_0_values_ref` with ggml-cpu's x86 rounding (:func:`q8_values` form 1):
+    ``rint`` (half to even), a quant beyond int8 stored as -128."""
+    N, K = x.shape
+    for n in range(N):
+        xr = x[n]
+        o = out[n]
+        ivr = iv[n]
+        hr = h[n]
+        for b in range(K // 32):
+            idv = ivr[b]
+            hh = hr[b]
+            base = b * 32
+            for j in range(n32):
+                r = np.rint(xr[base + j] * idv)
+                o[base + j] = ((r if abs(r) < F32(256) else F32(-128)) + F32(0)) * hh
+
+
+@njit(**_OPTS)
+def q8_0_values_arm(x, iv, h, out, n32):
+    """:func:`q8_0_values_ref` with ggml-cpu's aarch64 rounding (:func:`q8_values` form 2):
+    ``rint`` (half to even), a quant beyond int8 stored as its int32 conversion's low byte."""
+    N, K = x.shape
+    for n in range(N):
+        xr = x[n]
+        o = out[n]
+        ivr = iv[n]
+        hr = h[n]
+        for b in range(K // 32):
+            idv = ivr[b]
+            hh = hr[b]
+            for jj in range(n32):
+                j = b * 32 + jj
+                r = np.rint(xr[j] * idv)
+                q = r if abs(r) < F32(256) else (F32(-1) if r > F32(0) else F32(0))
+                o[j] = (q + F32(0)) * hh
 
 
 @njit(**_OPTS)

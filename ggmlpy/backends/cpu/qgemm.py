@@ -268,16 +268,22 @@ def _f16_round(v: np.ndarray) -> np.ndarray:
 
 def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray, form: str) -> bool:
     """:func:`act_operand` with the compiled quantizers of :mod:`.dequant_kernels` (the same
-    rounding as :func:`ggmlpy.quants.q8_arch.quantize_row_q8` in ``form``): Q8_0 in one kernel
-    call (``q8_0_rows``), Q8_1 in two passes (the block maxima, the scales and their f16
+    rounding as :func:`ggmlpy.quants.q8_arch.quantize_row_q8` in ``form``): Q8_0 in two kernel
+    calls (``q8_0_scales`` with the f16 rounding, ``q8_0_values_<form>``), Q8_1 in two passes (the block maxima, the scales and their f16
     rounding here, then the quants written as values and their sums)."""
     N, K = x.shape
     xi = x.view(np.int32)
     if kind == "q8_K":
         k.q8k_values(x, xi, out, 32)
         return True
-    if kind == "q8_0":  # one call: maxima, f16 scales and values row by row
-        return bool(k.q8_0_rows(x, xi, out, q8_arch.FORM_CODE[form], 32))
+    if kind == "q8_0":  # two calls: inverse and f16 scales per block, then the values
+        code = q8_arch.FORM_CODE[form]
+        iv = np.empty((N, K // 32), F32)
+        h = np.empty((N, K // 32), F32)
+        if not k.q8_0_scales(xi, iv, h, code, 32):
+            return False
+        (k.q8_0_values_ref, k.q8_0_values_x86, k.q8_0_values_arm)[code](x, iv, h, out, 32)
+        return True
     nb = K // 32
     a = np.empty((N, nb), F32)
     k.q8_amax(xi, a, 32)
