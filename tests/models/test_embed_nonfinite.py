@@ -20,6 +20,9 @@ from ggmlpy.models.gguf_bert import convert  # noqa: E402
 pytestmark = pytest.mark.model
 
 EMB_MAX_ABS = 1e-5  # as tests/models/test_model_bert.py
+# a .gguf file runs llama.cpp's graph, whose FFN uses ggml's tanh GELU: the f32 file is 2.8e-4
+# from sentence-transformers' erf GELU on the fixture (docs/types-and-gguf.md)
+GGUF_EMB_MAX_ABS = 5e-4
 CAT = 4937
 
 
@@ -75,7 +78,7 @@ def test_nan_row_is_named_json_stays_valid_and_exit_is_1(nan_gguf, public, capsy
     assert doc["nonfinite_rows"] == [1]
     assert all(v is None for v in doc["embeddings"][1])
     np.testing.assert_allclose(doc["embeddings"][0], public["embeddings"][0], rtol=0,
-                               atol=EMB_MAX_ABS)
+                               atol=GGUF_EMB_MAX_ABS)
 
 
 @pytest.mark.parametrize("fmt", ["array", "json", "json+"])

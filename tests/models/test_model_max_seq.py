@@ -23,6 +23,10 @@ from ggmlpy.models.gguf_bert import convert, fallback_max_seq_length  # noqa: E4
 pytestmark = pytest.mark.model
 
 EMB_MAX_ABS = 1e-5  # as tests/models/test_model_bert.py
+# a .gguf file runs llama.cpp's graph, whose FFN uses ggml's tanh GELU: the f32 file is 3.2e-4
+# from sentence-transformers' erf GELU on this sentence (docs/types-and-gguf.md); a cut at
+# another length moves the embedding by more than 1e-2
+GGUF_EMB_MAX_ABS = 5e-4
 LONG = 2  # the fixture sentence of 280 tokens
 
 
@@ -67,14 +71,14 @@ def _long(m: BertModel, public: dict) -> np.ndarray:
 
 def test_model_dir_and_own_gguf_cut_at_the_published_256(model_dir, files, public):
     ref = np.asarray(public["embeddings"][LONG])
-    for path, source in ((model_dir, "sentence_bert_config.json"),
-                         (files["own"], "ggmlpy.max_seq_length")):
+    for path, source, tol in ((model_dir, "sentence_bert_config.json", EMB_MAX_ABS),
+                              (files["own"], "ggmlpy.max_seq_length", GGUF_EMB_MAX_ABS)):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             m = BertModel.load(path)
         with m:
             assert m.max_seq_length == 256 and m.config.max_seq_length_source == source
-            assert np.abs(_long(m, public) - ref).max() <= EMB_MAX_ABS
+            assert np.abs(_long(m, public) - ref).max() <= tol
 
 
 def test_foreign_gguf_of_unknown_name_falls_back_to_512_with_a_warning(files, public):
@@ -89,13 +93,13 @@ def test_foreign_gguf_of_unknown_name_falls_back_to_512_with_a_warning(files, pu
         cos = got @ ref / np.linalg.norm(got) / np.linalg.norm(ref)
         assert cos < 0.999  # all 280 tokens pooled: not sentence-transformers' vector
         m.max_seq_length = 256  # settable, as SentenceTransformer.max_seq_length
-        assert np.abs(_long(m, public) - ref).max() <= EMB_MAX_ABS
+        assert np.abs(_long(m, public) - ref).max() <= GGUF_EMB_MAX_ABS
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # an explicit limit: no warning
         m = BertModel.load(files["foreign"], max_seq_length=256)
     with m:
         assert m.config.max_seq_length_source == "max_seq_length argument"
-        assert np.abs(_long(m, public) - ref).max() <= EMB_MAX_ABS
+        assert np.abs(_long(m, public) - ref).max() <= GGUF_EMB_MAX_ABS
 
 
 def test_foreign_gguf_of_a_known_name_gets_its_published_limit(files, public):
@@ -106,7 +110,7 @@ def test_foreign_gguf_of_a_known_name_gets_its_published_limit(files, public):
     with m:
         assert m.max_seq_length == 256
         assert m.config.max_seq_length_source == "known model name 'All MiniLM L6 v2'"
-        assert np.abs(_long(m, public) - ref).max() <= EMB_MAX_ABS
+        assert np.abs(_long(m, public) - ref).max() <= GGUF_EMB_MAX_ABS
 
 
 def test_fallback_rule():
@@ -144,4 +148,4 @@ def test_cli_warns_for_a_foreign_gguf_and_ctx_size_fixes_it(files, public, capsy
         out, err = capsys.readouterr()
         doc = json.loads(out)
         assert err == "" and doc["truncated"] == [True] and doc["n_tokens"] == [256]
-        assert np.abs(np.asarray(doc["embeddings"][0]) - ref).max() <= EMB_MAX_ABS
+        assert np.abs(np.asarray(doc["embeddings"][0]) - ref).max() <= GGUF_EMB_MAX_ABS
