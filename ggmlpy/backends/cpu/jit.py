@@ -50,7 +50,8 @@ import numpy as np
 
 from ggmlpy.core import env
 
-__all__ = ["available", "reason", "kernel_module", "f16_table", "warm_up", "gelu_erf", "soft_max", "norm", "binary", "BINARY_OPS"]
+__all__ = ["available", "reason", "kernel_module", "f16_table", "warm_up", "gelu_erf", "gelu_table",
+           "soft_max", "norm", "binary", "BINARY_OPS"]
 
 #: ``binary`` op codes
 BINARY_OPS = {"add": 0, "subtract": 1, "multiply": 2, "divide": 3}
@@ -98,7 +99,7 @@ def _build() -> dict[str, Any]:
 
 
 _NAMES = ("gelu", "gelu_inplace", "softmax", "softmax_inplace", "norm", "norm_inplace",
-          "binary", "binary_inplace")
+          "binary", "binary_inplace", "gelu_table", "gelu_table_inplace", "geglu_table")
 
 
 def _kernels() -> dict[str, Any]:
@@ -136,6 +137,12 @@ def warm_up() -> bool:
     x4 = np.ones((1, 1, 2, 4), np.float32)
     gelu_erf(v, v.copy())
     gelu_erf(v, v)
+    from ggmlpy.backends.kernels.unary import gelu_f16_table  # noqa: PLC0415
+
+    table = gelu_f16_table()
+    gelu_table(v, v.copy(), table)
+    gelu_table(v, v, table)
+    gelu_table(v, v.copy(), table, v.copy())
     soft_max(x4, x4.copy(), 0.5, x4.copy())
     soft_max(x4, x4.copy(), 0.5, x4)
     norm(m, 1e-5, m.copy())
@@ -178,6 +185,38 @@ def gelu_erf(x: np.ndarray, out: np.ndarray) -> np.ndarray:
         _call("gelu_inplace", x.size, out.reshape(-1))
     else:
         _call("gelu", x.size, x.reshape(-1), out.reshape(-1))
+    return out
+
+
+def gelu_table(x: np.ndarray, out: np.ndarray, table: np.ndarray,
+               g: np.ndarray | None = None) -> np.ndarray:
+    """*Sync*: ggml-cpu's table GELU (``GGML_GELU_FP16``, vec.h ``ggml_vec_gelu_f32``), or GEGLU's
+    ``gelu(x) * g`` (``ggml_vec_geglu_f32``) when ``g`` is given, in one compiled pass: ``x``
+    rounded to f16 (nearest even) indexes ``table`` (float32 ``(65536,)``,
+    :func:`ggmlpy.backends.kernels.unary.gelu_f16_table`); ``x >= 10`` gives ``x``, ``x <= -10``
+    gives 0. Bit-identical to :func:`ggmlpy.backends.kernels.unary.gelu_f16_table_into` (its
+    NumPy form and the fallback). ``x``, ``out`` (and ``g``) float32 C-contiguous, any one shape;
+    ``out`` may be ``x`` or ``g`` (each element is read before it is written).
+
+    Raises:
+        ValueError: a non-float32 or non-C-contiguous array, shapes that differ, or a table that
+            is not float32 ``(65536,)``.
+    """
+    _check_f32_c("gelu_table", x=x, out=out, table=table)
+    if table.shape != (65536,):
+        raise ValueError(f"cpu_jit.gelu_table: table shape {table.shape} != (65536,)")
+    if x.shape != out.shape:
+        raise ValueError(f"cpu_jit.gelu_table: out shape {out.shape} != x shape {x.shape}")
+    if g is None:
+        if _same(x, out):
+            _call("gelu_table_inplace", x.size, out.reshape(-1), table)
+        else:
+            _call("gelu_table", x.size, x.reshape(-1), table, out.reshape(-1))
+        return out
+    _check_f32_c("gelu_table", g=g)
+    if g.shape != x.shape:
+        raise ValueError(f"cpu_jit.gelu_table: g shape {g.shape} != x shape {x.shape}")
+    _call("geglu_table", x.size, x.reshape(-1), g.reshape(-1), table, out.reshape(-1))
     return out
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import njit
+from numba.core import types
+from numba.extending import intrinsic
 
 # no 'nnan'/'ninf': NaN and inf must propagate as in ggml; 'contract' allows FMAs, 'reassoc'
 # lets LLVM vectorize the reductions
@@ -22,6 +25,9 @@ LN_TINY = F32(-87.33654)                      # ~ln(F32_TINY): below it exp(y) <
 LOG2E = F32(1.4426950408889634)
 LN2_HI, LN2_LO = F32(0.693359375), F32(-2.12194440e-4)  # LN2_HI: 9 significant bits
 E2, E3, E4, E5, E6, E7 = (F32(1.0 / math.factorial(i)) for i in range(2, 8))
+#: the table GELU's bounds (ggml-cpu vec.h ``GELU_COEF``-table loops: ``x <= -10`` -> 0,
+#: ``x >= 10`` -> x; ggmlpy.backends.kernels.unary.GELU_TABLE_LIMIT)
+GELU_LIMIT = F32(10.0)
 
 
 @njit(nogil=True, cache=True, error_model="numpy", fastmath={"contract"})
@@ -209,3 +215,45 @@ def binary_inplace_body(a, b, op):  # a (op)= b: two arrays, so LLVM's overlap c
         else:
             for j in range(n):
                 ar[j] /= br[j]
+
+
+@intrinsic
+def _f16_index(typingctx, x):
+    """The f16 bit pattern of float32 ``x`` rounded to nearest even (LLVM ``fptrunc`` to half, as
+    F16C's ``vcvtps2ph`` and NumPy's ``astype(float16)``), as an int64 table index 0..65535."""
+    def codegen(context, builder, sig, args):
+        h = builder.fptrunc(args[0], ir.HalfType())
+        bits = builder.bitcast(h, ir.IntType(16))
+        return builder.zext(bits, ir.IntType(64))
+    return types.int64(types.float32), codegen
+
+
+@njit(inline="always", **_OPTS)
+def _gelu_table1(v, table):
+    if v >= GELU_LIMIT:
+        return v
+    if v <= -GELU_LIMIT:
+        return F32(0.0)
+    return table[_f16_index(v)]
+
+
+@njit(**_OPTS)
+def gelu_table_body(x, table, out):
+    for i in range(x.shape[0]):
+        out[i] = _gelu_table1(x[i], table)
+
+
+@njit(**_OPTS)
+def gelu_table_inplace_body(x, table):
+    for i in range(x.shape[0]):
+        x[i] = _gelu_table1(x[i], table)
+
+
+@njit(**_OPTS)
+def geglu_table_body(x, g, table, out):
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v <= -GELU_LIMIT:
+            out[i] = F32(0.0)
+        else:
+            out[i] = _gelu_table1(v, table) * g[i]

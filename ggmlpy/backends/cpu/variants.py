@@ -14,7 +14,8 @@ name                        op          applies when
                                         not ``GGMLPY_PRECISE_KERNELS``, C-contiguous arrays
 ``fast.gelu_erf_f32``       UNARY       the same without Numba: the float32 formula
 ``cpu.gelu_f16_table``      UNARY       GELU, F32, NumPy, not ``GGMLPY_PRECISE_KERNELS``, a
-                                        C-contiguous destination: ggml-cpu's f16 table
+                                        C-contiguous destination: ggml-cpu's f16 table (one
+                                        compiled pass with Numba and C-contiguous arrays)
 ``cpu.geglu_f16_table``     GLU         GEGLU, F32 sources and destination, NumPy, not precise,
                                         a C-contiguous destination: the same table, times the gate
 ``fast.gelu_tanh_f32``      UNARY       GELU, F32, NumPy, C-contiguous arrays
@@ -55,7 +56,7 @@ from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kern
 from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels.common import F32, c_contig
 from ggmlpy.backends.kernels.registry import KernelRegistry, Step
-from ggmlpy.backends.kernels.unary import gelu_f16_table_into, gelu_tanh_f32_into
+from ggmlpy.backends.kernels.unary import gelu_f16_table, gelu_f16_table_into, gelu_tanh_f32_into
 from ggmlpy.core import env, special
 from ggmlpy.core.opcodes import GluOp, Op, UnaryOp
 from ggmlpy.core.tensor import Tensor
@@ -256,8 +257,17 @@ def _k_gelu_erf_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(special.gelu_erf_f32, srcs[0], dst)
 
 
+def _table_step(x: Any, dst: Any, g: Any = None) -> Step:
+    """The table GELU/GEGLU step: one compiled pass when Numba is used and the arrays are
+    C-contiguous float32 (:func:`ggmlpy.backends.cpu.jit.gelu_table`), else the NumPy form
+    (same bits)."""
+    if jit_ready() and jit_arrays(x, dst, *(() if g is None else (g,))):
+        return partial(cpu_jit.gelu_table, x, dst, gelu_f16_table(), g)
+    return _table_step(x, dst, g)
+
+
 def _k_gelu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
-    return partial(gelu_f16_table_into, srcs[0], dst)
+    return _table_step(srcs[0], dst)
 
 
 def _k_geglu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:

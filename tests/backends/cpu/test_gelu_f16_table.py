@@ -104,3 +104,44 @@ def test_geglu_table_strided_rows_within_bound():
     x, g = both[:, :n].astype(np.float64), both[:, n:].astype(np.float64)
     err = np.abs(got.reshape(x.shape) - _gelu64(x) * g)
     assert np.all(err <= _bound(x) * np.abs(g) + 2.0**-23 * np.abs(_gelu64(x) * g) + 1e-30)
+
+
+def test_compiled_table_pass_is_the_numpy_form_bit_for_bit():
+    """``cpu_jit.gelu_table`` (the one-pass kernel plans use with Numba) against the NumPy form
+    ``gelu_f16_table_into`` (the fallback): every f16 value, the +-10 limits and their
+    neighbours, NaN, +-inf, +-0 and random float32 values, for GELU (also in place) and GEGLU
+    (also into the gate's memory)."""
+    from ggmlpy.backends.cpu import jit as cpu_jit
+    from ggmlpy.backends.kernels.unary import gelu_f16_table, gelu_f16_table_into
+
+    if not cpu_jit.available():
+        pytest.skip(f"compiled kernels unavailable: {cpu_jit.reason()}")
+    rng = np.random.default_rng(5)
+    lim = np.float32(10.0)
+    edges = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, lim, -lim, np.nextafter(lim, 0),
+                      np.nextafter(-lim, 0), np.nextafter(lim, 20), np.nextafter(-lim, -20),
+                      65504.0, 65520.0, -65520.0, 1e-8, -1e-8, 6e-5], np.float32)
+    x = np.concatenate([_all_f16_inputs(), edges,
+                        (rng.standard_normal(4099) * 6).astype(np.float32)])
+    g = rng.standard_normal(x.size).astype(np.float32)
+    g[:5] = [np.nan, np.inf, 0.0, -0.0, 1e30]
+    table = gelu_f16_table()
+
+    def same(a, b):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+    want = np.empty_like(x)
+    gelu_f16_table_into(x, want)
+    same(cpu_jit.gelu_table(x, np.empty_like(x), table), want)
+    y = x.copy()
+    cpu_jit.gelu_table(y, y, table)
+    same(y, want)
+    gelu_f16_table_into(x, want, g)
+    same(cpu_jit.gelu_table(x, np.empty_like(x), table, g), want)
+    gg = g.copy()
+    cpu_jit.gelu_table(x, gg, table, gg)
+    same(gg, want)
+    with pytest.raises(ValueError, match="table shape"):
+        cpu_jit.gelu_table(x, y, table[:10])
+    with pytest.raises(ValueError, match="g shape"):
+        cpu_jit.gelu_table(x, y, table, g[:10])
