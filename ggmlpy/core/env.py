@@ -408,12 +408,17 @@ def cpu_spin() -> int:
 
 
 def quant_matmul() -> str:
-    """``GGMLPY_QUANT_MATMUL``: ``"ggml"`` (default) or ``"dequant"``, case-insensitive, returned
-    in lower case. ``ggml``: a NumPy MUL_MAT whose weight has a dot kernel
-    (:mod:`ggmlpy.backends.cpu.qmatmul`) and whose batch is below that type's crossover quantizes
-    the activations to the weight's ``vec_dot_type`` and runs ggml's block dot products on the
-    weight's bytes; larger batches dequantize row blocks for a BLAS GEMM. ``dequant``: always the
-    latter (float32 products of the exact weight values). Read when a plan is built.
+    """``GGMLPY_QUANT_MATMUL``: ``"ggml"`` (default), ``"dot"`` or ``"dequant"``,
+    case-insensitive, returned in lower case. ``ggml``: a NumPy MUL_MAT whose weight has a dot
+    kernel (:mod:`ggmlpy.backends.cpu.qmatmul`) and whose batch is below that type's crossover
+    quantizes the activations to the weight's ``vec_dot_type`` and runs ggml's block dot products
+    on the weight's bytes; larger batches multiply dequantized weight tiles with the activations'
+    block values in a BLAS GEMM (ggml's roundings, BLAS's summation order). ``dot``: the dot
+    kernels at every batch size (ggml-cpu's per-output summation order for any batch, as its
+    ``vec_dot`` and llamafile's integer tiles compute it: the closest match to llama.cpp's
+    results, slower than the GEMM for large batches). ``dequant``: float32 products of the exact
+    weight values with the float32 activations at every batch size. Read when a plan is
+    built.
 
     Raises:
         EnvError: any other value.
@@ -421,8 +426,8 @@ def quant_matmul() -> str:
     v = _raw(QUANT_MATMUL)
     if v is None:
         return "ggml"
-    if v.lower() not in ("ggml", "dequant"):
-        raise EnvError(QUANT_MATMUL, v, "ggml or dequant")
+    if v.lower() not in ("ggml", "dot", "dequant"):
+        raise EnvError(QUANT_MATMUL, v, "ggml, dot or dequant")
     return v.lower()
 
 

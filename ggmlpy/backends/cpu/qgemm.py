@@ -95,13 +95,13 @@ def kernels_available() -> bool:
 def gemm_numerics(t: Type, src1_type: Type) -> str:
     """The numerics of a GEMM-path MUL_MAT with a weight of type ``t`` and activations of type
     ``src1_type``: ``"ggml"`` (activations rounded to ``VEC_DOT_TYPE[t]``, see the module doc)
-    when ``GGMLPY_QUANT_MATMUL`` is ``ggml``, ``t`` has a ``vec_dot_type`` and the activations are
-    F32; else ``"exact"``. Depends on nothing else (not on buffers, caches or Numba).
+    when ``GGMLPY_QUANT_MATMUL`` is ``ggml`` (or ``dot``, for a type without a dot kernel), ``t``
+    has a ``vec_dot_type`` and the activations are F32; else ``"exact"``. Depends on nothing else (not on buffers, caches or Numba).
 
     Raises:
         EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
     """
-    if t in VEC_DOT_TYPE and src1_type == Type.F32 and env.quant_matmul() == "ggml":
+    if t in VEC_DOT_TYPE and src1_type == Type.F32 and env.quant_matmul() != "dequant":
         return "ggml"
     return "exact"
 

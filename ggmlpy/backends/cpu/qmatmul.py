@@ -100,16 +100,18 @@ CROSSOVER = {Type.Q4_0: 48, Type.Q4_1: 48, Type.Q5_0: 48, Type.Q5_1: 32, Type.Q8
 
 def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
     """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` activation rows of type
-    ``src1_type`` runs the dot kernels: ``GGMLPY_QUANT_MATMUL`` is ``ggml`` (the default), ``t``
-    has a kernel, the activations are F32 and ``n_rows < CROSSOVER[t]`` (larger batches: the
-    dequantized GEMM is faster). Depends on nothing else (not on buffers, caches or Numba), so one
+    ``src1_type`` runs the dot kernels: ``t`` has a kernel, the activations are F32, and
+    ``GGMLPY_QUANT_MATMUL`` is ``dot`` or ``ggml`` (the default) with ``n_rows < CROSSOVER[t]``
+    (larger batches: the dequantized GEMM is faster). Depends on nothing else (not on buffers, caches or Numba), so one
     graph always takes one numeric path.
 
     Raises:
         EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
     """
-    return (t in DOT_TYPES and src1_type == Type.F32 and n_rows < CROSSOVER[t]
-            and env.quant_matmul() == "ggml")
+    if t not in DOT_TYPES or src1_type != Type.F32:
+        return False
+    mode = env.quant_matmul()
+    return mode == "dot" or (mode == "ggml" and n_rows < CROSSOVER[t])
 
 
 def _jit() -> Any:

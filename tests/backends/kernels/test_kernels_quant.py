@@ -130,7 +130,7 @@ def _check_mm(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray, do
                                atol=2e-6 * np.sqrt(ne_a[0]) * np.abs(W).max())
 
 
-@pytest.mark.parametrize("mode", ["ggml", "dequant"])
+@pytest.mark.parametrize("mode", ["ggml", "dot", "dequant"])
 @pytest.mark.parametrize("t", WTYPES)
 @pytest.mark.parametrize("m,n,bs,nr", [(7, 1, (1, 1), (1, 1)), (300, 5, (1, 1), (1, 1)),
                                        (5, 3, (2, 3), (2, 1)), (9, 40, (1, 1), (1, 1)),
@@ -148,7 +148,8 @@ def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr, mode, monkeyp
     raw = _encode(t, w)
     B = rng.uniform(-1, 1, b.ne[::-1]).astype(np.float32)
     (r,) = _run(ctx, [out], {a: raw, b: B})
-    dot = mode == "ggml" and n < qmatmul.CROSSOVER[t]
+    # dot: the block dot products at every batch (n = 70 is past every type's crossover)
+    dot = mode == "dot" or (mode == "ggml" and n < qmatmul.CROSSOVER[t])
     if mode == "ggml" and not dot:
         _check_gemm_ggml(t, _f32(r).reshape(out.ne[::-1]), raw, a.ne, B)
         return
@@ -186,7 +187,7 @@ def test_mul_mat_f16_weight_with_f16_activations():
                                rtol=1e-5, atol=2e-6 * np.sqrt(40))
 
 
-@pytest.mark.parametrize("mode", ["ggml", "dequant"])
+@pytest.mark.parametrize("mode", ["ggml", "dot", "dequant"])
 def test_mul_mat_sees_a_weight_written_between_calls(mode, monkeypatch):
     # no converted copy survives a call: rewriting the weight changes the next result
     monkeypatch.setenv(env.QUANT_MATMUL, mode)
@@ -206,7 +207,7 @@ def test_mul_mat_sees_a_weight_written_between_calls(mode, monkeypatch):
             backend_tensor_set(a, raw)
             _backend().graph_compute(g)
             got = np.asarray(backend_tensor_get(out)).reshape(1, 1, 1, 4)
-            _check_mm(Type.Q8_0, got, raw, a.ne, B.reshape(1, 1, 1, 32), mode == "ggml")
+            _check_mm(Type.Q8_0, got, raw, a.ne, B.reshape(1, 1, 1, 32), mode != "dequant")
     finally:
         buf.free()
 
