@@ -263,7 +263,7 @@ def _table_step(x: Any, dst: Any, g: Any = None) -> Step:
     (same bits)."""
     if jit_ready() and jit_arrays(x, dst, *(() if g is None else (g,))):
         return partial(cpu_jit.gelu_table, x, dst, gelu_f16_table(), g)
-    return _table_step(x, dst, g)
+    return partial(gelu_f16_table_into, x, dst, g)
 
 
 def _k_gelu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
@@ -278,7 +278,7 @@ def _k_geglu_table(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         n = dst.shape[-1]
         swapped = bool(node.op_params[1]) if len(node.op_params) > 1 else False
         x, g = (a[..., n:2 * n], a[..., :n]) if swapped else (a[..., :n], a[..., n:2 * n])
-    return partial(gelu_f16_table_into, x, dst, g)
+    return _table_step(x, dst, g)
 
 
 def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
