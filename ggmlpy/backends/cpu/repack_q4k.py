@@ -1,0 +1,175 @@
+"""MUL_MAT with a Q4_K weight as llama.cpp's CPU backend computes it on x86-64 (the CPU's
+variant ``cpu.jit.mul_mat_q4k_repack``; a Numba kernel, :mod:`.repack_q4k_kernel`, compiled on
+first use).
+
+llama.cpp loads a Q4_K weight whose rows are a multiple of 8 into the ``CPU_REPACK`` buffer on an
+AVX2 CPU (repack.cpp ``ggml_repack_get_optimal_repack_type``: ``block_q4_Kx8``, 8 rows
+interleaved), and every MUL_MAT with it then runs ``forward_mul_mat`` there: the activations
+quantized to Q8_K per plane, rows in groups of four by ``ggml_quantize_mat_q8_K_4x8`` and the
+``ne11 % 4`` last rows by ``quantize_row_q8_K``; ``ggml_gemm_q4_K_8x8_q8_K`` for the groups and
+``ggml_gemv_q4_K_8x8_q8_K`` for the rest (arch/x86/repack.cpp). Both compute an output as: per
+step the exact integer sums ``iacc = sum_j scale_j * (q4 . q8)_j`` and ``imin = sum_j min_j *
+bsum_j`` over its sub-blocks of 32, then ``acc = fma(float(iacc), d*d8, acc)`` and ``accm =
+fma(float(imin), dmin*d8, accm)``, the result ``acc - accm``; a step is one super-block of 256 in
+the gemv and one pair of sub-blocks (64) in the AVX-512 gemm. Another float32 order than ggml's
+``ggml_vec_dot_q4_K_q8_K`` (8 lanes, a horizontal sum at the end), which is what llama.cpp runs for
+Q4_K only without the repack buffer.
+
+The two quantizers give the same values but for one case: ``quantize_row_q8_K`` takes the sign of
+the first element of largest magnitude (``iscale = -127/max``), ``ggml_quantize_mat_q8_K_4x8``
+takes ``-127/amax`` when any element equals ``+amax`` and ``127/amax`` otherwise; they differ when
+``+amax`` and ``-amax`` both occur and ``-amax`` comes first. Both round ``iscale * x`` in float32
+half to even and store ``d = 1/iscale``.
+
+The grouping of rows by four is the node's (``src1``'s ``ne[1]`` per plane): a threaded plan
+must not cut the activation rows (the variant applies where the CPU plan cuts the weight rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.backends.kernels.registry import Step
+from ggmlpy.quants._common import nearest_int
+
+__all__ = ["Q4K_BYTES", "decode_q4_k", "quantize_q8_k_rows", "mul_mat_q4k_step", "warm_up"]
+
+#: bytes per Q4_K super-block (``d``, ``dmin`` f16, ``scales[12]``, ``qs[128]``)
+Q4K_BYTES = 144
+_F32 = np.float32
+
+_state: dict[str, Any] = {}
+_decoded: dict[tuple, tuple[np.ndarray, ...]] = {}
+
+
+def _kernel() -> Any:
+    k = _state.get("k")
+    if k is None:
+        from ggmlpy.backends.cpu import repack_q4k_kernel  # noqa: PLC0415 - imports Numba
+
+        k = _state["k"] = repack_q4k_kernel.gemm_q4k
+    return k
+
+
+def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                           np.ndarray]:
+    """Q4_K rows of bytes ``(C, nb*144)`` (uint8) to ``(w4, sc, mn, d, dmin)``: ``w4`` int8 ``(C,
+    nb*256)`` the 4-bit values in element order, ``sc``/``mn`` int32 ``(C, nb, 8)`` the 6-bit
+    sub-block scales and mins (ggml ``get_scale_min_k4``), ``d``/``dmin`` float32 ``(C, nb)``
+    (the f16 fields widened). Synchronous.
+
+    Raises:
+        ValueError: ``rows`` is not 2-D uint8 with a multiple of 144 bytes per row.
+    """
+    if rows.ndim != 2 or rows.dtype != np.uint8 or rows.shape[1] % Q4K_BYTES:
+        raise ValueError(f"decode_q4_k: rows must be (C, nb*144) uint8, got {rows.shape} "
+                         f"{rows.dtype}")
+    C, nb = rows.shape[0], rows.shape[1] // Q4K_BYTES
+    b = np.ascontiguousarray(rows).reshape(C, nb, Q4K_BYTES)
+    d = b[:, :, 0:2].copy().view(np.float16)[..., 0].astype(_F32)
+    dmin = b[:, :, 2:4].copy().view(np.float16)[..., 0].astype(_F32)
+    q = b[:, :, 4:16].astype(np.int32)
+    sc = np.empty((C, nb, 8), np.int32)
+    mn = np.empty((C, nb, 8), np.int32)
+    sc[..., :4] = q[..., 0:4] & 63
+    mn[..., :4] = q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    qs = b[:, :, 16:].reshape(C, nb, 4, 32)
+    w4 = np.empty((C, nb, 4, 2, 32), np.int8)
+    w4[:, :, :, 0] = qs & 0xF           # sub-block 2*j2: the low nibbles of 32 bytes
+    w4[:, :, :, 1] = qs >> 4            # sub-block 2*j2 + 1: their high nibbles
+    return w4.reshape(C, nb * 256), sc, mn, d, dmin
+
+
+def quantize_q8_k_rows(x: np.ndarray, group4: bool) -> tuple[np.ndarray, np.ndarray,
+                                                             np.ndarray]:
+    """Float32 rows ``(Y, nb*256)`` to Q8_K as ``(qs, d, bsum32)``: int8 ``(Y, nb*256)``, float32
+    ``(Y, nb)``, int32 ``(Y, nb, 8)`` (each sub-block of 32's quant sum). ``group4``: the sign
+    rule of ``ggml_quantize_mat_q8_K_4x8``, else ``quantize_row_q8_K``'s (module docstring).
+    Synchronous. Raises ValueError when the rows are not a multiple of 256 long."""
+    if x.ndim != 2 or x.shape[1] % 256:
+        raise ValueError(f"quantize_q8_k_rows: x must be (Y, nb*256), got {x.shape}")
+    Y, nb = x.shape[0], x.shape[1] // 256
+    b = np.asarray(x, _F32).reshape(Y * nb, 256)
+    ax = np.abs(b)
+    amax = ax.max(axis=1)
+    if group4:
+        neg = ~(b == amax[:, None]).any(axis=1)      # no element equals +amax
+    else:
+        neg = b[np.arange(b.shape[0]), np.argmax(ax, axis=1)] < 0
+    zero = amax == 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        iscale = np.where(neg, _F32(127), _F32(-127)) / np.where(zero, _F32(1), amax)
+        iscale = iscale.astype(_F32)
+        v = nearest_int((iscale[:, None] * b).astype(_F32))
+        d = (_F32(1) / iscale).astype(_F32)
+    qs = np.minimum(v, 127).astype(np.int8)
+    qs[zero] = 0
+    d[zero] = 0
+    bsum = qs.reshape(Y * nb, 8, 32).sum(axis=2, dtype=np.int32)
+    return qs.reshape(Y, nb * 256), d.reshape(Y, nb), bsum.reshape(Y, nb, 8)
+
+
+def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
+    key = (a.__array_interface__["data"][0], a.shape, a.strides)
+    hit = _decoded.get(key)
+    if hit is None:
+        w4, sc, mn, d, dmin = decode_q4_k(a.reshape(-1, a.shape[-1]))
+        hit = _decoded[key] = (w4.reshape(-1), sc.reshape(-1), mn.reshape(-1), d.reshape(-1),
+                               dmin.reshape(-1))
+    return hit
+
+
+def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int) -> Step:
+    """The step computing ``dst = b @ W^T`` in the repacked order (module docstring): ``a`` the
+    Q4_K weight's rows of bytes, uint8 ``(1, 1, C, nb*144)`` (ggml ``ne = [K, C]``, a 2-D
+    weight); ``b`` float32 ``(B3, B2, N, K)``; ``dst`` float32 ``(B3, B2, N, C)``. ``n_rows``:
+    the node's ``src1`` rows per plane (the grouping by four). The weight is decoded once per
+    memory address (kept for the process), the activations at each run. Synchronous when run.
+
+    Raises:
+        ValueError: shapes that do not fit, or ``b`` not float32.
+    """
+    if a.ndim != 4 or a.shape[:2] != (1, 1) or a.dtype != np.uint8 or a.shape[3] % Q4K_BYTES:
+        raise ValueError(f"repack_q4k: the weight must be (1, 1, C, nb*144) uint8, got "
+                         f"{a.shape} {a.dtype}")
+    C, nb = a.shape[2], a.shape[3] // Q4K_BYTES
+    if b.ndim != 4 or b.dtype != _F32 or b.shape[3] != nb * 256:
+        raise ValueError(f"repack_q4k: src1 must be float32 (B3, B2, N, {nb * 256}), got "
+                         f"{b.shape} {b.dtype}")
+    B3, B2, N = b.shape[:3]
+    if dst.shape != (B3, B2, N, C) or N != n_rows:
+        raise ValueError(f"repack_q4k: dst {dst.shape} must be {(B3, B2, N, C)} with N == "
+                         f"n_rows ({n_rows})")
+    k = _kernel()
+    w = _weight(a)
+    ng = N - N % 4
+    direct = dst.flags.c_contiguous
+    out = dst.reshape(-1) if direct else np.empty(dst.size, _F32)
+    per_plane = N * C
+
+    def run() -> None:
+        rows = b.reshape(B3 * B2, N, nb * 256)
+        for p in range(B3 * B2):
+            o = out[p * per_plane:(p + 1) * per_plane]
+            if ng:
+                qs, d, bs = quantize_q8_k_rows(rows[p, :ng], True)
+                k(*w, qs.reshape(-1), d.reshape(-1), bs.reshape(-1), o[:ng * C], ng, C, nb, True)
+            if ng < N:
+                qs, d, bs = quantize_q8_k_rows(rows[p, ng:], False)
+                k(*w, qs.reshape(-1), d.reshape(-1), bs.reshape(-1), o[ng * C:], N - ng, C, nb,
+                  False)
+        if not direct:
+            np.copyto(dst, out.reshape(dst.shape))
+    return run
+
+
+def warm_up() -> None:
+    """*Sync*: compile (or load from Numba's disk cache) the kernel. Needs Numba."""
+    a = np.zeros((1, 1, 8, Q4K_BYTES), np.uint8)
+    b = np.zeros((1, 1, 1, 256), _F32)
+    mul_mat_q4k_step(a, b, np.empty((1, 1, 1, 8), _F32), 1)()
+    _decoded.clear()
