@@ -15,11 +15,8 @@ the gemv and one pair of sub-blocks (64) in the AVX-512 gemm. Another float32 or
 ``ggml_vec_dot_q4_K_q8_K`` (8 lanes, a horizontal sum at the end), which is what llama.cpp runs for
 Q4_K only without the repack buffer.
 
-The two quantizers give the same values but for one case: ``quantize_row_q8_K`` takes the sign of
-the first element of largest magnitude (``iscale = -127/max``), ``ggml_quantize_mat_q8_K_4x8``
-takes ``-127/amax`` when any element equals ``+amax`` and ``127/amax`` otherwise; they differ when
-``+amax`` and ``-amax`` both occur and ``-amax`` comes first. Both round ``iscale * x`` in float32
-half to even and store ``d = 1/iscale``.
+The two quantizers give the same values but for the sign of the scale when ``+amax`` and
+``-amax`` both occur (:mod:`ggmlpy.backends.cpu.q8k_act`).
 
 The grouping of rows by four is the node's (``src1``'s ``ne[1]`` per plane): a threaded plan
 must not cut the activation rows (the variant applies where the CPU plan cuts the weight rows).
@@ -32,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backends.kernels.registry import Step
-from ggmlpy.quants._common import nearest_int
+from ggmlpy.backends.cpu.q8k_act import quantize_q8_k_rows
 
-__all__ = ["Q4K_BYTES", "decode_q4_k", "quantize_q8_k_rows", "mul_mat_q4k_step", "warm_up"]
+__all__ = ["Q4K_BYTES", "decode_q4_k", "mul_mat_q4k_step", "warm_up"]
 
 #: bytes per Q4_K super-block (``d``, ``dmin`` f16, ``scales[12]``, ``qs[128]``)
 Q4K_BYTES = 144
@@ -84,33 +81,10 @@ def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return w4.reshape(C, nb * 256), sc, mn, d, dmin
 
 
-def quantize_q8_k_rows(x: np.ndarray, group4: bool) -> tuple[np.ndarray, np.ndarray,
-                                                             np.ndarray]:
-    """Float32 rows ``(Y, nb*256)`` to Q8_K as ``(qs, d, bsum32)``: int8 ``(Y, nb*256)``, float32
-    ``(Y, nb)``, int32 ``(Y, nb, 8)`` (each sub-block of 32's quant sum). ``group4``: the sign
-    rule of ``ggml_quantize_mat_q8_K_4x8``, else ``quantize_row_q8_K``'s (module docstring).
-    Synchronous. Raises ValueError when the rows are not a multiple of 256 long."""
-    if x.ndim != 2 or x.shape[1] % 256:
-        raise ValueError(f"quantize_q8_k_rows: x must be (Y, nb*256), got {x.shape}")
-    Y, nb = x.shape[0], x.shape[1] // 256
-    b = np.asarray(x, _F32).reshape(Y * nb, 256)
-    ax = np.abs(b)
-    amax = ax.max(axis=1)
-    if group4:
-        neg = ~(b == amax[:, None]).any(axis=1)      # no element equals +amax
-    else:
-        neg = b[np.arange(b.shape[0]), np.argmax(ax, axis=1)] < 0
-    zero = amax == 0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        iscale = np.where(neg, _F32(127), _F32(-127)) / np.where(zero, _F32(1), amax)
-        iscale = iscale.astype(_F32)
-        v = nearest_int((iscale[:, None] * b).astype(_F32))
-        d = (_F32(1) / iscale).astype(_F32)
-    qs = np.minimum(v, 127).astype(np.int8)
-    qs[zero] = 0
-    d[zero] = 0
-    bsum = qs.reshape(Y * nb, 8, 32).sum(axis=2, dtype=np.int32)
-    return qs.reshape(Y, nb * 256), d.reshape(Y, nb), bsum.reshape(Y, nb, 8)
+def _sums32(bsums: np.ndarray) -> np.ndarray:
+    # the sums of 32 quants (pairs of Q8_K's 16-element bsums), int32, flat
+    b = bsums.astype(np.int32)
+    return (b[..., 0::2] + b[..., 1::2]).reshape(-1)
 
 
 def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -157,10 +131,10 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int)
             o = out[p * per_plane:(p + 1) * per_plane]
             if ng:
                 qs, d, bs = quantize_q8_k_rows(rows[p, :ng], True)
-                k(*w, qs.reshape(-1), d.reshape(-1), bs.reshape(-1), o[:ng * C], ng, C, nb, True)
+                k(*w, qs.reshape(-1), d.reshape(-1), _sums32(bs), o[:ng * C], ng, C, nb, True)
             if ng < N:
                 qs, d, bs = quantize_q8_k_rows(rows[p, ng:], False)
-                k(*w, qs.reshape(-1), d.reshape(-1), bs.reshape(-1), o[ng * C:], N - ng, C, nb,
+                k(*w, qs.reshape(-1), d.reshape(-1), _sums32(bs), o[ng * C:], N - ng, C, nb,
                   False)
         if not direct:
             np.copyto(dst, out.reshape(dst.shape))

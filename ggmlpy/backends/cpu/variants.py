@@ -42,6 +42,10 @@ name                        op          applies when
                                         weight rows (the dot-kernel batches and up to ``rows/8``
                                         activation rows): llama.cpp's repacked Q4_K order
                                         (:mod:`ggmlpy.backends.cpu.repack_q4k`)
+``cpu.jit.mul_mat_q6k``     MUL_MAT     a 2-D Q6_K weight, F32 ``src1``, the rest as above:
+                                        ggml-cpu's tiled kernel (8 rows or more) or AVX2
+                                        ``ggml_vec_dot_q6_K_q8_K`` lanes
+                                        (:mod:`ggmlpy.backends.cpu.vec_dot_q6k`)
 ``cpu.jit.soft_max_ggml``   SOFT_MAX    no ALiBi or sinks, F32 (mask F32 or none), NumPy, Numba,
                                         not precise, C-contiguous arrays: ggml-cpu's AVX-512
                                         ``ggml_v_expf`` and sums
@@ -67,7 +71,8 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backends.cpu import fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml
+from ggmlpy.backends.cpu import (fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml,
+                                 vec_dot_q6k)
 from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
 from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels import matmul
@@ -258,14 +263,24 @@ def _fits_mul_mat_f16(dst: Any, srcs: list[Any]) -> bool:
             and all(type(s) is np.ndarray and s.ndim == 4 for s in srcs[:2]) and jit_ready())
 
 
-def _sup_mul_mat_q4k(node: Tensor, xp: Any) -> bool:
+def _sup_kquant_2d(node: Tensor, xp: Any, t: Type) -> bool:
+    # a 2-D weight of type t with contiguous rows, F32 activations, and a plan that cuts (if
+    # at all) the weight rows: the activation rows stay whole (Q4_K's grouping by four)
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
     if (xp is not np or node.type != Type.F32 or a is None or b is None
-            or a.type != Type.Q4_K or b.type != Type.F32 or env.precise_kernels()):
+            or a.type != t or b.type != Type.F32 or env.precise_kernels()):
         return False
-    return (a.ne[2] == 1 and a.ne[3] == 1 and a.ne[1] % 8 == 0 and a.ne[0] == b.ne[0]
-            and b.ne[0] % 256 == 0 and b.ne[3] == 1 and a.nb[0] == a.type.type_size
+    return (a.ne[2] == 1 and a.ne[3] == 1 and a.ne[0] == b.ne[0] and b.ne[0] % 256 == 0
+            and b.ne[3] == 1 and a.nb[0] == a.type.type_size
             and matmul.splits_weight_rows(node))
+
+
+def _sup_mul_mat_q4k(node: Tensor, xp: Any) -> bool:
+    return _sup_kquant_2d(node, xp, Type.Q4_K) and node.src[0].ne[1] % 8 == 0
+
+
+def _sup_mul_mat_q6k(node: Tensor, xp: Any) -> bool:
+    return _sup_kquant_2d(node, xp, Type.Q6_K)
 
 
 def _fits_mul_mat_q4k(dst: Any, srcs: list[Any]) -> bool:
@@ -395,6 +410,12 @@ def _k_mul_mat_q4k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return repack_q4k.mul_mat_q4k_step(srcs[0], srcs[1], dst, node.src[1].ne[1])
 
 
+def _k_mul_mat_q6k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # the node's rows decide the order (a threaded plan cuts only the weight rows)
+    return vec_dot_q6k.mul_mat_q6k_step(srcs[0], srcs[1], dst,
+                                        vec_dot_q6k.uses_tiled(node.src[1].ne[1]))
+
+
 def _k_soft_max_ggml(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return soft_max_ggml.soft_max_step(srcs[0], _mask(srcs), _scale(node), dst)
 
@@ -457,6 +478,8 @@ def register(registry: KernelRegistry) -> None:
     o(Op.MUL_MAT, _k_mul_mat_f16, _sup_mul_mat_f16, name="cpu.jit.mul_mat_f16",
       fits=_fits_mul_mat_f16, narrows=True)
     o(Op.MUL_MAT, _k_mul_mat_q4k, _sup_mul_mat_q4k, name="cpu.jit.mul_mat_q4k",
+      fits=_fits_mul_mat_q4k, narrows=True)
+    o(Op.MUL_MAT, _k_mul_mat_q6k, _sup_mul_mat_q6k, name="cpu.jit.mul_mat_q6k",
       fits=_fits_mul_mat_q4k, narrows=True)
     o(Op.SOFT_MAX, _k_soft_max_ggml, _sup_soft_max_ggml, name="cpu.jit.soft_max_ggml",
       fits=_fits_jit_soft_max, narrows=True)
