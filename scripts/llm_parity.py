@@ -76,7 +76,8 @@ def main() -> int:
                          "measure what each one changes")
     ap.add_argument("--all-dot", action="store_true",
                     help="every quantized MUL_MAT through ggml's dot kernels (q8 activations), "
-                         "prompt batches included (qmatmul.CROSSOVER raised)")
+                         "prompt batches included (qmatmul.CROSSOVER raised), and every F16 one "
+                         "through ggml-cpu's order (sgemm_f16.MAX_MACS raised)")
     args = ap.parse_args()
     if not args.model:
         ap.error("--model or $GGMLPY_GEMMA3_GGUF is required")
@@ -92,6 +93,9 @@ def main() -> int:
 
         for t in list(qmatmul.CROSSOVER):
             qmatmul.CROSSOVER[t] = 1 << 30
+        from ggmlpy.backends.cpu import sgemm_f16
+
+        sgemm_f16.MAX_MACS = 1 << 62
     ref = np.load(DATA / "gemma3_logits.npz")
     cases = json.loads((DATA / "gemma3_greedy.json").read_text())["cases"]
     names = [str(n) for n in ref["names"]]

@@ -42,6 +42,7 @@ LAYERS: list[tuple[str, ...]] = [
      "ggmlpy.backends.cpu.repack_q4k_kernel", "ggmlpy.backends.cpu.vec_dot_q6k_kernel"),
     ("ggmlpy.backends.cpu.qmatmul_kernels", "ggmlpy.backends.cpu.dequant_kernels"),
     ("ggmlpy.backends.cpu.qmatmul_tasks",),
+    ("ggmlpy.backends.cpu.kquant_order_tasks",),
     ("ggmlpy.backends.cpu.fastpath", "ggmlpy.backends.cpu.jit", "ggmlpy.backends.cpu.blas",
      "ggmlpy.backends.cpu.qmatmul"),
     ("ggmlpy.backends.cpu.qgemm", "ggmlpy.backends.cpu.q8k_act"),

@@ -24,12 +24,12 @@ must not cut the activation rows (the variant applies where the CPU plan cuts th
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ggmlpy.backends.kernels.registry import Step
-from ggmlpy.backends.cpu.q8k_act import quantize_q8_k_rows
 
 __all__ = ["Q4K_BYTES", "decode_q4_k", "mul_mat_q4k_step", "warm_up"]
 
@@ -37,17 +37,29 @@ __all__ = ["Q4K_BYTES", "decode_q4_k", "mul_mat_q4k_step", "warm_up"]
 Q4K_BYTES = 144
 _F32 = np.float32
 
+#: weight-row chunks per task (at least 8 rows each), as the dot tasks of
+#: :mod:`ggmlpy.backends.cpu.qmatmul`
+_CHUNKS = 32
+#: words of a control block for a task without workers (:mod:`ggmlpy.backends.cpu.spin`)
+_CTL_SOLO = 96
+
 _state: dict[str, Any] = {}
 _decoded: dict[tuple, tuple[np.ndarray, ...]] = {}
 
 
-def _kernel() -> Any:
+def _tasks() -> Any:
     k = _state.get("k")
     if k is None:
-        from ggmlpy.backends.cpu import repack_q4k_kernel  # noqa: PLC0415 - imports Numba
+        from ggmlpy.backends.cpu import kquant_order_tasks  # noqa: PLC0415 - imports Numba
 
-        k = _state["k"] = repack_q4k_kernel.gemm_q4k
+        k = _state["k"] = kquant_order_tasks
     return k
+
+
+def _solo(main: Any, worker: Any) -> int:
+    # a task run by the calling thread alone, with a control block of its own
+    del worker
+    return main(np.zeros(_CTL_SOLO, np.int64), 1)
 
 
 def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
@@ -81,12 +93,6 @@ def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return w4.reshape(C, nb * 256), sc, mn, d, dmin
 
 
-def _sums32(bsums: np.ndarray) -> np.ndarray:
-    # the sums of 32 quants (pairs of Q8_K's 16-element bsums), int32, flat
-    b = bsums.astype(np.int32)
-    return (b[..., 0::2] + b[..., 1::2]).reshape(-1)
-
-
 def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
     key = (a.__array_interface__["data"][0], a.shape, a.strides)
     hit = _decoded.get(key)
@@ -97,12 +103,16 @@ def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
     return hit
 
 
-def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int) -> Step:
+def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
+                     run_dot: Any = None) -> Step:
     """The step computing ``dst = b @ W^T`` in the repacked order (module docstring): ``a`` the
     Q4_K weight's rows of bytes, uint8 ``(1, 1, C, nb*144)`` (ggml ``ne = [K, C]``, a 2-D
     weight); ``b`` float32 ``(B3, B2, N, K)``; ``dst`` float32 ``(B3, B2, N, C)``. ``n_rows``:
-    the node's ``src1`` rows per plane (the grouping by four). The weight is decoded once per
-    memory address (kept for the process), the activations at each run. Synchronous when run.
+    the node's ``src1`` rows per plane (the grouping by four). Each plane is one compiled dot
+    task (:mod:`.kquant_order_tasks`) that ``run_dot`` shares among threads (a CPU backend
+    pool's ``run_dot``; None: the calling thread alone). The weight is decoded once per memory
+    address (kept for the process), the activations quantized at each run. Synchronous when
+    run.
 
     Raises:
         ValueError: shapes that do not fit, or ``b`` not float32.
@@ -118,26 +128,29 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int)
     if dst.shape != (B3, B2, N, C) or N != n_rows:
         raise ValueError(f"repack_q4k: dst {dst.shape} must be {(B3, B2, N, C)} with N == "
                          f"n_rows ({n_rows})")
-    k = _kernel()
+    tk = _tasks()
     w = _weight(a)
     ng = N - N % 4
-    direct = dst.flags.c_contiguous
-    out = dst.reshape(-1) if direct else np.empty(dst.size, _F32)
-    per_plane = N * C
+    K = nb * 256
+    yq = np.empty((N, K), np.int8)
+    yd = np.empty((N, nb), _F32)
+    bs = np.empty((N, nb * 16), np.int16)
+    b32 = np.empty((N, nb * 8), np.int32)
+    chunk = max(8, -(-C // _CHUNKS))
+    desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
+    go = run_dot or _solo
+    out = np.empty((N, C), _F32)
+    planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
+    main, chunks = tk.q4k_main, tk.q4k_chunks
+    contig = np.ascontiguousarray
 
     def run() -> None:
-        rows = b.reshape(B3 * B2, N, nb * 256)
-        for p in range(B3 * B2):
-            o = out[p * per_plane:(p + 1) * per_plane]
-            if ng:
-                qs, d, bs = quantize_q8_k_rows(rows[p, :ng], True)
-                k(*w, qs.reshape(-1), d.reshape(-1), _sums32(bs), o[:ng * C], ng, C, nb, True)
-            if ng < N:
-                qs, d, bs = quantize_q8_k_rows(rows[p, ng:], False)
-                k(*w, qs.reshape(-1), d.reshape(-1), _sums32(bs), o[ng * C:], N - ng, C, nb,
-                  False)
-        if not direct:
-            np.copyto(dst, out.reshape(dst.shape))
+        for x, d in planes:
+            o = d if d.flags.c_contiguous else out
+            go(partial(main, contig(x), desc, *w, yq, yd, bs, b32, o, ng, chunk),
+               partial(chunks, *w, yq, yd, b32, o, ng, chunk))
+            if o is out:
+                np.copyto(d, out)
     return run
 
 
@@ -146,4 +159,5 @@ def warm_up() -> None:
     a = np.zeros((1, 1, 8, Q4K_BYTES), np.uint8)
     b = np.zeros((1, 1, 1, 256), _F32)
     mul_mat_q4k_step(a, b, np.empty((1, 1, 1, 8), _F32), 1)()
+    mul_mat_q4k_step(a, np.zeros((1, 1, 5, 256), _F32), np.empty((1, 1, 5, 8), _F32), 5)()
     _decoded.clear()

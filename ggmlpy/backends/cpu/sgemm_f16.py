@@ -35,7 +35,7 @@ __all__ = ["uses_tinyblas", "mul_mat_f16_step", "MAX_MACS", "warm_up"]
 
 #: multiply-adds up to which the variant takes a product (larger ones, the attention of long
 #: prompts, stay on the BLAS GEMM of float32 copies: faster, in another float32 order)
-MAX_MACS = 1 << 26
+MAX_MACS = 1 << 24
 
 _state: dict[str, Any] = {}
 _F32 = np.float32

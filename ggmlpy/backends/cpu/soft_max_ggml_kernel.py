@@ -29,16 +29,25 @@ _C1 = F32(float.fromhex("0x1.ffffecp-1"))
 def v_expf(x):  # pragma: no cover - compiled
     """One lane of ggml's AVX-512 ``ggml_v_expf`` (vec.h): ``n = round(x/ln 2)`` by the
     ``1.5*2^23`` trick, ``b = x - n ln 2`` in two FMA steps, a degree-5 polynomial in ``b``
-    (Estrin with ``u = b*b``), ``_mm512_scalef_ps(j, n)`` = ``j * 2^n`` rounded once; ``|n| >
-    192``: 0 for ``n <= 0``, else inf."""
+    (Estrin with ``u = b*b``), ``_mm512_scalef_ps(j, n)`` = ``j * 2^n`` rounded once (here:
+    ``j * 2^n`` exact in float64, ``2^n`` built from its bits, then rounded to float32); ``|n|
+    > 192``: 0 for ``n <= 0``, else inf. Branch-free, so that the loops over it vectorize."""
     z = fma32(x, _LOG2E, _R)
     n = z - _R
     b = fma32(-n, _LN2_LO, fma32(-n, _LN2_HI, x))
-    if abs(n) > F32(192.0):
-        return F32(0.0) if n <= F32(0.0) else F32(np.inf)
     u = b * b
     j = fma32(fma32(fma32(_C5, b, _C4), u, fma32(_C3, b, _C2)), u, fma32(_C1, b, F32(1.0)))
-    return F32(F64(j) * np.ldexp(F64(1.0), np.int64(n)))
+    big = abs(n) > F32(192.0)
+    ni = np.int64(np.float32(0.0) if big else n)
+    res = F32(F64(j) * _pow2(ni))
+    alt = F32(0.0) if n <= F32(0.0) else F32(np.inf)
+    return alt if big else res
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pow2(ni):  # pragma: no cover - compiled
+    # 2.0**ni for -1022 <= ni <= 1023, from the float64 bits
+    return np.int64((ni + 1023) << 52).view(np.float64)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -62,6 +71,9 @@ def soft_max(x, mask, has_mask, scale, out):  # pragma: no cover - compiled
     X3, X2, X1, X0 = x.shape
     M3, M2 = mask.shape[0], mask.shape[1]
     w = np.empty(X0, F32)
+    wi = w.view(np.int32)
+    kb = np.empty(1, np.int32)
+    kf = kb.view(F32)
     for i3 in range(X3):
         for i2 in range(X2):
             for i1 in range(X1):
@@ -72,16 +84,20 @@ def soft_max(x, mask, has_mask, scale, out):  # pragma: no cover - compiled
                     mr = mask[i3 % M3, i2 % M2, i1]
                     for i in range(X0):
                         w[i] = w[i] + mr[i]
-                mx = F32(-np.inf)
+                # the maximum over order-preserving int32 keys of the float32 bits (an integer
+                # max vectorizes; a float compare loop does not): the same value as ggml's
+                kmax = np.int32(-2147483648)
                 for i in range(X0):
-                    if w[i] > mx:
-                        mx = w[i]
+                    bits = wi[i]
+                    kmax = max(kmax, bits ^ ((bits >> 31) & np.int32(0x7FFFFFFF)))
+                kb[0] = kmax ^ ((kmax >> 31) & np.int32(0x7FFFFFFF))
+                mx = kf[0]
                 orow = out[i3, i2, i1]
+                for i in range(X0):
+                    orow[i] = v_expf(w[i] - mx)
                 s = F64(0.0)
                 i = 0
                 while i + 15 < X0:
-                    for l in range(16):
-                        orow[i + l] = v_expf(w[i + l] - mx)
                     s += F64(_reduce16(orow, i))
                     i += 16
                 while i < X0:

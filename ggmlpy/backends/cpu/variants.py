@@ -71,11 +71,10 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backends.cpu import (fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml,
-                                 vec_dot_q6k)
+from ggmlpy.backends.cpu import fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml, vec_dot_q6k
 from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
-from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels import matmul
+from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels.common import F32, c_contig
 from ggmlpy.backends.kernels.registry import KernelRegistry, Step
 from ggmlpy.backends.kernels.unary import gelu_f16_table, gelu_f16_table_into, gelu_tanh_f32_into
@@ -407,13 +406,15 @@ def _k_mul_mat_f16(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
 
 def _k_mul_mat_q4k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     # the node's rows of src1 decide the grouping by four (the plan cuts only weight rows)
-    return repack_q4k.mul_mat_q4k_step(srcs[0], srcs[1], dst, node.src[1].ne[1])
+    return repack_q4k.mul_mat_q4k_step(srcs[0], srcs[1], dst, node.src[1].ne[1],
+                                       matmul.dot_runner())
 
 
 def _k_mul_mat_q6k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     # the node's rows decide the order (a threaded plan cuts only the weight rows)
     return vec_dot_q6k.mul_mat_q6k_step(srcs[0], srcs[1], dst,
-                                        vec_dot_q6k.uses_tiled(node.src[1].ne[1]))
+                                        vec_dot_q6k.uses_tiled(node.src[1].ne[1]),
+                                        matmul.dot_runner())
 
 
 def _k_soft_max_ggml(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:

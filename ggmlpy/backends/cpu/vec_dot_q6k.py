@@ -22,11 +22,11 @@ N, C)``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ggmlpy.backends.cpu.q8k_act import quantize_q8_k_rows
 from ggmlpy.backends.kernels.registry import Step
 
 __all__ = ["Q6K_BYTES", "TILED_MIN_ROWS", "uses_tiled", "decode_q6_k", "mul_mat_q6k_step",
@@ -39,17 +39,29 @@ _F32 = np.float32
 #: ``ggml_tiled_min_batch``)
 TILED_MIN_ROWS = 8
 
+#: weight-row chunks per task (at least 8 rows each), as the dot tasks of
+#: :mod:`ggmlpy.backends.cpu.qmatmul`
+_CHUNKS = 32
+#: words of a control block for a task without workers (:mod:`ggmlpy.backends.cpu.spin`)
+_CTL_SOLO = 96
+
 _state: dict[str, Any] = {}
 _decoded: dict[tuple, tuple[np.ndarray, ...]] = {}
 
 
-def _kernel() -> Any:
+def _tasks() -> Any:
     k = _state.get("k")
     if k is None:
-        from ggmlpy.backends.cpu import vec_dot_q6k_kernel  # noqa: PLC0415 - imports Numba
+        from ggmlpy.backends.cpu import kquant_order_tasks  # noqa: PLC0415 - imports Numba
 
-        k = _state["k"] = vec_dot_q6k_kernel.mul_mat_q6k
+        k = _state["k"] = kquant_order_tasks
     return k
+
+
+def _solo(main: Any, worker: Any) -> int:
+    # a task run by the calling thread alone, with a control block of its own
+    del worker
+    return main(np.zeros(_CTL_SOLO, np.int64), 1)
 
 
 def decode_q6_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -94,10 +106,14 @@ def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
     return hit
 
 
-def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool) -> Step:
+def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
+                     run_dot: Any = None) -> Step:
     """The step computing ``dst = b @ W^T`` in the tiled kernel's order (``tiled``) or
-    ``ggml_vec_dot_q6_K_q8_K``'s AVX2 one (module docstring shapes). The weight is decoded once per memory address (kept for the process),
-    the activations quantized at each run. Synchronous when run.
+    ``ggml_vec_dot_q6_K_q8_K``'s AVX2 one (module docstring shapes). Each plane is one compiled
+    dot task (:mod:`.kquant_order_tasks`) that ``run_dot`` shares among threads (a CPU
+    backend pool's ``run_dot``; None: the calling thread alone). The weight is decoded once
+    per memory address (kept for the process), the activations quantized at each run.
+    Synchronous when run.
 
     Raises:
         ValueError: shapes that do not fit, or ``b`` not float32.
@@ -112,17 +128,27 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool)
     B3, B2, N = b.shape[:3]
     if dst.shape != (B3, B2, N, C):
         raise ValueError(f"vec_dot_q6k: dst {dst.shape} must be {(B3, B2, N, C)}")
-    k = _kernel()
+    tk = _tasks()
     w = _weight(a)
-    direct = dst.flags.c_contiguous
-    out = dst.reshape(-1) if direct else np.empty(dst.size, _F32)
-    Y = B3 * B2 * N
+    K = nb * 256
+    yq = np.empty((N, K), np.int8)
+    yd = np.empty((N, nb), _F32)
+    bs = np.empty((N, nb * 16), np.int16)
+    chunk = max(8, -(-C // _CHUNKS))
+    desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
+    go = run_dot or _solo
+    out = np.empty((N, C), _F32)
+    planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
+    main, chunks = tk.q6k_main, tk.q6k_chunks
+    contig = np.ascontiguousarray
 
     def run() -> None:
-        qs, d, bs = quantize_q8_k_rows(b.reshape(Y, nb * 256), False)
-        k(*w, qs.reshape(-1), d.reshape(-1), bs.reshape(-1), out, Y, C, nb, tiled)
-        if not direct:
-            np.copyto(dst, out.reshape(dst.shape))
+        for x, d in planes:
+            o = d if d.flags.c_contiguous else out
+            go(partial(main, contig(x), desc, *w, yq, yd, bs, o, tiled, chunk),
+               partial(chunks, *w, yq, yd, bs, o, tiled, chunk))
+            if o is out:
+                np.copyto(d, out)
     return run
 
 
@@ -131,4 +157,5 @@ def warm_up() -> None:
     a = np.zeros((1, 1, 8, Q6K_BYTES), np.uint8)
     b = np.zeros((1, 1, 1, 256), _F32)
     mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), False)()
+    mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), True)()
     _decoded.clear()

@@ -14,6 +14,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from ggmlpy.backends.cpu.fma_ir import fma32
+from ggmlpy.backends.cpu.repack_q4k_kernel import madd_wd, maddubs
 
 F32 = np.float32
 _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
@@ -36,24 +37,23 @@ def _shuf(builder, v, idx: list[int]):
 
 def _q6k_lanes(context, builder, tw, wa, wo_, tx, xa, xo_, tsc, sca, so_, tbs, bsa, bo_):
     """The eight int32 lanes of one super-block (see :func:`q6k_block`) as ``<8 x i32>``."""
-    v32i8, v32i32, v8i32 = _v(_I8, 32), _v(_I32, 32), _v(_I32, 8)
-    scv = builder.sext(builder.load(_ptr(context, builder, tsc, sca, so_, _v(_I8, 16)), align=1),
-                       _v(_I32, 16))
+    v32i8, v8i32 = _v(_I8, 32), _v(_I32, 8)
+    sc8 = builder.load(_ptr(context, builder, tsc, sca, so_, _v(_I8, 16)), align=1)
+    scv = builder.sext(sc8, _v(_I32, 16))
+    sc16 = builder.sext(sc8, _v(_I16, 16))
     sumi = ir.Constant(v8i32, [0] * 8)
     for j in range(2):
         for t in range(4):
             o = ir.Constant(ir.IntType(64), 128 * j + 32 * t)
             pw = _ptr(context, builder, tw, wa, builder.add(wo_, o), v32i8)
             px = _ptr(context, builder, tx, xa, builder.add(xo_, o), v32i8)
-            p = builder.mul(builder.sext(builder.load(pw, align=1), v32i32),
-                            builder.sext(builder.load(px, align=1), v32i32))
-            lanes = builder.add(
-                builder.add(_shuf(builder, p, list(range(0, 32, 4))),
-                            _shuf(builder, p, list(range(1, 32, 4)))),
-                builder.add(_shuf(builder, p, list(range(2, 32, 4))),
-                            _shuf(builder, p, list(range(3, 32, 4)))))
+            # maddubs (q6 0..63 unsigned, q8 signed: pair sums < 2**15), then madd with the
+            # run's two 16-element scales: lane l = bytes 4l..4l+3, as ggml's
             k = 2 * (4 * j + t)
-            sumi = builder.add(sumi, builder.mul(lanes, _shuf(builder, scv, [k] * 4 + [k + 1] * 4)))
+            s16 = _shuf(builder, sc16, [k] * 8 + [k + 1] * 8)
+            lanes = madd_wd(builder, maddubs(builder, builder.load(pw, align=1),
+                                             builder.load(px, align=1)), s16)
+            sumi = builder.add(sumi, lanes)
     bsv = builder.sext(builder.load(_ptr(context, builder, tbs, bsa, bo_, _v(_I16, 16)), align=1),
                        _v(_I32, 16))
     m = builder.mul(bsv, scv)
