@@ -74,44 +74,22 @@ def _sums32(bs, b32):  # pragma: no cover - compiled
 
 
 @njit(**_OPTS)
-def _q4k_rows(w4, sc, mn, dw, dmw, yq, yd, b32, out, ng, m0, m1, o0):  # pragma: no cover
-    # out[:, m0-o0 : m1-o0] = rows m0:m1 of the weight; gemm order for rows < ng, gemv after
+def _q4k_rows(w, yq, yd, b32, out, ng, m0, m1, o0, tbl):  # pragma: no cover - compiled
+    # out[:, m0-o0 : m1-o0] = weight rows m0:m1; gemm order for rows < ng, gemv after
     N = yq.shape[0]
     nb = yd.shape[1]
-    C = m1 - m0
-    w4c = w4[m0 * nb * 256:m1 * nb * 256]
-    scc, mnc = sc[m0 * nb * 8:m1 * nb * 8], mn[m0 * nb * 8:m1 * nb * 8]
-    dwc, dmc = dw[m0 * nb:m1 * nb], dmw[m0 * nb:m1 * nb]
-    tmp = np.empty(N * C, F32)
+    o = out[:, m0 - o0:m1 - o0]
     if ng > 0:
-        gemm_q4k(w4c, scc, mnc, dwc, dmc, yq[:ng].reshape(-1), yd[:ng].reshape(-1),
-                 b32[:ng].reshape(-1), tmp[:ng * C], ng, C, nb, True)
+        gemm_q4k(w, yq, yd, b32, o, m0, m1, 0, ng, nb, True, tbl)
     if ng < N:
-        gemm_q4k(w4c, scc, mnc, dwc, dmc, yq[ng:].reshape(-1), yd[ng:].reshape(-1),
-                 b32[ng:].reshape(-1), tmp[ng * C:], N - ng, C, nb, False)
-    for n in range(N):
-        for c in range(C):
-            out[n, m0 - o0 + c] = tmp[n * C + c]
+        gemm_q4k(w, yq, yd, b32, o, m0, m1, ng, N, nb, False, tbl)
 
 
 @njit(**_OPTS)
-def _q6k_rows(w6, sc, dw, yq, yd, bs, out, tiled, m0, m1, o0):  # pragma: no cover
-    N = yq.shape[0]
-    nb = yd.shape[1]
-    C = m1 - m0
-    tmp = np.empty(N * C, F32)
-    mul_mat_q6k(w6[m0 * nb * 256:m1 * nb * 256], sc[m0 * nb * 16:m1 * nb * 16],
-                dw[m0 * nb:m1 * nb], yq.reshape(-1), yd.reshape(-1), bs.reshape(-1), tmp,
-                N, C, nb, tiled)
-    for n in range(N):
-        for c in range(C):
-            out[n, m0 - o0 + c] = tmp[n * C + c]
-
-
-@njit(**_OPTS)
-def q4k_chunks(w4, sc, mn, dw, dmw, yq, yd, b32, out, ng, chunk, ctl, gen):  # pragma: no cover
-    """A worker's part of a Q4_K task: chunks of ``chunk`` weight rows into ``out`` ``(N, M)``."""
-    M = dw.shape[0] // yd.shape[1]
+def q4k_chunks(w, yq, yd, b32, out, ng, chunk, tbl, ctl, gen):  # pragma: no cover - compiled
+    """A worker's part of a Q4_K task: chunks of ``chunk`` weight rows into ``out`` ``(N, M)``
+    (through a buffer of its own, committed unless the caller took the chunk over)."""
+    M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
     while True:
@@ -119,40 +97,39 @@ def q4k_chunks(w4, sc, mn, dw, dmw, yq, yd, b32, out, ng, chunk, ctl, gen):  # p
         if c < 0:
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        _q4k_rows(w4, sc, mn, dw, dmw, yq, yd, b32, tmp, ng, m0, m1, m0)
+        _q4k_rows(w, yq, yd, b32, tmp, ng, m0, m1, m0, tbl)
         _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
-def q4k_main(x, desc, w4, sc, mn, dw, dmw, yq, yd, bs, b32, out, ng, chunk, ctl,
+def q4k_main(x, desc, w, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
              gen):  # pragma: no cover - compiled
-    """The caller's part of a Q4_K task (``x`` float32 ``(N, K)`` quantized first, ``ng``
-    rows grouped by four); returns 0."""
+    """The caller's part of a Q4_K task: ``x`` float32 ``(N, K)`` quantized first (``ng``
+    rows grouped by four), then chunks of weight rows until none is left; returns 0."""
     quant_q8_k_rows(x, yq, yd, bs, ng)
     _sums32(bs, b32)
-    M = dw.shape[0] // yd.shape[1]
+    M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
-        _q4k_rows(w4, sc, mn, dw, dmw, yq, yd, b32, out, ng, c * chunk,
-                  min(M, c * chunk + chunk), 0)
+        _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
         _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
     c = _rescue(ctl, nch, gen)
     while c >= 0:
-        _q4k_rows(w4, sc, mn, dw, dmw, yq, yd, b32, out, ng, c * chunk,
-                  min(M, c * chunk + chunk), 0)
+        _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     return 0
 
 
 @njit(**_OPTS)
-def q6k_chunks(w6, sc, dw, yq, yd, bs, out, tiled, chunk, ctl, gen):  # pragma: no cover
+def q6k_chunks(w, yq, yd, bs, out, tiled, chunk, tbl, ctl, gen):  # pragma: no cover - compiled
     """A worker's part of a Q6_K task (see :func:`q4k_chunks`)."""
-    M = dw.shape[0] // yd.shape[1]
+    M = w.shape[0]
+    nb = yd.shape[1]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
     while True:
@@ -160,27 +137,31 @@ def q6k_chunks(w6, sc, dw, yq, yd, bs, out, tiled, chunk, ctl, gen):  # pragma: 
         if c < 0:
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        _q6k_rows(w6, sc, dw, yq, yd, bs, tmp, tiled, m0, m1, m0)
+        mul_mat_q6k(w, yq, yd, bs, tmp, m0, m1, nb, tiled, tbl)
         _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
-def q6k_main(x, desc, w6, sc, dw, yq, yd, bs, out, tiled, chunk, ctl, gen):  # pragma: no cover
+def q6k_main(x, desc, w, yq, yd, bs, out, tiled, chunk, tbl, ctl,
+             gen):  # pragma: no cover - compiled
     """The caller's part of a Q6_K task (``x`` quantized with ``quantize_row_q8_K``'s rule);
     returns 0."""
     quant_q8_k_rows(x, yq, yd, bs, 0)
-    M = dw.shape[0] // yd.shape[1]
+    M = w.shape[0]
+    nb = yd.shape[1]
     nch = (M + chunk - 1) // chunk
     _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
-        _q6k_rows(w6, sc, dw, yq, yd, bs, out, tiled, c * chunk, min(M, c * chunk + chunk), 0)
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        mul_mat_q6k(w, yq, yd, bs, out[:, m0:m1], m0, m1, nb, tiled, tbl)
         _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
     c = _rescue(ctl, nch, gen)
     while c >= 0:
-        _q6k_rows(w6, sc, dw, yq, yd, bs, out, tiled, c * chunk, min(M, c * chunk + chunk), 0)
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        mul_mat_q6k(w, yq, yd, bs, out[:, m0:m1], m0, m1, nb, tiled, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     return 0

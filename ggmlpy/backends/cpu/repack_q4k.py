@@ -44,7 +44,6 @@ _CHUNKS = 32
 _CTL_SOLO = 96
 
 _state: dict[str, Any] = {}
-_decoded: dict[tuple, tuple[np.ndarray, ...]] = {}
 
 
 def _tasks() -> Any:
@@ -54,6 +53,14 @@ def _tasks() -> Any:
 
         k = _state["k"] = kquant_order_tasks
     return k
+
+
+def _f16_table() -> np.ndarray:
+    t = _state.get("f16")
+    if t is None:
+        t = _state["f16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(_F32)
+    return t
 
 
 def _solo(main: Any, worker: Any) -> int:
@@ -93,16 +100,6 @@ def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     return w4.reshape(C, nb * 256), sc, mn, d, dmin
 
 
-def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
-    key = (a.__array_interface__["data"][0], a.shape, a.strides)
-    hit = _decoded.get(key)
-    if hit is None:
-        w4, sc, mn, d, dmin = decode_q4_k(a.reshape(-1, a.shape[-1]))
-        hit = _decoded[key] = (w4.reshape(-1), sc.reshape(-1), mn.reshape(-1), d.reshape(-1),
-                               dmin.reshape(-1))
-    return hit
-
-
 def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
                      run_dot: Any = None) -> Step:
     """The step computing ``dst = b @ W^T`` in the repacked order (module docstring): ``a`` the
@@ -110,8 +107,8 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     weight); ``b`` float32 ``(B3, B2, N, K)``; ``dst`` float32 ``(B3, B2, N, C)``. ``n_rows``:
     the node's ``src1`` rows per plane (the grouping by four). Each plane is one compiled dot
     task (:mod:`.kquant_order_tasks`) that ``run_dot`` shares among threads (a CPU backend
-    pool's ``run_dot``; None: the calling thread alone). The weight is decoded once per memory
-    address (kept for the process), the activations quantized at each run. Synchronous when
+    pool's ``run_dot``; None: the calling thread alone). The weight's blocks are read in place
+    at each run (as ggml's kernels read them), the activations quantized. Synchronous when
     run.
 
     Raises:
@@ -129,7 +126,8 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
         raise ValueError(f"repack_q4k: dst {dst.shape} must be {(B3, B2, N, C)} with N == "
                          f"n_rows ({n_rows})")
     tk = _tasks()
-    w = _weight(a)
+    w = a[0, 0]
+    tbl = _f16_table()
     ng = N - N % 4
     K = nb * 256
     yq = np.empty((N, K), np.int8)
@@ -147,8 +145,8 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     def run() -> None:
         for x, d in planes:
             o = d if d.flags.c_contiguous else out
-            go(partial(main, contig(x), desc, *w, yq, yd, bs, b32, o, ng, chunk),
-               partial(chunks, *w, yq, yd, b32, o, ng, chunk))
+            go(partial(main, contig(x), desc, w, yq, yd, bs, b32, o, ng, chunk, tbl),
+               partial(chunks, w, yq, yd, b32, o, ng, chunk, tbl))
             if o is out:
                 np.copyto(d, out)
     return run
@@ -160,4 +158,3 @@ def warm_up() -> None:
     b = np.zeros((1, 1, 1, 256), _F32)
     mul_mat_q4k_step(a, b, np.empty((1, 1, 1, 8), _F32), 1)()
     mul_mat_q4k_step(a, np.zeros((1, 1, 5, 256), _F32), np.empty((1, 1, 5, 8), _F32), 5)()
-    _decoded.clear()

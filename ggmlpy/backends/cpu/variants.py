@@ -34,7 +34,7 @@ name                        op          applies when
 ``cpu.jit.mul_mat_f16``     MUL_MAT     F16 ``src0`` and ``src1``, F32 result, NumPy, Numba, not
                                         precise, at most :data:`sgemm_f16.MAX_MACS
                                         <ggmlpy.backends.cpu.sgemm_f16.MAX_MACS>`
-                                        multiply-adds: ggml-cpu's x86 AVX-512 orders (llamafile
+                                        multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
                                         :mod:`ggmlpy.backends.cpu.sgemm_f16`)
 ``cpu.jit.mul_mat_q4k``     MUL_MAT     a 2-D Q4_K weight of ``8k`` rows, F32 ``src1``, NumPy,
@@ -253,8 +253,8 @@ def _sup_mul_mat_f16(node: Tensor, xp: Any) -> bool:
             or a.type != Type.F16 or b.type != Type.F16 or env.precise_kernels()):
         return False
     return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
-            and node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
-            <= sgemm_f16.MAX_MACS)
+            and (node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
+                 <= sgemm_f16.MAX_MACS or env.quant_matmul() == "dot"))
 
 
 def _fits_mul_mat_f16(dst: Any, srcs: list[Any]) -> bool:
@@ -285,6 +285,7 @@ def _sup_mul_mat_q6k(node: Tensor, xp: Any) -> bool:
 def _fits_mul_mat_q4k(dst: Any, srcs: list[Any]) -> bool:
     a, b = srcs[0], srcs[1]
     return (type(a) is np.ndarray and a.dtype == np.uint8 and a.ndim == 4
+            and a.shape[:2] == (1, 1) and a[0, 0].flags.c_contiguous
             and type(b) is np.ndarray and b.dtype == _F32_DTYPE and type(dst) is np.ndarray
             and jit_ready())
 

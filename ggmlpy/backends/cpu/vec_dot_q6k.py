@@ -46,7 +46,6 @@ _CHUNKS = 32
 _CTL_SOLO = 96
 
 _state: dict[str, Any] = {}
-_decoded: dict[tuple, tuple[np.ndarray, ...]] = {}
 
 
 def _tasks() -> Any:
@@ -56,6 +55,14 @@ def _tasks() -> Any:
 
         k = _state["k"] = kquant_order_tasks
     return k
+
+
+def _f16_table() -> np.ndarray:
+    t = _state.get("f16")
+    if t is None:
+        t = _state["f16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(_F32)
+    return t
 
 
 def _solo(main: Any, worker: Any) -> int:
@@ -97,22 +104,13 @@ def uses_tiled(n_rows: int) -> bool:
     return n_rows >= TILED_MIN_ROWS
 
 
-def _weight(a: np.ndarray) -> tuple[np.ndarray, ...]:
-    key = (a.__array_interface__["data"][0], a.shape, a.strides)
-    hit = _decoded.get(key)
-    if hit is None:
-        q6, sc, d = decode_q6_k(a.reshape(-1, a.shape[-1]))
-        hit = _decoded[key] = (q6.reshape(-1), sc.reshape(-1), d.reshape(-1))
-    return hit
-
-
 def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
                      run_dot: Any = None) -> Step:
     """The step computing ``dst = b @ W^T`` in the tiled kernel's order (``tiled``) or
     ``ggml_vec_dot_q6_K_q8_K``'s AVX2 one (module docstring shapes). Each plane is one compiled
     dot task (:mod:`.kquant_order_tasks`) that ``run_dot`` shares among threads (a CPU
-    backend pool's ``run_dot``; None: the calling thread alone). The weight is decoded once
-    per memory address (kept for the process), the activations quantized at each run.
+    backend pool's ``run_dot``; None: the calling thread alone). The weight's blocks are read
+    in place at each run (as ggml's kernels read them), the activations quantized.
     Synchronous when run.
 
     Raises:
@@ -129,7 +127,8 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     if dst.shape != (B3, B2, N, C):
         raise ValueError(f"vec_dot_q6k: dst {dst.shape} must be {(B3, B2, N, C)}")
     tk = _tasks()
-    w = _weight(a)
+    w = a[0, 0]
+    tbl = _f16_table()
     K = nb * 256
     yq = np.empty((N, K), np.int8)
     yd = np.empty((N, nb), _F32)
@@ -145,8 +144,8 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     def run() -> None:
         for x, d in planes:
             o = d if d.flags.c_contiguous else out
-            go(partial(main, contig(x), desc, *w, yq, yd, bs, o, tiled, chunk),
-               partial(chunks, *w, yq, yd, bs, o, tiled, chunk))
+            go(partial(main, contig(x), desc, w, yq, yd, bs, o, tiled, chunk, tbl),
+               partial(chunks, w, yq, yd, bs, o, tiled, chunk, tbl))
             if o is out:
                 np.copyto(d, out)
     return run
@@ -158,4 +157,3 @@ def warm_up() -> None:
     b = np.zeros((1, 1, 1, 256), _F32)
     mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), False)()
     mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), True)()
-    _decoded.clear()
