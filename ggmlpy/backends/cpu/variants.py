@@ -38,7 +38,8 @@ name                        op          applies when
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
                                         :mod:`ggmlpy.backends.cpu.sgemm_f16`)
 ``cpu.jit.mul_mat_q4k``     MUL_MAT     a 2-D Q4_K weight of ``8k`` rows, F32 ``src1``, NumPy,
-                                        Numba, not precise, where a threaded CPU plan cuts the
+                                        Numba, not precise, ``GGMLPY_QUANT_MATMUL`` not
+                                        ``dequant``, where a threaded CPU plan cuts the
                                         weight rows (the dot-kernel batches and up to ``rows/8``
                                         activation rows): llama.cpp's repacked Q4_K order
                                         (:mod:`ggmlpy.backends.cpu.repack_q4k`)
@@ -267,7 +268,8 @@ def _sup_kquant_2d(node: Tensor, xp: Any, t: Type) -> bool:
     # at all) the weight rows: the activation rows stay whole (Q4_K's grouping by four)
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
     if (xp is not np or node.type != Type.F32 or a is None or b is None
-            or a.type != t or b.type != Type.F32 or env.precise_kernels()):
+            or a.type != t or b.type != Type.F32 or env.precise_kernels()
+            or env.quant_matmul() == "dequant"):
         return False
     return (a.ne[2] == 1 and a.ne[3] == 1 and a.ne[0] == b.ne[0] and b.ne[0] % 256 == 0
             and b.ne[3] == 1 and a.nb[0] == a.type.type_size
