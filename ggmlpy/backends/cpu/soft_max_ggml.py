@@ -9,21 +9,26 @@ float32, the maximum, then 16 values at a time ``ggml_v_expf(w - max)`` (a range
 ``_mm512_reduce_add_ps`` added to a double sum (the last ``n % 16`` values through libm's
 ``expf``, one by one), then every value times ``(float)(1.0/sum)``. The kernel does the same,
 each FMA one ``llvm.fma.f32``; ``ggml_v_expf`` is within 2 ulp of ``exp`` (its polynomial),
-not correctly rounded, so this is the order of that build, not a more accurate softmax.
+not correctly rounded, so this is the order of that build, not a more accurate softmax. One
+difference, ggmlpy's softmax convention: a probability below float32's smallest normal is
+flushed to zero (ggml keeps the subnormal; it adds nothing to the double sum, and llama.cpp's
+``-fa off`` attention rounds it to f16 zero before KQV anyway).
 
-Applies (:func:`fits`) to F32 rows without ALiBi or sinks, an F32 mask or none, C-contiguous
-NumPy arrays, Numba available, not ``GGMLPY_PRECISE_KERNELS``.
+Applies to F32 rows without ALiBi or sinks, an F32 or F16 mask (an F16 one converted to a
+float32 copy at each run, as ggml widens it) or none, C-contiguous NumPy arrays, Numba
+available, not ``GGMLPY_PRECISE_KERNELS``.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from ggmlpy.backends.kernels.registry import Step
 
-__all__ = ["soft_max_step", "warm_up"]
+__all__ = ["soft_max", "soft_max_step", "warm_up"]
 
 _state: dict[str, Any] = {}
 _NO_MASK = np.zeros((1, 1, 1, 1), np.float32)
@@ -38,33 +43,41 @@ def _kernel() -> Any:
     return k
 
 
-def soft_max_step(x: np.ndarray, mask: np.ndarray | None, scale: float, dst: np.ndarray) -> Step:
-    """The step computing ``dst = softmax(x*scale + mask)`` over the last axis in ggml-cpu's
-    AVX-512 order (module docstring). ``x``, ``dst``: float32 C-contiguous ``(X3, X2, X1, X0)``
-    (ggml ``ne`` reversed; ``dst`` may be ``x``); ``mask``: None or float32 C-contiguous ``(M3,
-    M2, M1, X0)``, ``M1 >= X1``, ``M2``/``M3`` dividing ``X2``/``X3`` (row ``mask[i3 % M3, i2 %
-    M2, i1]``, ggml's broadcast). Synchronous when run.
-
-    Raises:
-        ValueError: shapes or dtypes as above violated.
-    """
-    for name, a in (("x", x), ("dst", dst)) + ((("mask", mask),) if mask is not None else ()):
+def _check(x: np.ndarray, mask: np.ndarray | None, out: np.ndarray) -> None:
+    for name, a in (("x", x), ("out", out)) + ((("mask", mask),) if mask is not None else ()):
         if a.dtype != np.float32 or not a.flags.c_contiguous or a.ndim != 4:
             raise ValueError(f"soft_max_ggml: {name} must be a 4-D C-contiguous float32 array")
-    if dst.shape != x.shape:
-        raise ValueError(f"soft_max_ggml: dst {dst.shape} must have x's shape {x.shape}")
+    if out.shape != x.shape:
+        raise ValueError(f"soft_max_ggml: out {out.shape} must have x's shape {x.shape}")
     X3, X2, X1, X0 = x.shape
     if mask is not None and (mask.shape[3] != X0 or mask.shape[2] < X1 or X2 % mask.shape[1]
                              or X3 % mask.shape[0]):
         raise ValueError(f"soft_max_ggml: mask {mask.shape} does not broadcast to x {x.shape}")
-    k = _kernel()
-    m = _NO_MASK if mask is None else mask
-    has = mask is not None
-    s = np.float32(scale)
 
-    def run() -> None:
-        k(x, m, has, s, dst)
-    return run
+
+def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarray) -> np.ndarray:
+    """*Sync*: ``out = softmax(x*scale + mask)`` over the last axis in ggml-cpu's AVX-512 order
+    (module docstring). ``x``, ``out``: float32 C-contiguous ``(X3, X2, X1, X0)`` (ggml ``ne``
+    reversed; ``out`` may be ``x``); ``mask``: None or float32 C-contiguous ``(M3, M2, M1,
+    X0)``, ``M1 >= X1``, ``M2``/``M3`` dividing ``X2``/``X3`` (row ``mask[i3 % M3, i2 % M2,
+    i1]``, ggml's broadcast). Returns ``out``.
+
+    Raises:
+        ValueError: shapes or dtypes as above violated.
+    """
+    _check(x, mask, out)
+    _kernel()(x, _NO_MASK if mask is None else mask, mask is not None, np.float32(scale), out)
+    return out
+
+
+def soft_max_step(x: np.ndarray, mask: np.ndarray | None, scale: float, dst: np.ndarray) -> Step:
+    """The step computing :func:`soft_max` of these arrays (checked now and at each run).
+
+    Raises:
+        ValueError: as :func:`soft_max`.
+    """
+    _check(x, mask, dst)
+    return partial(soft_max, x, mask, scale, dst)
 
 
 def warm_up() -> None:

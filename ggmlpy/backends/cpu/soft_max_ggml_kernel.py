@@ -23,6 +23,8 @@ _C4 = F32(float.fromhex("0x1.573e2ep-5"))
 _C3 = F32(float.fromhex("0x1.555e66p-3"))
 _C2 = F32(float.fromhex("0x1.fffdb6p-2"))
 _C1 = F32(float.fromhex("0x1.ffffecp-1"))
+#: float32's smallest normal number: probabilities below it are flushed to zero
+_TINY = F32(np.finfo(np.float32).tiny)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -66,7 +68,8 @@ def soft_max(x, mask, has_mask, scale, out):  # pragma: no cover - compiled
     x*scale (+ mask)`` in float32, ``max``, ``ggml_vec_soft_max_f32`` (AVX-512: 16 values at a
     time through :func:`v_expf`, each group's :func:`_reduce16` added to a float64 sum; the
     last ``n % 16`` through ``expf``, added one by one), then each value times
-    ``(float)(1.0/sum)``. ``x``, ``out`` float32 ``(X3, X2, X1, X0)``; ``mask`` float32 ``(M3,
+    ``(float)(1.0/sum)``, a result below float32's smallest normal flushed to zero (ggmlpy's
+    softmax convention; ggml keeps it). ``x``, ``out`` float32 ``(X3, X2, X1, X0)``; ``mask`` float32 ``(M3,
     M2, M1, X0)`` (row ``mask[i3 % M3, i2 % M2, i1]``) when ``has_mask``."""
     X3, X2, X1, X0 = x.shape
     M3, M2 = mask.shape[0], mask.shape[1]
@@ -107,4 +110,5 @@ def soft_max(x, mask, has_mask, scale, out):  # pragma: no cover - compiled
                     i += 1
                 inv = F32(1.0 / s)
                 for i in range(X0):
-                    orow[i] = orow[i] * inv
+                    v = orow[i] * inv
+                    orow[i] = v if v >= _TINY else F32(0.0)

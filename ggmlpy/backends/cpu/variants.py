@@ -31,23 +31,23 @@ name                        op          applies when
                                         row
 ``cpu.jit.norm``            NORM        NumPy, Numba, not precise, C-contiguous float32
 ``fast.norm``               NORM        not precise (any array module): float32 sums
-``cpu.jit.mul_mat_f16``     MUL_MAT     F16 ``src0`` and ``src1``, F32 result, NumPy, Numba, not
-                                        precise, at most :data:`sgemm_f16.MAX_MACS
+``cpu.jit.mul_mat_f16``     MUL_MAT     F16 ``src0`` (not in a WEIGHTS buffer) and ``src1``,
+                                        F32 result, NumPy, Numba, not precise, at most :data:`sgemm_f16.MAX_MACS
                                         <ggmlpy.backends.cpu.sgemm_f16.MAX_MACS>`
                                         multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
                                         :mod:`ggmlpy.backends.cpu.sgemm_f16`)
 ``cpu.jit.mul_mat_q4k``     MUL_MAT     a 2-D Q4_K weight of ``8k`` rows, F32 ``src1``, NumPy,
                                         Numba, not precise, ``GGMLPY_QUANT_MATMUL`` not
-                                        ``dequant``, where a threaded CPU plan cuts the
-                                        weight rows (the dot-kernel batches and up to ``rows/8``
-                                        activation rows): llama.cpp's repacked Q4_K order
+                                        ``dequant``, on the dot kernels' batches (below
+                                        the crossover; all with ``GGMLPY_QUANT_MATMUL=dot``):
+                                        llama.cpp's repacked Q4_K order
                                         (:mod:`ggmlpy.backends.cpu.repack_q4k`)
 ``cpu.jit.mul_mat_q6k``     MUL_MAT     a 2-D Q6_K weight, F32 ``src1``, the rest as above:
                                         ggml-cpu's tiled kernel (8 rows or more) or AVX2
                                         ``ggml_vec_dot_q6_K_q8_K`` lanes
                                         (:mod:`ggmlpy.backends.cpu.vec_dot_q6k`)
-``cpu.jit.soft_max_ggml``   SOFT_MAX    no ALiBi or sinks, F32 (mask F32 or none), NumPy, Numba,
+``cpu.jit.soft_max_ggml``   SOFT_MAX    no ALiBi or sinks, F32 (mask F32, F16 or none), NumPy, Numba,
                                         not precise, C-contiguous arrays: ggml-cpu's AVX-512
                                         ``ggml_v_expf`` and sums
                                         (:mod:`ggmlpy.backends.cpu.soft_max_ggml`)
@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backends.cpu import fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml, vec_dot_q6k
 from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
 from ggmlpy.backends.kernels import matmul
@@ -253,6 +254,9 @@ def _sup_mul_mat_f16(node: Tensor, xp: Any) -> bool:
     if (xp is not np or node.type != Type.F32 or a is None or b is None
             or a.type != Type.F16 or b.type != Type.F16 or env.precise_kernels()):
         return False
+    base = a.view_src if a.view_src is not None else a
+    if base.buffer is not None and base.buffer.usage == BufferUsage.WEIGHTS:
+        return False      # a weight: the weight cache's float32 copy and BLAS (faster)
     return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
             and (node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
                  <= sgemm_f16.MAX_MACS or env.quant_matmul() == "dot"))
@@ -264,8 +268,9 @@ def _fits_mul_mat_f16(dst: Any, srcs: list[Any]) -> bool:
 
 
 def _sup_kquant_2d(node: Tensor, xp: Any, t: Type) -> bool:
-    # a 2-D weight of type t with contiguous rows, F32 activations, and a plan that cuts (if
-    # at all) the weight rows: the activation rows stay whole (Q4_K's grouping by four)
+    # a 2-D weight of type t with contiguous rows, F32 activations, on the dot kernels' batches
+    # (below the crossover, every batch with GGMLPY_QUANT_MATMUL=dot), which a threaded plan
+    # cuts along the weight rows: the activation rows stay whole (Q4_K's grouping by four)
     a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
     if (xp is not np or node.type != Type.F32 or a is None or b is None
             or a.type != t or b.type != Type.F32 or env.precise_kernels()
@@ -273,7 +278,7 @@ def _sup_kquant_2d(node: Tensor, xp: Any, t: Type) -> bool:
         return False
     return (a.ne[2] == 1 and a.ne[3] == 1 and a.ne[0] == b.ne[0] and b.ne[0] % 256 == 0
             and b.ne[3] == 1 and a.nb[0] == a.type.type_size
-            and matmul.splits_weight_rows(node))
+            and matmul.uses_dot_kernel(node))
 
 
 def _sup_mul_mat_q4k(node: Tensor, xp: Any) -> bool:
@@ -297,8 +302,15 @@ def _sup_soft_max_ggml(node: Tensor, xp: Any) -> bool:
     m = node.src[1] if len(node.src) > 1 else None
     sinks = node.src[2] if len(node.src) > 2 else None
     return (xp is np and _no_alibi(node) and sinks is None and node.type == Type.F32
-            and a is not None and a.type == Type.F32 and (m is None or m.type == Type.F32)
-            and not env.precise_kernels())
+            and a is not None and a.type == Type.F32
+            and (m is None or m.type in (Type.F32, Type.F16)) and not env.precise_kernels())
+
+
+def _fits_soft_max_ggml(dst: Any, srcs: list[Any]) -> bool:
+    mask = _mask(srcs)
+    return (jit_arrays(srcs[0], dst) and (mask is None or (type(mask) is np.ndarray
+                                                           and mask.flags.c_contiguous))
+            and jit_ready())
 
 
 def _mask(srcs: list[Any]) -> Any:
@@ -421,7 +433,19 @@ def _k_mul_mat_q6k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
 
 
 def _k_soft_max_ggml(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
-    return soft_max_ggml.soft_max_step(srcs[0], _mask(srcs), _scale(node), dst)
+    a, mask, scale = srcs[0], _mask(srcs), _scale(node)
+    if mask is None or mask.dtype == F32:
+        return soft_max_ggml.soft_max_step(a, mask, scale, dst)
+    # an F16 mask: its rows widened (exactly) into a float32 copy at each run, as ggml reads it
+    m16 = mask[:, :, :a.shape[2], :]
+    m32 = np.empty(m16.shape, F32)
+    step = soft_max_ggml.soft_max_step(a, m32, scale, dst)
+    copyto = np.copyto
+
+    def run_widened() -> None:
+        copyto(m32, m16)
+        step()
+    return run_widened
 
 
 def _k_soft_max_jit(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
@@ -486,7 +510,7 @@ def register(registry: KernelRegistry) -> None:
     o(Op.MUL_MAT, _k_mul_mat_q6k, _sup_mul_mat_q6k, name="cpu.jit.mul_mat_q6k",
       fits=_fits_mul_mat_q4k, narrows=True)
     o(Op.SOFT_MAX, _k_soft_max_ggml, _sup_soft_max_ggml, name="cpu.jit.soft_max_ggml",
-      fits=_fits_jit_soft_max, narrows=True)
+      fits=_fits_soft_max_ggml, narrows=True)
     o(Op.SOFT_MAX, _k_soft_max_jit, _sup_soft_max_jit, name="cpu.jit.soft_max",
       fits=_fits_jit_soft_max, narrows=True)
     o(Op.SOFT_MAX, _k_soft_max_jit_f16, _sup_soft_max_jit, name="cpu.jit.soft_max_f16",

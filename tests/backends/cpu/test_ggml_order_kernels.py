@@ -175,7 +175,8 @@ def _soft_max_ref(x, mask, scale):
     for i in range(n16, X0):
         s = s + e[..., i].astype(F64)
     inv = (1.0 / s).astype(F32)
-    return (e * inv[..., None]).astype(F32)
+    p = (e * inv[..., None]).astype(F32)
+    return np.where(p < np.finfo(F32).tiny, F32(0), p)       # ggmlpy flushes subnormals
 
 
 @needs_jit
