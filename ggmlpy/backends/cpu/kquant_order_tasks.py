@@ -75,14 +75,13 @@ def _sums32(bs, b32):  # pragma: no cover - compiled
 
 @njit(**_OPTS)
 def _q4k_rows(w, yq, yd, b32, out, ng, m0, m1, o0, tbl):  # pragma: no cover - compiled
-    # out[:, m0-o0 : m1-o0] = weight rows m0:m1; gemm order for rows < ng, gemv after
+    # out[:, c - o0] for the weight rows m0 <= c < m1; gemm order for rows < ng, gemv after
     N = yq.shape[0]
     nb = yd.shape[1]
-    o = out[:, m0 - o0:m1 - o0]
     if ng > 0:
-        gemm_q4k(w, yq, yd, b32, o, m0, m1, 0, ng, nb, True, tbl)
+        gemm_q4k(w, yq, yd, b32, out, m0, m1, o0, 0, ng, nb, True, tbl)
     if ng < N:
-        gemm_q4k(w, yq, yd, b32, o, m0, m1, ng, N, nb, False, tbl)
+        gemm_q4k(w, yq, yd, b32, out, m0, m1, o0, ng, N, nb, False, tbl)
 
 
 @njit(**_OPTS)
@@ -137,7 +136,7 @@ def q6k_chunks(w, yq, yd, bs, out, tiled, chunk, tbl, ctl, gen):  # pragma: no c
         if c < 0:
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        mul_mat_q6k(w, yq, yd, bs, tmp, m0, m1, nb, tiled, tbl)
+        mul_mat_q6k(w, yq, yd, bs, tmp, m0, m1, m0, nb, tiled, tbl)
         _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
@@ -155,13 +154,13 @@ def q6k_main(x, desc, w, yq, yd, bs, out, tiled, chunk, tbl, ctl,
     c = claim(ctl, gen, nch)
     while c >= 0:
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        mul_mat_q6k(w, yq, yd, bs, out[:, m0:m1], m0, m1, nb, tiled, tbl)
+        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
         _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
     c = _rescue(ctl, nch, gen)
     while c >= 0:
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        mul_mat_q6k(w, yq, yd, bs, out[:, m0:m1], m0, m1, nb, tiled, tbl)
+        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     return 0

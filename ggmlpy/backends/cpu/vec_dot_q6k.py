@@ -65,10 +65,15 @@ def _f16_table() -> np.ndarray:
     return t
 
 
-def _solo(main: Any, worker: Any) -> int:
-    # a task run by the calling thread alone, with a control block of its own
-    del worker
-    return main(np.zeros(_CTL_SOLO, np.int64), 1)
+class _Solo:
+    """Runs a task on the calling thread alone, with a control block of its own (kept)."""
+
+    def __init__(self) -> None:
+        self.ctl = np.zeros(_CTL_SOLO, np.int64)
+
+    def __call__(self, main: Any, worker: Any) -> int:
+        self.ctl[:] = 0
+        return main(self.ctl, 1)
 
 
 def decode_q6_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -135,19 +140,24 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     bs = np.empty((N, nb * 16), np.int16)
     chunk = max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
-    go = run_dot or _solo
+    go = run_dot or _Solo()
     out = np.empty((N, C), _F32)
     planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
-    main, chunks = tk.q6k_main, tk.q6k_chunks
-    contig = np.ascontiguousarray
+    jobs = []
+    for x, d in planes:
+        o = d if d.flags.c_contiguous else out
+        xc = x if x.flags.c_contiguous else np.empty(x.shape, _F32)
+        jobs.append((x, xc, d, o, partial(tk.q6k_main, xc, desc, w, yq, yd, bs, o, tiled,
+                                          chunk, tbl),
+                     partial(tk.q6k_chunks, w, yq, yd, bs, o, tiled, chunk, tbl)))
 
     def run() -> None:
-        for x, d in planes:
-            o = d if d.flags.c_contiguous else out
-            go(partial(main, contig(x), desc, w, yq, yd, bs, o, tiled, chunk, tbl),
-               partial(chunks, w, yq, yd, bs, o, tiled, chunk, tbl))
-            if o is out:
-                np.copyto(d, out)
+        for x, xc, d, o, main, worker in jobs:
+            if xc is not x:
+                np.copyto(xc, x)
+            go(main, worker)
+            if o is not d:
+                np.copyto(d, o)
     return run
 
 

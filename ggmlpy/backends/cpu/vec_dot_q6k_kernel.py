@@ -122,8 +122,8 @@ def q6k_sum(typingctx, w, wo, x, xo, bs, bo):
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def mul_mat_q6k(w, xq, xd, xb, out, m0, m1, nb, tiled, tbl):  # pragma: no cover - compiled
-    """``out[y, c - m0]`` for every activation row ``y`` and weight rows ``m0 <= c < m1`` in one
+def mul_mat_q6k(w, xq, xd, xb, out, m0, m1, o0, nb, tiled, tbl):  # pragma: no cover - compiled
+    """``out[y, c - o0]`` for every activation row ``y`` and weight rows ``m0 <= c < m1`` in one
     of ggml-cpu's two x86 orders. ``tiled`` False: the AVX2 ``ggml_vec_dot_q6_K_q8_K``, per
     super-block ``b`` :func:`q6k_block` with ``d8 * d``, then ``hsum_float_8`` (lanes ``i + 4``,
     then ``i + 2``, then ``0 + 1``). ``tiled`` True: the AVX-512 VNNI tiled kernel
@@ -131,7 +131,7 @@ def mul_mat_q6k(w, xq, xd, xb, out, m0, m1, nb, tiled, tbl):  # pragma: no cover
     the block's exact integer sum (:func:`q6k_sum`).
 
     ``w`` uint8 ``(M, nb*210)`` the weight's blocks (read in place), ``xq`` int8 ``(N,
-    nb*256)``, ``xd`` float32 ``(N, nb)``, ``xb`` int16 ``(N, nb*16)``; ``out`` float32 2-D;
+    nb*256)``, ``xd`` float32 ``(N, nb)``, ``xb`` int16 ``(N, nb*16)``; ``out`` float32 2-D C-contiguous;
     ``tbl`` the f16 -> float32 table."""
     N = xq.shape[0]
     K = nb * 256
@@ -148,7 +148,7 @@ def mul_mat_q6k(w, xq, xd, xb, out, m0, m1, nb, tiled, tbl):  # pragma: no cover
                     d = tbl[np.int64(wf[bo + 208]) | (np.int64(wf[bo + 209]) << 8)]
                     s = q6k_sum(wf, bo, xf, y * K + b * 256, bf, (y * nb + b) * 16)
                     a = fma32(F32(s) * d, xd[y, b], a)
-                out[y, c - m0] = a
+                out[y, c - o0] = a
                 continue
             for i in range(8):
                 acc[i] = F32(0.0)
@@ -160,4 +160,4 @@ def mul_mat_q6k(w, xq, xd, xb, out, m0, m1, nb, tiled, tbl):  # pragma: no cover
             r1 = acc[5] + acc[1]
             r2 = acc[6] + acc[2]
             r3 = acc[7] + acc[3]
-            out[y, c - m0] = (r0 + r2) + (r1 + r3)
+            out[y, c - o0] = (r0 + r2) + (r1 + r3)
