@@ -22,8 +22,13 @@ pooling_type=1)``), n_ctx = n_batch = n_ubatch = 512, and the ids are run with
 ``l_out-0`` ..., ``result_norm``, ``result_embd_pooled``). The pooled embedding itself (before
 any normalisation) is stored as ``embd_pooled`` (``llama_get_embeddings_seq``).
 
+``--ordered``: every F32 node is kept in graph order under the key ``NNNN:name`` instead, and
+``_nodes`` holds one JSON line per kept node (key, ggml op number, type, ne, and each source's
+name, type and ne), to tell which kernel computed it and to find the first tensor that differs
+from another run of the same ids.
+
 Usage: ``$GGMLPY_REF_PYTHON scripts/dump_llamacpp_tensors.py --ids 2,818,5279 OUT.npz
-[--model PATH] [--embedding] [--threads 2]``
+[--model PATH] [--embedding] [--threads 2] [--ordered]``
 """
 
 from __future__ import annotations
@@ -47,12 +52,21 @@ class _Tensor(ctypes.Structure):
                 ("name", ctypes.c_char * 64)]
 
 
+def _src_info(p: int) -> list:
+    t = ctypes.cast(p, ctypes.POINTER(_Tensor)).contents
+    return [t.name.decode(), t.type, list(t.ne)]
+
+
 def dump(model_path: Path, ids: list[int], embedding: bool = False,
-         threads: int = 2) -> dict[str, np.ndarray]:
-    """Run ``ids`` once and return every contiguous F32 tensor by name (module docstring)."""
+         threads: int = 2, ordered: bool = False) -> dict[str, np.ndarray]:
+    """Run ``ids`` once and return every contiguous F32 tensor by name, or with ``ordered`` in
+    graph order with a ``_nodes`` table (module docstring)."""
+    import json
+
     import llama_cpp
 
     store: dict[str, np.ndarray] = {}
+    nodes: list[str] = []
 
     @llama_cpp.ggml_backend_sched_eval_callback
     def callback(t, ask, _user_data):
@@ -67,6 +81,10 @@ def dump(model_path: Path, ids: list[int], embedding: bool = False,
             buf = ctypes.cast(tt.data, ctypes.POINTER(ctypes.c_float))
             name = tt.name.decode()
             key, k = name, 1
+            if ordered:
+                key = f"{len(nodes):04d}:{name}"
+                nodes.append(json.dumps({"key": key, "op": tt.op, "type": tt.type, "ne": ne,
+                                         "src": [_src_info(p) for p in tt.src if p]}))
             while key in store:  # a name given to several nodes: name, name#2, name#3 ...
                 k += 1
                 key = f"{name}#{k}"
@@ -105,6 +123,8 @@ def dump(model_path: Path, ids: list[int], embedding: bool = False,
     llama_cpp.llama_model_free(model)
     if rc != 0:
         raise RuntimeError(f"llama_decode returned {rc}")
+    if ordered:
+        store["_nodes"] = np.array("\n".join(nodes))
     return store
 
 
@@ -118,8 +138,11 @@ def main() -> int:
     ap.add_argument("--embedding", action="store_true",
                     help="an encoder (BERT): embeddings on, mean pooling, llama_encode")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ordered", action="store_true",
+                    help="every F32 node in graph order (keys NNNN:name; _nodes: ops, sources)")
     args = ap.parse_args()
-    store = dump(args.model, [int(x) for x in args.ids.split(",")], args.embedding, args.threads)
+    store = dump(args.model, [int(x) for x in args.ids.split(",")], args.embedding, args.threads,
+                 args.ordered)
     np.savez_compressed(args.out, **store)
     print(f"{args.out}: {len(store)} tensors")
     return 0

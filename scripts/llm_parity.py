@@ -20,7 +20,9 @@ summary also gives ``ok_to_tie`` counts for the fixed thresholds 0.1, 0.25 and 0
 
 Experiments (this script only): ``--without`` takes named kernel variants out of the registry
 (e.g. ``cpu.jit.rope``, ``cpu.gelu_f16_table,cpu.geglu_f16_table``) to measure each one's effect;
-``--all-dot`` sends every quantized MUL_MAT, prompt batches included, through the dot kernels.
+``--all-dot`` runs with ``GGMLPY_QUANT_MATMUL=dot``: every quantized MUL_MAT, prompt batches
+included, through the dot kernels (and the CPU's ggml-order variants), every F16 one in
+ggml-cpu's order.
 The activation rounding follows ``GGMLPY_Q8_ROUNDING`` (default ``native``: ggml-cpu's quantizer
 of this machine's architecture; ``ref``: ggml's reference quantizer); the summary names it.
 
@@ -75,8 +77,9 @@ def main() -> int:
                          "run (e.g. cpu.jit.rope,cpu.gelu_f16_table,cpu.geglu_f16_table), to "
                          "measure what each one changes")
     ap.add_argument("--all-dot", action="store_true",
-                    help="every quantized MUL_MAT through ggml's dot kernels (q8 activations), "
-                         "prompt batches included (qmatmul.CROSSOVER raised)")
+                    help="GGMLPY_QUANT_MATMUL=dot: every quantized MUL_MAT through ggml's "
+                         "dot kernels (q8 activations), prompt batches included, and every F16 "
+                         "one in ggml-cpu's order")
     args = ap.parse_args()
     if not args.model:
         ap.error("--model or $GGMLPY_GEMMA3_GGUF is required")
@@ -88,10 +91,7 @@ def main() -> int:
     if args.without:
         _drop_variants(set(args.without.split(",")))
     if args.all_dot:
-        from ggmlpy.backends.cpu import qmatmul
-
-        for t in list(qmatmul.CROSSOVER):
-            qmatmul.CROSSOVER[t] = 1 << 30
+        os.environ["GGMLPY_QUANT_MATMUL"] = "dot"
     ref = np.load(DATA / "gemma3_logits.npz")
     cases = json.loads((DATA / "gemma3_greedy.json").read_text())["cases"]
     names = [str(n) for n in ref["names"]]

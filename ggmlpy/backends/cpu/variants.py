@@ -31,12 +31,33 @@ name                        op          applies when
                                         row
 ``cpu.jit.norm``            NORM        NumPy, Numba, not precise, C-contiguous float32
 ``fast.norm``               NORM        not precise (any array module): float32 sums
+``cpu.jit.mul_mat_f16``     MUL_MAT     F16 ``src0`` (not in a WEIGHTS buffer) and ``src1``,
+                                        F32 result, NumPy, Numba, not precise, at most :data:`sgemm_f16.MAX_MACS
+                                        <ggmlpy.backends.cpu.sgemm_f16.MAX_MACS>`
+                                        multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
+                                        tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
+                                        :mod:`ggmlpy.backends.cpu.sgemm_f16`)
+``cpu.jit.mul_mat_q4k``     MUL_MAT     a 2-D Q4_K weight of ``8k`` rows, F32 ``src1``, NumPy,
+                                        Numba, not precise, ``GGMLPY_QUANT_MATMUL`` not
+                                        ``dequant``, on the dot kernels' batches (below
+                                        the crossover; all with ``GGMLPY_QUANT_MATMUL=dot``):
+                                        llama.cpp's repacked Q4_K order
+                                        (:mod:`ggmlpy.backends.cpu.repack_q4k`)
+``cpu.jit.mul_mat_q6k``     MUL_MAT     a 2-D Q6_K weight, F32 ``src1``, the rest as above:
+                                        ggml-cpu's tiled kernel (8 rows or more) or AVX2
+                                        ``ggml_vec_dot_q6_K_q8_K`` lanes
+                                        (:mod:`ggmlpy.backends.cpu.vec_dot_q6k`)
+``cpu.jit.soft_max_ggml``   SOFT_MAX    no ALiBi or sinks, F32 (mask F32, F16 or none), NumPy, Numba,
+                                        not precise, C-contiguous arrays: ggml-cpu's AVX-512
+                                        ``ggml_v_expf`` and sums
+                                        (:mod:`ggmlpy.backends.cpu.soft_max_ggml`)
 ``cpu.jit.soft_max``        SOFT_MAX    no ALiBi, NumPy, Numba, C-contiguous float32 arrays
 ``cpu.jit.soft_max_f16``    SOFT_MAX    the same with an F16 mask (converted to float32)
 ``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
 ==========================  ==========  ===================================================
 
-With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM and NORM variants
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM, NORM, F16 and Q4_K
+MUL_MAT and ggml-order SOFT_MAX variants
 step aside and the generic kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
 and apply to CuPy only.
 """
@@ -51,8 +72,10 @@ from typing import Any
 
 import numpy as np
 
-from ggmlpy.backends.cpu import fastpath, rope_ggml
+from ggmlpy.backend.interface import BufferUsage
+from ggmlpy.backends.cpu import fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml, vec_dot_q6k
 from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
+from ggmlpy.backends.kernels import matmul
 from ggmlpy.backends.kernels.attention import tile_23
 from ggmlpy.backends.kernels.common import F32, c_contig
 from ggmlpy.backends.kernels.registry import KernelRegistry, Step
@@ -226,6 +249,70 @@ def _sup_soft_max_fast(node: Tensor, xp: Any) -> bool:
     return _no_alibi(node)
 
 
+def _sup_mul_mat_f16(node: Tensor, xp: Any) -> bool:
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    if (xp is not np or node.type != Type.F32 or a is None or b is None
+            or a.type != Type.F16 or b.type != Type.F16 or env.precise_kernels()):
+        return False
+    base = a.view_src if a.view_src is not None else a
+    if base.buffer is not None and base.buffer.usage == BufferUsage.WEIGHTS:
+        return False      # a weight: the weight cache's float32 copy and BLAS (faster)
+    return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+            and (node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
+                 <= sgemm_f16.MAX_MACS or env.quant_matmul() == "dot"))
+
+
+def _fits_mul_mat_f16(dst: Any, srcs: list[Any]) -> bool:
+    return (type(dst) is np.ndarray and dst.dtype == _F32_DTYPE and dst.ndim == 4
+            and all(type(s) is np.ndarray and s.ndim == 4 for s in srcs[:2]) and jit_ready())
+
+
+def _sup_kquant_2d(node: Tensor, xp: Any, t: Type) -> bool:
+    # a 2-D weight of type t with contiguous rows, F32 activations, on the dot kernels' batches
+    # (below the crossover, every batch with GGMLPY_QUANT_MATMUL=dot), which a threaded plan
+    # cuts along the weight rows: the activation rows stay whole (Q4_K's grouping by four)
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    if (xp is not np or node.type != Type.F32 or a is None or b is None
+            or a.type != t or b.type != Type.F32 or env.precise_kernels()
+            or env.quant_matmul() == "dequant"):
+        return False
+    return (a.ne[2] == 1 and a.ne[3] == 1 and a.ne[0] == b.ne[0] and b.ne[0] % 256 == 0
+            and b.ne[3] == 1 and a.nb[0] == a.type.type_size
+            and matmul.uses_dot_kernel(node))
+
+
+def _sup_mul_mat_q4k(node: Tensor, xp: Any) -> bool:
+    return _sup_kquant_2d(node, xp, Type.Q4_K) and node.src[0].ne[1] % 8 == 0
+
+
+def _sup_mul_mat_q6k(node: Tensor, xp: Any) -> bool:
+    return _sup_kquant_2d(node, xp, Type.Q6_K)
+
+
+def _fits_mul_mat_q4k(dst: Any, srcs: list[Any]) -> bool:
+    a, b = srcs[0], srcs[1]
+    return (type(a) is np.ndarray and a.dtype == np.uint8 and a.ndim == 4
+            and a.shape[:2] == (1, 1) and a[0, 0].flags.c_contiguous
+            and type(b) is np.ndarray and b.dtype == _F32_DTYPE and type(dst) is np.ndarray
+            and jit_ready())
+
+
+def _sup_soft_max_ggml(node: Tensor, xp: Any) -> bool:
+    a = node.src[0]
+    m = node.src[1] if len(node.src) > 1 else None
+    sinks = node.src[2] if len(node.src) > 2 else None
+    return (xp is np and _no_alibi(node) and sinks is None and node.type == Type.F32
+            and a is not None and a.type == Type.F32
+            and (m is None or m.type in (Type.F32, Type.F16)) and not env.precise_kernels())
+
+
+def _fits_soft_max_ggml(dst: Any, srcs: list[Any]) -> bool:
+    mask = _mask(srcs)
+    return (jit_arrays(srcs[0], dst) and (mask is None or (type(mask) is np.ndarray
+                                                           and mask.flags.c_contiguous))
+            and jit_ready())
+
+
 def _mask(srcs: list[Any]) -> Any:
     return srcs[1] if len(srcs) > 1 else None
 
@@ -325,6 +412,42 @@ def _k_norm_fast(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(fastpath.norm, xp, srcs[0], float(node.op_params[0]), dst)
 
 
+def _k_mul_mat_f16(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # the node's shape decides the kernel (a threaded slice may hold one row of src1)
+    a, b = node.src[0], node.src[1]
+    tiny = sgemm_f16.uses_tinyblas(a.ne[1], b.ne[1], a.ne[0])
+    return sgemm_f16.mul_mat_f16_step(srcs[0], srcs[1], dst, tiny)
+
+
+def _k_mul_mat_q4k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # the node's rows of src1 decide the grouping by four (the plan cuts only weight rows)
+    return repack_q4k.mul_mat_q4k_step(srcs[0], srcs[1], dst, node.src[1].ne[1],
+                                       matmul.dot_runner())
+
+
+def _k_mul_mat_q6k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # the node's rows decide the order (a threaded plan cuts only the weight rows)
+    return vec_dot_q6k.mul_mat_q6k_step(srcs[0], srcs[1], dst,
+                                        vec_dot_q6k.uses_tiled(node.src[1].ne[1]),
+                                        matmul.dot_runner())
+
+
+def _k_soft_max_ggml(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    a, mask, scale = srcs[0], _mask(srcs), _scale(node)
+    if mask is None or mask.dtype == F32:
+        return soft_max_ggml.soft_max_step(a, mask, scale, dst)
+    # an F16 mask: its rows widened (exactly) into a float32 copy at each run, as ggml reads it
+    m16 = mask[:, :, :a.shape[2], :]
+    m32 = np.empty(m16.shape, F32)
+    step = soft_max_ggml.soft_max_step(a, m32, scale, dst)
+    copyto = np.copyto
+
+    def run_widened() -> None:
+        copyto(m32, m16)
+        step()
+    return run_widened
+
+
 def _k_soft_max_jit(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return partial(cpu_jit.soft_max, srcs[0], _mask(srcs), _scale(node), dst)
 
@@ -380,6 +503,14 @@ def register(registry: KernelRegistry) -> None:
     o(Op.NORM, _k_norm_jit, _sup_jit_not_precise, name="cpu.jit.norm", fits=_fits_jit_norm,
       narrows=True)
     o(Op.NORM, _k_norm_fast, _sup_not_precise, name="fast.norm", narrows=True)
+    o(Op.MUL_MAT, _k_mul_mat_f16, _sup_mul_mat_f16, name="cpu.jit.mul_mat_f16",
+      fits=_fits_mul_mat_f16, narrows=True)
+    o(Op.MUL_MAT, _k_mul_mat_q4k, _sup_mul_mat_q4k, name="cpu.jit.mul_mat_q4k",
+      fits=_fits_mul_mat_q4k, narrows=True)
+    o(Op.MUL_MAT, _k_mul_mat_q6k, _sup_mul_mat_q6k, name="cpu.jit.mul_mat_q6k",
+      fits=_fits_mul_mat_q4k, narrows=True)
+    o(Op.SOFT_MAX, _k_soft_max_ggml, _sup_soft_max_ggml, name="cpu.jit.soft_max_ggml",
+      fits=_fits_soft_max_ggml, narrows=True)
     o(Op.SOFT_MAX, _k_soft_max_jit, _sup_soft_max_jit, name="cpu.jit.soft_max",
       fits=_fits_jit_soft_max, narrows=True)
     o(Op.SOFT_MAX, _k_soft_max_jit_f16, _sup_soft_max_jit, name="cpu.jit.soft_max_f16",

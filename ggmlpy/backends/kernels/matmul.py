@@ -441,6 +441,12 @@ def splits_weight_rows(node: Tensor) -> bool:
 _RUN_DOT: ContextVar[qmatmul.RunDot | None] = ContextVar("ggmlpy_run_dot", default=None)
 
 
+def dot_runner() -> qmatmul.RunDot | None:
+    """The dot-task runner of the plan being built (set by :func:`dot_threads`; None outside
+    it): for kernel variants that share a product among the pool's threads the same way."""
+    return _RUN_DOT.get()
+
+
 @contextmanager
 def dot_threads(run_dot: qmatmul.RunDot | None) -> Iterator[None]:
     """Within the ``with`` body, MUL_MAT steps compiled on the dot kernels (:func:`uses_dot_kernel`)

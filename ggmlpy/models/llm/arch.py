@@ -55,6 +55,9 @@ class ArchSpec:
         swa_pattern: every ``swa_pattern``-th layer (``il % swa_pattern == swa_pattern - 1``) is
             global, the others use the sliding window; 0: no sliding window.
         rope_base_swa: RoPE base of the sliding-window layers (None: the global base).
+        q_prescale: Q is multiplied by ``attn_scale`` (a SCALE node after RoPE) and the
+            attention's own scale is 1 (llama.cpp's gemma3 graph), instead of the scale inside
+            the softmax / flash attention.
         block_tensors: per-block tensor suffixes that must exist (``blk.{il}.<suffix>.weight``).
         optional_block_tensors: per-block suffixes that may exist (biases).
     """
@@ -68,6 +71,7 @@ class ArchSpec:
     qkv_bias: bool = False
     swa_pattern: int = 0
     rope_base_swa: float | None = None
+    q_prescale: bool = False
     block_tensors: tuple[str, ...] = ()
     optional_block_tensors: tuple[str, ...] = ()
 
@@ -87,7 +91,7 @@ _QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 ARCHS: dict[str, ArchSpec] = {
     "gemma3": ArchSpec(
         name="gemma3", ffn="geglu", rope_mode=ROPE_NEOX, embd_scale=True, qk_norm=True,
-        post_norms=True, swa_pattern=6, rope_base_swa=10000.0,
+        post_norms=True, swa_pattern=6, rope_base_swa=10000.0, q_prescale=True,
         block_tensors=_LLAMA_BLOCK + ("attn_q_norm.weight", "attn_k_norm.weight",
                                       "post_attention_norm.weight", "post_ffw_norm.weight")),
     "llama": ArchSpec(name="llama", ffn="swiglu", rope_mode=ROPE_NORMAL,

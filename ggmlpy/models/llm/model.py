@@ -471,10 +471,15 @@ class LLM(SchedModel):
                              1.0, 0.0, 1.0, 0.0, 0.0)
             q.set_name(f"Qcur-{il}")
             k.set_name(f"Kcur-{il}")
+            kq_scale = hp.attn_scale
+            if spec.q_prescale:
+                # llama.cpp gemma3: Qcur = ggml_scale(Qcur, f_attention_scale) before the f16
+                # cast of the -fa off product (an f16-subnormal q rounds as llama.cpp's)
+                q, kq_scale = ops.scale(ctx, q, hp.attn_scale), 1.0
             for w in kv.store(ctx, il, k, v, kv_idxs):
                 graph.build_forward_expand(w)  # the cache is written before it is read
             cur = build_attn(ctx, q, kv.view_k(ctx, il, n_kv), kv.view_v(ctx, il, n_kv),
-                             mask_swa if hp.is_swa(il) else mask, hp.attn_scale,
+                             mask_swa if hp.is_swa(il) else mask, kq_scale,
                              self.flash_attn)                     # [dv*n_head, T]
             cur = ops.mul_mat(ctx, lw.wo, cur)
             if il == hp.n_layer - 1 and out_ids is not None:

@@ -35,7 +35,10 @@ from helpers import alloc_ctx  # noqa: E402
 from ggmlpy import ops
 from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_set  # noqa: E402
-from ggmlpy.backends.cpu import fastpath  # noqa: E402
+from ggmlpy.backends.cpu import (
+    fastpath,  # noqa: E402
+    soft_max_ggml,
+)
 from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.cpu.backend import backend_cpu_init  # noqa: E402
 from ggmlpy.backends.cpu.variants import JIT_MIN_ELEMENTS  # noqa: E402
@@ -430,7 +433,8 @@ def _reference(kind: str, ins: list[np.ndarray]) -> np.ndarray:
 
 _KINDS = ["gelu", "soft_max", "norm"] + [f"{op}-{lay}" for op in ("add", "sub", "mul", "div")
                                           for lay in ("bias", "same")]
-_JIT_FUNCS = {"gelu": cpu_jit.gelu_erf, "soft_max": cpu_jit.soft_max, "norm": cpu_jit.norm}
+# (a masked F32 softmax takes the CPU's ggml-order variant first, also compiled)
+_JIT_FUNCS = {"gelu": cpu_jit.gelu_erf, "soft_max": soft_max_ggml.soft_max, "norm": cpu_jit.norm}
 _NUMPY_FUNCS = {"gelu": special.gelu_erf_f32, "soft_max": fastpath.soft_max,
                 "norm": fastpath.norm}
 

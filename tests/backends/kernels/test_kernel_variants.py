@@ -37,8 +37,8 @@ def test_variant_table_in_try_order() -> None:
                                 "cpu.gelu_f16_table", "fast.gelu_tanh_f32"]
     assert _names(Op.GLU) == ["cuda.fused", "cpu.geglu_f16_table"]
     assert _names(Op.NORM) == ["cuda.fused", "cpu.jit.norm", "fast.norm"]
-    assert _names(Op.SOFT_MAX) == ["cuda.fused", "cpu.jit.soft_max", "cpu.jit.soft_max_f16",
-                                   "fast.soft_max"]
+    assert _names(Op.SOFT_MAX) == ["cuda.fused", "cpu.jit.soft_max_ggml", "cpu.jit.soft_max",
+                                   "cpu.jit.soft_max_f16", "fast.soft_max"]
     for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
         assert _names(op) == ["cuda.fused", "cpu.jit.binary"]
     assert REGISTRY.entry(Op.NORM).name == "generic"

@@ -1,0 +1,166 @@
+"""Dot tasks for the Q4_K and Q6_K products in llama.cpp's x86 orders (:mod:`.repack_q4k`,
+:mod:`.vec_dot_q6k`): one compiled call quantizes the activation rows to Q8_K, then the threads
+of the CPU backend's pool claim chunks of weight rows (the protocol of
+:mod:`ggmlpy.backends.cpu.qmatmul_tasks`: :func:`~ggmlpy.backends.cpu.spin.publish`,
+:func:`~ggmlpy.backends.cpu.spin.claim`, a worker's chunk committed unless the caller took it
+over). Every output is computed by one thread in one fixed order, so the result does not depend
+on the threads. Importing this module imports Numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ggmlpy.backends.cpu.qmatmul_tasks import _commit, _own, _post, _rescue
+from ggmlpy.backends.cpu.repack_q4k_kernel import gemm_q4k
+from ggmlpy.backends.cpu.spin import DONE, aadd, claim, publish
+from ggmlpy.backends.cpu.vec_dot_q6k_kernel import mul_mat_q6k
+
+F32 = np.float32
+_OPTS = dict(cache=True, nogil=True, error_model="numpy")
+
+
+@njit(**_OPTS)
+def quant_q8_k_rows(x, yq, yd, bs, n_group4):  # pragma: no cover - compiled
+    """Rows of float32 ``x`` ``(N, K)`` to Q8_K: ``yq`` int8 ``(N, K)``, ``yd`` float32 ``(N,
+    K/256)``, ``bs`` int16 ``(N, K/16)``; rows below ``n_group4`` with
+    ``ggml_quantize_mat_q8_K_4x8``'s sign rule, the rest with ``quantize_row_q8_K_ref``'s
+    (:mod:`ggmlpy.backends.cpu.q8k_act`, whose NumPy form this matches)."""
+    N, K = x.shape
+    for n in range(N):
+        for b in range(K // 256):
+            p = b * 256
+            amax = F32(0)
+            first = F32(0)
+            for j in range(256):
+                av = abs(x[n, p + j])
+                if av > amax:
+                    amax = av
+                    first = x[n, p + j]
+            if amax == F32(0):
+                for j in range(256):
+                    yq[n, p + j] = 0
+                for j in range(16):
+                    bs[n, b * 16 + j] = 0
+                yd[n, b] = F32(0)
+                continue
+            if n < n_group4:
+                neg = True
+                for j in range(256):
+                    if x[n, p + j] == amax:
+                        neg = False
+            else:
+                neg = first < F32(0)
+            iscale = (F32(127) if neg else F32(-127)) / amax
+            for j in range(256):
+                f = iscale * x[n, p + j] + F32(12582912.0)
+                i = (np.float32(f).view(np.int32) & 0x007FFFFF) - 0x00400000
+                yq[n, p + j] = np.int8(i if i < 127 else 127)
+            for j in range(16):
+                s = 0
+                for e in range(16):
+                    s += yq[n, p + 16 * j + e]
+                bs[n, b * 16 + j] = np.int16(s)
+            yd[n, b] = F32(1) / iscale
+
+
+@njit(**_OPTS)
+def _sums32(bs, b32):  # pragma: no cover - compiled
+    N, n16 = bs.shape
+    for n in range(N):
+        for j in range(n16 // 2):
+            b32[n, j] = np.int32(bs[n, 2 * j]) + np.int32(bs[n, 2 * j + 1])
+
+
+@njit(**_OPTS)
+def _q4k_rows(w, yq, yd, b32, out, ng, m0, m1, o0, tbl):  # pragma: no cover - compiled
+    # out[:, c - o0] for the weight rows m0 <= c < m1; gemm order for rows < ng, gemv after
+    N = yq.shape[0]
+    nb = yd.shape[1]
+    if ng > 0:
+        gemm_q4k(w, yq, yd, b32, out, m0, m1, o0, 0, ng, nb, True, tbl)
+    if ng < N:
+        gemm_q4k(w, yq, yd, b32, out, m0, m1, o0, ng, N, nb, False, tbl)
+
+
+@njit(**_OPTS)
+def q4k_chunks(w, yq, yd, b32, out, ng, chunk, tbl, ctl, gen):  # pragma: no cover - compiled
+    """A worker's part of a Q4_K task: chunks of ``chunk`` weight rows into ``out`` ``(N, M)``
+    (through a buffer of its own, committed unless the caller took the chunk over)."""
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        _q4k_rows(w, yq, yd, b32, tmp, ng, m0, m1, m0, tbl)
+        _commit(ctl, c, gen, tmp, out, m0, m1)
+
+
+@njit(**_OPTS)
+def q4k_main(x, desc, w, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
+             gen):  # pragma: no cover - compiled
+    """The caller's part of a Q4_K task: ``x`` float32 ``(N, K)`` quantized first (``ng``
+    rows grouped by four), then chunks of weight rows until none is left; returns 0."""
+    quant_q8_k_rows(x, yq, yd, bs, ng)
+    _sums32(bs, b32)
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
+        _own(ctl, c, gen)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch, gen)
+    while c >= 0:
+        _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch, gen)
+    return 0
+
+
+@njit(**_OPTS)
+def q6k_chunks(w, yq, yd, bs, out, tiled, chunk, tbl, ctl, gen):  # pragma: no cover - compiled
+    """A worker's part of a Q6_K task (see :func:`q4k_chunks`)."""
+    M = w.shape[0]
+    nb = yd.shape[1]
+    nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        mul_mat_q6k(w, yq, yd, bs, tmp, m0, m1, m0, nb, tiled, tbl)
+        _commit(ctl, c, gen, tmp, out, m0, m1)
+
+
+@njit(**_OPTS)
+def q6k_main(x, desc, w, yq, yd, bs, out, tiled, chunk, tbl, ctl,
+             gen):  # pragma: no cover - compiled
+    """The caller's part of a Q6_K task (``x`` quantized with ``quantize_row_q8_K``'s rule);
+    returns 0."""
+    quant_q8_k_rows(x, yq, yd, bs, 0)
+    M = w.shape[0]
+    nb = yd.shape[1]
+    nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
+        _own(ctl, c, gen)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch, gen)
+    while c >= 0:
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch, gen)
+    return 0

@@ -1,0 +1,170 @@
+"""MUL_MAT with a Q4_K weight as llama.cpp's CPU backend computes it on x86-64 (the CPU's
+variant ``cpu.jit.mul_mat_q4k_repack``; a Numba kernel, :mod:`.repack_q4k_kernel`, compiled on
+first use).
+
+llama.cpp loads a Q4_K weight whose rows are a multiple of 8 into the ``CPU_REPACK`` buffer on an
+AVX2 CPU (repack.cpp ``ggml_repack_get_optimal_repack_type``: ``block_q4_Kx8``, 8 rows
+interleaved), and every MUL_MAT with it then runs ``forward_mul_mat`` there: the activations
+quantized to Q8_K per plane, rows in groups of four by ``ggml_quantize_mat_q8_K_4x8`` and the
+``ne11 % 4`` last rows by ``quantize_row_q8_K``; ``ggml_gemm_q4_K_8x8_q8_K`` for the groups and
+``ggml_gemv_q4_K_8x8_q8_K`` for the rest (arch/x86/repack.cpp). Both compute an output as: per
+step the exact integer sums ``iacc = sum_j scale_j * (q4 . q8)_j`` and ``imin = sum_j min_j *
+bsum_j`` over its sub-blocks of 32, then ``acc = fma(float(iacc), d*d8, acc)`` and ``accm =
+fma(float(imin), dmin*d8, accm)``, the result ``acc - accm``; a step is one super-block of 256 in
+the gemv and one pair of sub-blocks (64) in the AVX-512 gemm. Another float32 order than ggml's
+``ggml_vec_dot_q4_K_q8_K`` (8 lanes, a horizontal sum at the end), which is what llama.cpp runs for
+Q4_K only without the repack buffer.
+
+The two quantizers give the same values but for the sign of the scale when ``+amax`` and
+``-amax`` both occur (:mod:`ggmlpy.backends.cpu.q8k_act`).
+
+The grouping of rows by four is the node's (``src1``'s ``ne[1]`` per plane): a threaded plan
+must not cut the activation rows (the variant applies where the CPU plan cuts the weight rows).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.backends.kernels.registry import Step
+
+__all__ = ["Q4K_BYTES", "decode_q4_k", "mul_mat_q4k_step", "warm_up"]
+
+#: bytes per Q4_K super-block (``d``, ``dmin`` f16, ``scales[12]``, ``qs[128]``)
+Q4K_BYTES = 144
+_F32 = np.float32
+
+#: weight-row chunks per task (at least 8 rows each), as the dot tasks of
+#: :mod:`ggmlpy.backends.cpu.qmatmul`
+_CHUNKS = 32
+#: words of a control block for a task without workers (:mod:`ggmlpy.backends.cpu.spin`)
+_CTL_SOLO = 96
+
+_state: dict[str, Any] = {}
+
+
+def _tasks() -> Any:
+    k = _state.get("k")
+    if k is None:
+        from ggmlpy.backends.cpu import kquant_order_tasks  # noqa: PLC0415 - imports Numba
+
+        k = _state["k"] = kquant_order_tasks
+    return k
+
+
+def _f16_table() -> np.ndarray:
+    t = _state.get("f16")
+    if t is None:
+        t = _state["f16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(_F32)
+    return t
+
+
+class _Solo:
+    """Runs a task on the calling thread alone, with a control block of its own (kept)."""
+
+    def __init__(self) -> None:
+        self.ctl = np.zeros(_CTL_SOLO, np.int64)
+
+    def __call__(self, main: Any, worker: Any) -> int:
+        self.ctl[:] = 0
+        return main(self.ctl, 1)
+
+
+def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                           np.ndarray]:
+    """Q4_K rows of bytes ``(C, nb*144)`` (uint8) to ``(w4, sc, mn, d, dmin)``: ``w4`` int8 ``(C,
+    nb*256)`` the 4-bit values in element order, ``sc``/``mn`` int32 ``(C, nb, 8)`` the 6-bit
+    sub-block scales and mins (ggml ``get_scale_min_k4``), ``d``/``dmin`` float32 ``(C, nb)``
+    (the f16 fields widened). Synchronous.
+
+    Raises:
+        ValueError: ``rows`` is not 2-D uint8 with a multiple of 144 bytes per row.
+    """
+    if rows.ndim != 2 or rows.dtype != np.uint8 or rows.shape[1] % Q4K_BYTES:
+        raise ValueError(f"decode_q4_k: rows must be (C, nb*144) uint8, got {rows.shape} "
+                         f"{rows.dtype}")
+    C, nb = rows.shape[0], rows.shape[1] // Q4K_BYTES
+    b = np.ascontiguousarray(rows).reshape(C, nb, Q4K_BYTES)
+    d = b[:, :, 0:2].copy().view(np.float16)[..., 0].astype(_F32)
+    dmin = b[:, :, 2:4].copy().view(np.float16)[..., 0].astype(_F32)
+    q = b[:, :, 4:16].astype(np.int32)
+    sc = np.empty((C, nb, 8), np.int32)
+    mn = np.empty((C, nb, 8), np.int32)
+    sc[..., :4] = q[..., 0:4] & 63
+    mn[..., :4] = q[..., 4:8] & 63
+    sc[..., 4:] = (q[..., 8:12] & 0xF) | ((q[..., 0:4] >> 6) << 4)
+    mn[..., 4:] = (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)
+    qs = b[:, :, 16:].reshape(C, nb, 4, 32)
+    w4 = np.empty((C, nb, 4, 2, 32), np.int8)
+    w4[:, :, :, 0] = qs & 0xF           # sub-block 2*j2: the low nibbles of 32 bytes
+    w4[:, :, :, 1] = qs >> 4            # sub-block 2*j2 + 1: their high nibbles
+    return w4.reshape(C, nb * 256), sc, mn, d, dmin
+
+
+def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
+                     run_dot: Any = None) -> Step:
+    """The step computing ``dst = b @ W^T`` in the repacked order (module docstring): ``a`` the
+    Q4_K weight's rows of bytes, uint8 ``(1, 1, C, nb*144)`` (ggml ``ne = [K, C]``, a 2-D
+    weight); ``b`` float32 ``(B3, B2, N, K)``; ``dst`` float32 ``(B3, B2, N, C)``. ``n_rows``:
+    the node's ``src1`` rows per plane (the grouping by four). Each plane is one compiled dot
+    task (:mod:`.kquant_order_tasks`) that ``run_dot`` shares among threads (a CPU backend
+    pool's ``run_dot``; None: the calling thread alone). The weight's blocks are read in place
+    at each run (as ggml's kernels read them), the activations quantized. Synchronous when
+    run.
+
+    Raises:
+        ValueError: shapes that do not fit, or ``b`` not float32.
+    """
+    if a.ndim != 4 or a.shape[:2] != (1, 1) or a.dtype != np.uint8 or a.shape[3] % Q4K_BYTES:
+        raise ValueError(f"repack_q4k: the weight must be (1, 1, C, nb*144) uint8, got "
+                         f"{a.shape} {a.dtype}")
+    C, nb = a.shape[2], a.shape[3] // Q4K_BYTES
+    if b.ndim != 4 or b.dtype != _F32 or b.shape[3] != nb * 256:
+        raise ValueError(f"repack_q4k: src1 must be float32 (B3, B2, N, {nb * 256}), got "
+                         f"{b.shape} {b.dtype}")
+    B3, B2, N = b.shape[:3]
+    if dst.shape != (B3, B2, N, C) or N != n_rows:
+        raise ValueError(f"repack_q4k: dst {dst.shape} must be {(B3, B2, N, C)} with N == "
+                         f"n_rows ({n_rows})")
+    tk = _tasks()
+    w = a[0, 0]
+    tbl = _f16_table()
+    ng = N - N % 4
+    K = nb * 256
+    yq = np.empty((N, K), np.int8)
+    yd = np.empty((N, nb), _F32)
+    bs = np.empty((N, nb * 16), np.int16)
+    b32 = np.empty((N, nb * 8), np.int32)
+    chunk = max(8, -(-C // _CHUNKS))
+    desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
+    go = run_dot or _Solo()
+    out = np.empty((N, C), _F32)
+    planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
+    jobs = []
+    for x, d in planes:
+        o = d if d.flags.c_contiguous else out
+        xc = x if x.flags.c_contiguous else np.empty(x.shape, _F32)
+        jobs.append((x, xc, d, o, partial(tk.q4k_main, xc, desc, w, yq, yd, bs, b32, o, ng,
+                                          chunk, tbl),
+                     partial(tk.q4k_chunks, w, yq, yd, b32, o, ng, chunk, tbl)))
+
+    def run() -> None:
+        for x, xc, d, o, main, worker in jobs:
+            if xc is not x:
+                np.copyto(xc, x)
+            go(main, worker)
+            if o is not d:
+                np.copyto(d, o)
+    return run
+
+
+def warm_up() -> None:
+    """*Sync*: compile (or load from Numba's disk cache) the kernel. Needs Numba."""
+    a = np.zeros((1, 1, 8, Q4K_BYTES), np.uint8)
+    b = np.zeros((1, 1, 1, 256), _F32)
+    mul_mat_q4k_step(a, b, np.empty((1, 1, 1, 8), _F32), 1)()
+    mul_mat_q4k_step(a, np.zeros((1, 1, 5, 256), _F32), np.empty((1, 1, 5, 8), _F32), 5)()

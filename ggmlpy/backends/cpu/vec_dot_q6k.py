@@ -1,0 +1,169 @@
+"""MUL_MAT with a Q6_K weight as ggml-cpu computes it on x86-64 with AVX2 (the CPU's variant
+``cpu.jit.mul_mat_q6k``; a Numba kernel, :mod:`.vec_dot_q6k_kernel`, compiled on first use).
+
+x86 ggml-cpu has neither a repacked nor a llamafile form of Q6_K. A MUL_MAT with it quantizes
+``src1`` to Q8_K (``quantize_row_q8_K``, the reference loop) and, for ``ne11 >= 8`` rows, runs
+ggml-cpu's tiled K-quant matmul (ggml-cpu.c ``ggml_compute_forward_mul_mat`` first asks
+tiled/tiled.cpp ``ggml_compute_forward_mul_mat_tiled``; ``GGML_CPU_TILED_MM`` on by default): its
+AVX-512 VNNI microkernel sums each super-block exactly in int32 (``dpbusd``, the ``-32`` offset
+as ``32 * bsums``, the 16 scales), then ``acc = acc + (float(S) * d) * d8``, which GCC contracts
+to ``fma(float(S) * d, d8, acc)``, super-block after super-block. Below 8 rows it calls
+``ggml_vec_dot_q6_K_q8_K`` (arch/x86/quants.c) per output. Its AVX2 loop keeps eight int32 lanes
+per super-block: lane ``l`` takes the products of bytes ``4l..4l+3`` of each run of 32 elements
+(``_mm256_maddubs_epi16`` then ``_mm256_madd_epi16`` with the 16-element scales), minus ``32 *
+(bsum[2l] scale[2l] + bsum[2l+1] scale[2l+1])`` (the ``-32`` offset of the 6-bit values), then
+``acc = fma(d8 * d, float(lanes), acc)`` in eight float32 lanes and ``hsum_float_8`` at the end.
+The kernel computes both orders exactly (:func:`uses_tiled` picks one, from the node's rows).
+
+Shapes (NumPy, ggml ``ne`` reversed): the weight's rows of bytes, uint8 ``(1, 1, C, nb*210)``
+(a 2-D weight, ``ne = [K, C]``), ``b`` float32 ``(B3, B2, N, K)``, ``dst`` float32 ``(B3, B2,
+N, C)``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ggmlpy.backends.kernels.registry import Step
+
+__all__ = ["Q6K_BYTES", "TILED_MIN_ROWS", "uses_tiled", "decode_q6_k", "mul_mat_q6k_step",
+           "warm_up"]
+
+#: bytes per Q6_K super-block (``ql[128]``, ``qh[64]``, ``scales[16]`` int8, ``d`` f16)
+Q6K_BYTES = 210
+_F32 = np.float32
+#: ``src1`` rows from which ggml-cpu runs its tiled K-quant matmul (tiled.cpp
+#: ``ggml_tiled_min_batch``)
+TILED_MIN_ROWS = 8
+
+#: weight-row chunks per task (at least 8 rows each), as the dot tasks of
+#: :mod:`ggmlpy.backends.cpu.qmatmul`
+_CHUNKS = 32
+#: words of a control block for a task without workers (:mod:`ggmlpy.backends.cpu.spin`)
+_CTL_SOLO = 96
+
+_state: dict[str, Any] = {}
+
+
+def _tasks() -> Any:
+    k = _state.get("k")
+    if k is None:
+        from ggmlpy.backends.cpu import kquant_order_tasks  # noqa: PLC0415 - imports Numba
+
+        k = _state["k"] = kquant_order_tasks
+    return k
+
+
+def _f16_table() -> np.ndarray:
+    t = _state.get("f16")
+    if t is None:
+        t = _state["f16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(
+            np.float16).astype(_F32)
+    return t
+
+
+class _Solo:
+    """Runs a task on the calling thread alone, with a control block of its own (kept)."""
+
+    def __init__(self) -> None:
+        self.ctl = np.zeros(_CTL_SOLO, np.int64)
+
+    def __call__(self, main: Any, worker: Any) -> int:
+        self.ctl[:] = 0
+        return main(self.ctl, 1)
+
+
+def decode_q6_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K rows of bytes ``(C, nb*210)`` (uint8) to ``(q6, sc, d)``: ``q6`` int8 ``(C,
+    nb*256)`` the unsigned 6-bit values (0..63, before ggml's ``-32``) in element order, ``sc``
+    int8 ``(C, nb, 16)``, ``d`` float32 ``(C, nb)``. Synchronous.
+
+    Raises:
+        ValueError: ``rows`` is not 2-D uint8 with a multiple of 210 bytes per row.
+    """
+    if rows.ndim != 2 or rows.dtype != np.uint8 or rows.shape[1] % Q6K_BYTES:
+        raise ValueError(f"decode_q6_k: rows must be (C, nb*210) uint8, got {rows.shape} "
+                         f"{rows.dtype}")
+    C, nb = rows.shape[0], rows.shape[1] // Q6K_BYTES
+    b = np.ascontiguousarray(rows).reshape(C, nb, Q6K_BYTES)
+    ql, qh = b[:, :, 0:128], b[:, :, 128:192]
+    q = np.empty((C, nb, 2, 4, 32), np.uint8)
+    for j in range(2):
+        lo, hi, h = ql[:, :, 64 * j:64 * j + 32], ql[:, :, 64 * j + 32:64 * j + 64], \
+            qh[:, :, 32 * j:32 * j + 32]
+        q[:, :, j, 0] = (lo & 15) | ((h & 3) << 4)
+        q[:, :, j, 1] = (hi & 15) | (((h >> 2) & 3) << 4)
+        q[:, :, j, 2] = (lo >> 4) | (((h >> 4) & 3) << 4)
+        q[:, :, j, 3] = (hi >> 4) | (((h >> 6) & 3) << 4)
+    sc = b[:, :, 192:208].copy().view(np.int8)
+    d = b[:, :, 208:210].copy().view(np.float16)[..., 0].astype(_F32)
+    return q.view(np.int8).reshape(C, nb * 256), sc, d
+
+
+def uses_tiled(n_rows: int) -> bool:
+    """Whether ggml-cpu computes a Q6_K MUL_MAT whose ``src1`` has ``n_rows`` rows (``ne11``)
+    with its tiled kernel (else ``ggml_vec_dot_q6_K_q8_K``)."""
+    return n_rows >= TILED_MIN_ROWS
+
+
+def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
+                     run_dot: Any = None) -> Step:
+    """The step computing ``dst = b @ W^T`` in the tiled kernel's order (``tiled``) or
+    ``ggml_vec_dot_q6_K_q8_K``'s AVX2 one (module docstring shapes). Each plane is one compiled
+    dot task (:mod:`.kquant_order_tasks`) that ``run_dot`` shares among threads (a CPU
+    backend pool's ``run_dot``; None: the calling thread alone). The weight's blocks are read
+    in place at each run (as ggml's kernels read them), the activations quantized.
+    Synchronous when run.
+
+    Raises:
+        ValueError: shapes that do not fit, or ``b`` not float32.
+    """
+    if a.ndim != 4 or a.shape[:2] != (1, 1) or a.dtype != np.uint8 or a.shape[3] % Q6K_BYTES:
+        raise ValueError(f"vec_dot_q6k: the weight must be (1, 1, C, nb*210) uint8, got "
+                         f"{a.shape} {a.dtype}")
+    C, nb = a.shape[2], a.shape[3] // Q6K_BYTES
+    if b.ndim != 4 or b.dtype != _F32 or b.shape[3] != nb * 256:
+        raise ValueError(f"vec_dot_q6k: src1 must be float32 (B3, B2, N, {nb * 256}), got "
+                         f"{b.shape} {b.dtype}")
+    B3, B2, N = b.shape[:3]
+    if dst.shape != (B3, B2, N, C):
+        raise ValueError(f"vec_dot_q6k: dst {dst.shape} must be {(B3, B2, N, C)}")
+    tk = _tasks()
+    w = a[0, 0]
+    tbl = _f16_table()
+    K = nb * 256
+    yq = np.empty((N, K), np.int8)
+    yd = np.empty((N, nb), _F32)
+    bs = np.empty((N, nb * 16), np.int16)
+    chunk = max(8, -(-C // _CHUNKS))
+    desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
+    go = run_dot or _Solo()
+    out = np.empty((N, C), _F32)
+    planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
+    jobs = []
+    for x, d in planes:
+        o = d if d.flags.c_contiguous else out
+        xc = x if x.flags.c_contiguous else np.empty(x.shape, _F32)
+        jobs.append((x, xc, d, o, partial(tk.q6k_main, xc, desc, w, yq, yd, bs, o, tiled,
+                                          chunk, tbl),
+                     partial(tk.q6k_chunks, w, yq, yd, bs, o, tiled, chunk, tbl)))
+
+    def run() -> None:
+        for x, xc, d, o, main, worker in jobs:
+            if xc is not x:
+                np.copyto(xc, x)
+            go(main, worker)
+            if o is not d:
+                np.copyto(d, o)
+    return run
+
+
+def warm_up() -> None:
+    """*Sync*: compile (or load from Numba's disk cache) the kernel. Needs Numba."""
+    a = np.zeros((1, 1, 8, Q6K_BYTES), np.uint8)
+    b = np.zeros((1, 1, 1, 256), _F32)
+    mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), False)()
+    mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), True)()
