@@ -150,8 +150,14 @@ def dot_terms(t: Type, K: int) -> int:
 
 
 def lanes_bound(t: Type, K: int, S: np.ndarray) -> np.ndarray:
-    """The compiled block kernels' distance to the referee (qmatmul's numerics statement):
-    ``terms * 2**-23 * sum|terms|`` plus one float32 tiny for results near the underflow."""
+    """The compiled dot kernels' distance to the referee (qmatmul's numerics statement). Block
+    types: ``terms * 2**-23 * sum|terms|`` plus one float32 tiny for results near the
+    underflow. F16/BF16 (float32 lanes): ``(K // 64 + 8) * 2**-24 * sum|x w| + K * 2**-149``
+    (each product passes through at most ``K // 64 - 1`` lane additions and 6 reduction ones,
+    plus the final rounding of both sides; the last term for BF16 products and sums that
+    underflow float32)."""
+    if t in _HALF:
+        return (K // 64 + 8) * 2.0 ** -24 * S + K * 2.0 ** -149
     return dot_terms(t, K) * float(np.finfo(np.float32).eps) * S + np.finfo(np.float32).tiny
 
 

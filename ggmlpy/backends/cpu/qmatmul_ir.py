@@ -10,10 +10,12 @@ are exact integers; they are converted to float32 and accumulated in 8 float32 l
 ``llvm.fma`` (one rounding per multiply-add), the lanes added as a fixed tree at the end: the
 shape of ggml's SIMD ``vec_dot`` loops (ggml-cpu/arch/x86/quants.c), whose error bound against
 the scalar referee :mod:`ggmlpy.backends.cpu.qmatmul` states. Everything here is generic LLVM IR
-but for two target intrinsics used where Numba compiles for a CPU that has them: AVX2's
-``vpmaddubsw`` in the K-quant rows (:func:`_maddubs`; elsewhere the same integer sums in generic
-IR) and the spin-loop hint of :mod:`ggmlpy.backends.cpu.spin`. The F16/BF16 helper adds its 16
-float32 products to 16 float64 lanes.
+but for target intrinsics used where Numba compiles for a CPU that has them: AVX2's
+``vpmaddubsw`` and ``vpmaddwd`` (:func:`_maddubs`, :func:`_mul_small`; elsewhere the same
+integer results in generic IR) and the spin-loop hint of :mod:`ggmlpy.backends.cpu.spin`. No
+vector is wider than 256 bits (on CPUs with 512-bit units a 512-bit instruction slows the
+vector work around it). The F16/BF16 helper (:func:`row_h16`) adds its float32 products to
+4 x 16 float32 lanes with fused multiply-adds.
 
 Arguments named ``w``/``y`` are 1-D NumPy arrays (uint8/int8 bytes), ``i*``/``wo`` element
 offsets into them; callers guarantee the bounds.
@@ -92,38 +94,52 @@ def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
                           ir.Constant(_vec(I8, 32), [0] * 32))
 
 
+#: F16/BF16 rows: elements per step of :func:`row_h16` and float32 lanes per accumulator chain
+H16_STEP = 64
+_H16_LANES = 8
+
+
 @intrinsic
-def row_h16(typingctx, w, y, n32, bf):
-    """The float64 dot product of ``32 * n32`` F16 (``bf`` False) or BF16 weight bits (uint16
-    ``w``) with float32 ``y``: float32 products added to two sets of 16 float64 lanes (element
-    ``k`` in lane ``k mod 16`` of set ``(k // 16) mod 2``: two independent chains of adds), then
-    ``sum_j (a_j + b_j)`` in lane order."""
+def row_h16(typingctx, w, y, n64, bf):
+    """The float32 dot product of ``64 * n64`` F16 (``bf`` False) or BF16 weight bits (uint16
+    ``w``) with float32 ``y``, in the shape of ggml's AVX512 ``ggml_vec_dot_f16`` loop
+    (ggml-cpu/vec.cpp, ``GGML_F16_STEP`` 64 = 4 accumulators of 16 float32 lanes): element
+    ``k`` of each step of 64 goes to lane ``k mod 16`` of accumulator ``(k mod 64) // 16``,
+    added with one fused multiply-add; at the end accumulator 0 += 2, 1 += 3, 0 += 1
+    (``GGML_F32x16_REDUCE``), then its 16 lanes as a fixed tree (lane ``j`` + ``j + 8``, and so
+    on). The 16-lane accumulators are held as pairs of 8-lane vectors (eight independent chains
+    of fused multiply-adds; no 512-bit instructions); the F16/BF16 choice is made once, outside
+    the loop."""
     def codegen(context, builder, sig, args):
         aw, ay, an, abf = args
-        f64 = ir.DoubleType()
+        v8 = _vec(F32T, _H16_LANES)
         is_bf = abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1))
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(_vec(f64, 16), [0.0] * 16))
-               for _ in range(2)]
-        with cgutils.for_range(builder, an) as loop:
-            for h in range(2):
-                k = builder.add(builder.mul(loop.index, ir.Constant(an.type, 32)),
-                                ir.Constant(an.type, 16 * h))
-                bits = _load(context, builder, sig.args[0], aw, k, I16, 16)
-                xf = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 16)),
-                                   _vec(F32T, 16))
-                xb = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 16)),
-                                                 ir.Constant(_vec(I32, 16), [16] * 16)),
-                                     _vec(F32T, 16))
-                x = builder.select(is_bf, xb, xf)
-                yv = _load(context, builder, sig.args[1], ay, k, F32T, 16)
-                p = builder.fpext(builder.fmul(x, yv), _vec(f64, 16))
-                builder.store(builder.fadd(builder.load(acc[h]), p), acc[h])
-        v = builder.fadd(builder.load(acc[0]), builder.load(acc[1]))
-        r = ir.Constant(f64, 0.0)
-        for j in range(16):
-            r = builder.fadd(r, builder.extract_element(v, ir.Constant(I32, j)))
-        return r
-    return types.float64(w, y, n32, bf), codegen
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in range(8)]
+
+        def body(bf16: bool) -> None:
+            with cgutils.for_range(builder, an) as loop:
+                base = builder.mul(loop.index, ir.Constant(an.type, H16_STEP))
+                for c in range(8):
+                    k = builder.add(base, ir.Constant(an.type, 8 * c))
+                    bits = _load(context, builder, sig.args[0], aw, k, I16, 8)
+                    if bf16:
+                        x = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 8)),
+                                                        ir.Constant(_vec(I32, 8), [16] * 8)), v8)
+                    else:
+                        x = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 8)), v8)
+                    yv = _load(context, builder, sig.args[1], ay, k, F32T, 8)
+                    builder.store(_fma(builder, x, yv, builder.load(acc[c])), acc[c])
+
+        with builder.if_else(is_bf) as (then, otherwise):
+            with then:
+                body(True)
+            with otherwise:
+                body(False)
+        a = [builder.load(p) for p in acc]  # accumulator j = chains 2j (lanes 0-7), 2j + 1
+        for lo, hi in ((0, 4), (1, 5), (2, 6), (3, 7), (0, 2), (1, 3)):
+            a[lo] = builder.fadd(a[lo], a[hi])
+        return _tree_sum(builder, builder.fadd(a[0], a[1]), 8)
+    return types.float32(w, y, n64, bf), codegen
 
 
 def _kgroups(context, builder, aty, w, o, kind: int,
@@ -382,6 +398,45 @@ def _k4_scales_mins(builder: ir.IRBuilder, s12: ir.Value) -> tuple[ir.Value, ir.
     return sc, mn
 
 
+#: x86 AVX2's ``vpmaddwd`` (i16 x i16 products, adjacent pairs summed to i32) for
+#: :func:`_mul_small`; elsewhere an i32 multiply
+_PMADDWD = "llvm.x86.avx2.pmadd.wd" if _host_has("avx2") else None
+
+
+def _mul_small(builder: ir.IRBuilder, v: ir.Value, s: ir.Value) -> ir.Value:
+    """<8 x i32> ``v * s`` for ``|v| < 2**15`` and ``0 <= s < 2**15`` or ``s`` an i16 value
+    zero-extended (``s`` then read as that signed i16): ``pmaddwd`` on the lanes' 16-bit halves,
+    the high half of ``s`` being 0 (one cheap instruction where an i32 multiply is two slow
+    ones)."""
+    if _PMADDWD is None:
+        return builder.mul(v, builder.sext(builder.trunc(s, _vec(I16, 8)), _vec(I32, 8)))
+    t = _vec(I16, 16)
+    fn = cgutils.get_or_insert_function(builder.module,
+                                        ir.FunctionType(_vec(I32, 8), [t, t]), _PMADDWD)
+    return builder.call(fn, [builder.bitcast(v, t), builder.bitcast(s, t)])
+
+
+def _bsums(context, builder, abs_, bs, n, b) -> tuple[ir.Value, ir.Value]:
+    """Q8_K row ``n``'s 16 ``bsums`` of super-block ``b`` (int32, each within +-16 * 128) as two
+    <8 x i32> halves (256-bit loads: a 512-bit operation would slow the vector instructions
+    around it on CPUs that run 512-bit work on fused ports)."""
+    bp_ = _at(context, builder, abs_, bs, n, builder.mul(b, ir.Constant(b.type, 16)))
+    return tuple(builder.load(builder.bitcast(builder.gep(bp_, [ir.Constant(I64, 8 * h)]),
+                                              _vec(I32, 8).as_pointer()), align=4)
+                 for h in range(2))
+
+
+def _pairs(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """<8 x i32>: adjacent pair sums of the 16 lanes of ``a`` then ``b``."""
+    return builder.add(_shuf(builder, a, b, list(range(0, 16, 2))),
+                       _shuf(builder, a, b, list(range(1, 16, 2))))
+
+
+def _zext16(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """<8 x i32> holding the i16 lanes of ``v`` (<8 x i16>) in their low halves, zeros above."""
+    return builder.zext(v, _vec(I32, 8))
+
+
 def _row_kquant_codegen(kind: int, R: int):
     bsz = _KQ_BYTES[kind]
 
@@ -391,9 +446,12 @@ def _row_kquant_codegen(kind: int, R: int):
                                           sig.args[6], sig.args[8])
         i64 = wo.type
         v8 = _vec(F32T, 8)
+        v4 = _vec(F32T, 4)
         rows = [builder.add(n0, ir.Constant(n0.type, r)) for r in range(R)]
         acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in rows]
-        accm = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in rows]
+        # Q4_K: 4 float32 lanes for the min terms; Q5_K: one float32 accumulator
+        accm = [cgutils.alloca_once_value(builder, ir.Constant(v4, [0.0] * 4) if kind == 0
+                                          else ir.Constant(F32T, 0.0)) for _ in rows]
 
         def c64(v):
             return ir.Constant(i64, v)
@@ -409,8 +467,10 @@ def _row_kquant_codegen(kind: int, R: int):
                                               builder.zext(bits, i64)))
 
             if kind == 2:
-                sc = builder.sext(_load(context, builder, aw, w, builder.add(o, c64(192)), I8, 16),
-                                  _vec(I16, 16))
+                sc8 = _load(context, builder, aw, w, builder.add(o, c64(192)), I8, 16)
+                sc = builder.sext(sc8, _vec(I16, 16))
+                sc32 = [_zext16(builder, _shuf(builder, sc, sc, list(range(8 * h, 8 * h + 8))))
+                        for h in range(2)]
                 mn = None
             else:
                 sc8, mn8 = _k4_scales_mins(
@@ -433,26 +493,37 @@ def _row_kquant_codegen(kind: int, R: int):
                     yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
                     # unsigned values (0..15, 0..31, Q6_K 0..63): |pair| <= 2 * 63 * 128 < 2**15
                     p16 = _maddubs(builder, v, yv)
-                    if kind == 2:  # Q6_K's -32: minus 32 * the activations' pair sums (in i16)
-                        p16 = builder.sub(p16, _maddubs(
-                            builder, ir.Constant(_vec(I8, 32), [32] * 32), yv))
                     sumi = builder.add(sumi, _madd_scales(builder, p16, scale(j0), scale(j1)))
+                if kind == 2:
+                    # Q6_K's -32: lane i less 32 * (sc[2i] bsum[2i] + sc[2i+1] bsum[2i+1])
+                    lo, hi = _bsums(context, builder, abs_, bs, n, b)
+                    off = _pairs(builder, _mul_small(builder, lo, sc32[0]),
+                                 _mul_small(builder, hi, sc32[1]))
+                    sumi = builder.sub(sumi, builder.shl(off, ir.Constant(_vec(I32, 8), [5] * 8)))
                 d = builder.fmul(dw, dy)
                 builder.store(_fma(builder, builder.sitofp(sumi, v8), _splat(builder, d, 8),
                                    builder.load(acc[r])), acc[r])
                 if kind < 2:
-                    # the mins: sum over the 8 sub-blocks of min_j * (bsums[2j] + bsums[2j + 1])
-                    bp_ = _at(context, builder, abs_, bs, n, builder.mul(b, c64(16)))
-                    bv = builder.load(builder.bitcast(bp_, _vec(I32, 16).as_pointer()), align=4)
-                    bp = builder.add(_shuf(builder, bv, bv, list(range(0, 16, 2))),
-                                     _shuf(builder, bv, bv, list(range(1, 16, 2))))
-                    summ = _reduce_add(builder, builder.mul(bp, mn), 8)
+                    # the mins: lane i = min[2i] (bsum[4i] + bsum[4i+1])
+                    #                    + min[2i+1] (bsum[4i+2] + bsum[4i+3])
+                    bp = _pairs(builder, *_bsums(context, builder, abs_, bs, n, b))
+                    pm = _mul_small(builder, bp, mn)
+                    prod = builder.add(_shuf(builder, pm, pm, [0, 2, 4, 6]),
+                                       _shuf(builder, pm, pm, [1, 3, 5, 7]))
                     dm = builder.fneg(builder.fmul(dmw, dy))
-                    builder.store(_fma(builder, dm, builder.sitofp(summ, F32T),
-                                       builder.load(accm[r])), accm[r])
+                    if kind == 0:
+                        builder.store(_fma(builder, _splat(builder, dm, 4),
+                                           builder.sitofp(prod, v4), builder.load(accm[r])),
+                                      accm[r])
+                    else:
+                        summ = _reduce_add(builder, prod, 4)
+                        builder.store(_fma(builder, dm, builder.sitofp(summ, F32T),
+                                           builder.load(accm[r])), accm[r])
         for r, n in enumerate(rows):
             v = _tree_sum(builder, builder.load(acc[r]), 8)
-            if kind < 2:
+            if kind == 0:
+                v = builder.fadd(v, _tree_sum(builder, builder.load(accm[r]), 4))
+            elif kind == 1:
                 v = builder.fadd(v, builder.load(accm[r]))
             builder.store(v, _at(context, builder, aout, out, n, m))
         return context.get_dummy_value()

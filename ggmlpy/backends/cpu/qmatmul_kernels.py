@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from ggmlpy.backends.cpu.qmatmul_ir import (
+    H16_STEP,
     row4_q4_0,
     row4_q4_1,
     row4_q4_K,
@@ -124,17 +125,19 @@ def _f16v(h):
 @njit(**_OPTS)
 def half_dot(w, y, out, m0, m1, mo, bf):
     """F16 (``bf`` False) or BF16 (True) weight rows (uint16 bits ``(M, K)``) against activations
-    rounded to that type, held as float32 ``(N, K)``: float32 products summed in float64 lanes
-    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_h16`, the first ``K - K mod 32`` elements), then
-    the tail elements in order; row ``m``'s results go to column ``m - mo`` of ``out``."""
+    rounded to that type, held as float32 ``(N, K)``, as ggml's AVX512 ``ggml_vec_dot_f16``
+    sums them: the first ``K - K mod 64`` products in 4 x 16 float32 lanes with fused
+    multiply-adds (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_h16`), that sum widened to float64
+    and the tail products added to it in order in float64, then rounded to float32; row ``m``'s
+    results go to column ``m - mo`` of ``out``."""
     N, K = y.shape
-    K16 = K - K % 32
+    K64 = K - K % H16_STEP
     for m in range(m0, m1):
         wr = w[m]
         for n in range(N):
             yr = y[n]
-            s = row_h16(wr, yr, K16 // 32, bf)
-            for k in range(K16, K):
+            s = np.float64(row_h16(wr, yr, K64 // H16_STEP, bf))
+            for k in range(K64, K):
                 h = np.int32(wr[k])
                 v = np.int32(h << 16).view(np.float32) if bf else _f16v(h)
                 s += np.float64(v * yr[k])

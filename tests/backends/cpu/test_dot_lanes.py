@@ -1,0 +1,87 @@
+"""The compiled dot kernels' summation shape, bit for bit.
+
+* Block types: ggml-cpu's own x86 SIMD ``vec_dot`` results (tests/data/ggml_q8_reference.npz,
+  written by scripts/make_quant_reference.py through ggml-python 0.0.45 on an AVX512 CPU: the
+  ``ggml_vec_dot_*`` loops of ggml-cpu/arch/x86/quants.c) on the blob's weight and activation
+  blocks, extreme rows included. The kernels' integer lanes, float32 lanes and final trees are
+  those loops', so every output (NaN and inf included) has ggml's bits.
+* F16/BF16: a NumPy model of :func:`ggmlpy.backends.cpu.qmatmul_ir.row_h16` and
+  ``half_dot`` (4 x 16 float32 lanes over steps of 64 elements, ggml's reduction order, the
+  tail in float64). The products of two F16 (or two BF16) values are exact in float32, so each
+  fused multiply-add equals a float32 add of the product, which NumPy can do.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from ggmlpy.backends.cpu import qmatmul as dk
+from ggmlpy.core.types import Type
+from ggmlpy.quants import quantize, vec_dot
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "data", "ggml_q8_reference.npz")
+BLOCKS = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K", "q6_K"]
+
+pytestmark = pytest.mark.skipif(not dk.jit_available(), reason="numba not installed")
+
+
+@pytest.mark.parametrize("name", BLOCKS)
+def test_block_kernels_have_ggml_simd_bits(name):
+    ref = np.load(DATA)
+    t = Type[name.upper()]
+    w, y, want = ref["w_" + name], ref["y_" + name], ref["dot_" + name]
+    N = y.shape[0]
+    act = dk._alloc_act(vec_dot.VEC_DOT_TYPE[t], N, 512)
+    dk._from_bytes(act, y, 0, N)
+    out = np.full((N, w.shape[0]), np.nan, np.float32)
+    with np.errstate(all="ignore"):
+        for part in dk.mul_mat_parts(t, w, act, out, 1):
+            part()
+    np.testing.assert_array_equal(out, want)
+    assert np.isfinite(want).sum() > 0.6 * want.size and not np.isfinite(want).all()
+
+
+def _half_model(w: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """float32 (N, M): ``half_dot``'s sums of the float32 products ``w[m] * y[n]`` (exact)."""
+    f32 = np.float32
+    M, K = w.shape
+    K64 = K - K % 64
+    out = np.empty((y.shape[0], M), f32)
+    for n in range(y.shape[0]):
+        p = (w * y[n]).astype(f32)
+        acc = np.zeros((M, 4, 16), f32)
+        for s in range(K64 // 64):
+            acc = acc + p[:, 64 * s:64 * s + 64].reshape(M, 4, 16)
+        a0 = (acc[:, 0] + acc[:, 2]) + (acc[:, 1] + acc[:, 3])
+        for h in (8, 4, 2, 1):
+            a0 = a0[:, :h] + a0[:, h:2 * h]
+        s64 = a0[:, 0].astype(np.float64)
+        for k in range(K64, K):
+            s64 = s64 + p[:, k].astype(np.float64)
+        out[n] = s64.astype(f32)
+    return out
+
+
+@pytest.mark.parametrize("t", [Type.F16, Type.BF16])
+@pytest.mark.parametrize("K", [64, 200, 640, 1000])
+def test_half_kernel_is_the_lane_model(t, K):
+    rng = np.random.default_rng(K + (t == Type.BF16))
+    M, N = 9, 3
+    wx = rng.standard_normal((M, K)).astype(np.float32)
+    wx[0] *= 1e3  # rows of other magnitudes (F16 stays finite)
+    wx[1] *= 1e-3
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    x[1] *= 50.0
+    w = quantize(wx, t).reshape(M, -1).view(np.uint16)
+    act = dk.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
+    wv = vec_dot.unpack_weight(t, w.view(np.uint8))["v"].astype(np.float32)
+    out = np.empty((N, M), np.float32)
+    for part in dk.mul_mat_parts(t, w, act, out, 2):
+        part()
+    want = _half_model(wv, act.q)
+    np.testing.assert_array_equal(out, want)
+    exact = act.q.astype(np.float64) @ wv.astype(np.float64).T
+    assert not np.array_equal(out, exact.astype(np.float32))  # float32 lanes, not float64 sums
