@@ -84,7 +84,7 @@ def main() -> None:
                     for _ in range(args.repeat):
                         tg = min(tg, ggml_w.ask(op="time")["s"])
                         tp = min(tp, bq._mean_time(step, args.min_s))
-                        tk = min(tk, bq._mean_time(kern, args.min_s)); print("DBG", tg, tp, tk, file=sys.stderr)
+                        tk = min(tk, bq._mean_time(kern, args.min_s))
                     rpath = os.path.join(tmp, "r.npy")
                     ggml_w.ask(op="result", path=rpath)
                     ref = np.load(rpath)
