@@ -31,6 +31,20 @@ I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64
 F32T = ir.FloatType()
 
 
+def _host_has(feature: str) -> bool:
+    """Whether Numba compiles for this CPU (no ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``) and
+    it has ``feature`` (LLVM's name, e.g. ``avx2``)."""
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_NAME or config.CPU_FEATURES:
+        return False
+    try:
+        return bool(binding.get_host_cpu_features().get(feature))
+    except RuntimeError:  # LLVM cannot query this CPU
+        return False
+
+
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
@@ -58,40 +72,45 @@ def _reduce_add(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
     return builder.call(fn, [v])
 
 
+#: x86 GFNI (``vgf2p8affineqb``: a byte shift that differs between the two 128-bit halves in
+#: one instruction) for :func:`_nibbles`
+_GFNI = _host_has("gfni")
+#: AVX512-BW with VL: a 32-bit mask moves straight into a mask register (:func:`_fifth_bits`)
+_MASK32 = _host_has("avx512bw") and _host_has("avx512vl")
+
+
 def _nibbles(builder: ir.IRBuilder, b16: ir.Value) -> ir.Value:
-    """16 bytes -> <32 x i8>: the low nibbles (elements 0-15), then the high ones (16-31)."""
+    """16 bytes -> <32 x i8>: the low nibbles (elements 0-15), then the high ones (16-31). With
+    GFNI the 16 bytes are broadcast to both halves and shifted by 0 and 4 in one instruction."""
+    if _GFNI:
+        # affine bit matrices per 64-bit lane (result bit i = parity(byte 7 - i & x)): the low
+        # half keeps bits 0-3, the high half moves bits 4-7 down
+        t = _vec(I8, 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t, I8]),
+                                            "llvm.x86.vgf2p8affineqb.256")
+        mat = ir.Constant(_vec(I64, 4), [0x0102040800000000] * 2 + [0x1020408000000000] * 2)
+        return builder.call(fn, [_shuf(builder, b16, b16, list(range(16)) * 2),
+                                 builder.bitcast(mat, t), ir.Constant(I8, 0)])
     lo = builder.and_(b16, ir.Constant(_vec(I8, 16), [15] * 16))
     hi = builder.lshr(b16, ir.Constant(_vec(I8, 16), [4] * 16))
     return _shuf(builder, lo, hi, list(range(32)))
 
 
-def _i8(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    return builder.trunc(v, I8) if v.type.width > 8 else v
-
-
-def _block_vals(context, builder, aty, w, off, kind: int, qh=None, sub=None) -> ir.Value:
-    """One legacy block's 32 weight values as <32 x i8>: ``kind`` 0 Q8_0 (32 int8 at ``off``),
-    1 4-bit (16 bytes of nibbles), 2 5-bit (nibbles and the uint32 ``qh``); ``sub`` subtracted
-    (kinds 1, 2)."""
-    if kind == 0:
-        return _load(context, builder, aty, w, off, I8, 32)
-    v = _nibbles(builder, _load(context, builder, aty, w, off, I8, 16))
-    if kind == 2:
-        v = builder.or_(v, _fifth_bits(builder, qh))
-    return builder.sub(v, _splat(builder, sub, 32))
-
-
 def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
     """<32 x i8>: 16 where bit j of the 32-bit ``qh`` (an i32, or its 4 little-endian bytes as
-    <4 x i8>) is set, else 0: each byte spread over 8 lanes, tested against its lane's bit (byte
-    operations only)."""
+    <4 x i8>) is set, else 0: with AVX512-BW the i32 as a 32-lane mask, else each byte spread
+    over 8 lanes and tested against its lane's bit."""
+    c16, c0 = ir.Constant(_vec(I8, 32), [16] * 32), ir.Constant(_vec(I8, 32), [0] * 32)
+    if _MASK32:
+        q32 = builder.bitcast(qh, I32) if isinstance(qh.type, ir.VectorType) else (
+            qh if qh.type.width == 32 else builder.trunc(qh, I32))
+        return builder.select(builder.bitcast(q32, _vec(ir.IntType(1), 32)), c16, c0)
     b4 = qh if isinstance(qh.type, ir.VectorType) else builder.bitcast(
         qh if qh.type.width == 32 else builder.trunc(qh, I32), _vec(I8, 4))
     spread = _shuf(builder, b4, b4, [j // 8 for j in range(32)])
     hit = builder.and_(spread, ir.Constant(_vec(I8, 32), [1 << (j % 8) for j in range(32)]))
     set_ = builder.icmp_unsigned("!=", hit, ir.Constant(_vec(I8, 32), [0] * 32))
-    return builder.select(set_, ir.Constant(_vec(I8, 32), [16] * 32),
-                          ir.Constant(_vec(I8, 32), [0] * 32))
+    return builder.select(set_, c16, c0)
 
 
 #: F16/BF16 rows: elements per step of :func:`row_h16` and float32 lanes per accumulator chain
@@ -219,20 +238,6 @@ def _elem_ptr(context, builder, aty, arr, idx):
     return builder.gep(a.data, [idx])
 
 
-def _host_has(feature: str) -> bool:
-    """Whether Numba compiles for this CPU (no ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``) and
-    it has ``feature`` (LLVM's name, e.g. ``avx2``)."""
-    from llvmlite import binding
-    from numba.core import config
-
-    if config.CPU_NAME or config.CPU_FEATURES:
-        return False
-    try:
-        return bool(binding.get_host_cpu_features().get(feature))
-    except RuntimeError:  # LLVM cannot query this CPU
-        return False
-
-
 #: x86 AVX2's ``vpmaddubsw`` (u8 x s8 products, adjacent pairs summed to i16) for
 #: :func:`_maddubs`; elsewhere the same sums in generic IR
 _MADDUBS = "llvm.x86.avx2.pmadd.ub.sw" if _host_has("avx2") else None
@@ -281,86 +286,180 @@ def _at(context, builder, aty, arr, *idx) -> ir.Value:
     return cgutils.get_item_pointer(context, builder, aty, a, list(idx))
 
 
-def _row_legacy_codegen(kind: int, R: int):
+def _host_vnni() -> bool:
+    """Whether Numba compiles for this CPU and it has 256-bit ``vpdpbusd`` (AVX512-VNNI with
+    AVX512-VL, or AVX-VNNI)."""
+    return (_host_has("avx512vnni") and _host_has("avx512vl")) or _host_has("avxvnni")
+
+
+#: whether the legacy rows use ``vpdpbusd`` (u8 x s8 products, groups of 4 summed into i32)
+#: with the activations' offset sums made once per call (:func:`legacy_offsets`); else
+#: ``vpmaddubsw`` pairs and ``pmaddwd`` with ones. The integer lanes are the same either way.
+VNNI = _host_vnni()
+_DPBUSD = "llvm.x86.avx512.vpdpbusd.256"
+
+
+def _dpbusd(builder: ir.IRBuilder, acc: ir.Value, u: ir.Value, s8: ir.Value) -> ir.Value:
+    """<8 x i32>: ``acc[i] + sum_{j<4} u[4i+j] * s8[4i+j]`` (``u`` <32 x i8> read as unsigned,
+    ``s8`` as signed; exact: no intermediate saturation)."""
+    v = _vec(I32, 8)
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v, [v, v, v]), _DPBUSD)
+    return builder.call(fn, [acc, builder.bitcast(u, v), builder.bitcast(s8, v)])
+
+
+#: the value offset of each legacy kind's unsigned quants in the VNNI rows (Q8_0: its signed
+#: values plus 128)
+_VNNI_SUB = {0: 8, 1: 0, 2: 16, 3: 0, 4: 128}
+
+
+@intrinsic
+def legacy_offsets(typingctx, yq, off, kind):
+    """``off[n, 8 b + i] = -sub * sum_{j<4} yq[n, 32 b + 4 i + j]`` for every activation row
+    ``n`` and block ``b`` (int8 ``yq`` ``(N, K)``, int32 ``off`` ``(N, K / 4)``), ``sub`` the
+    value offset of legacy kind ``kind`` (:data:`_VNNI_SUB`; 0 for Q4_1/Q5_1: zeros): the
+    correction the VNNI rows start each block's lanes from. Only where :data:`VNNI`."""
+    def codegen(context, builder, sig, args):
+        ayq, aoff, akind = args
+        tyq, toff = sig.args[0], sig.args[1]
+        a = context.make_array(tyq)(context, builder, ayq)
+        N, K = cgutils.unpack_tuple(builder, a.shape, 2)
+        nb = builder.udiv(K, ir.Constant(K.type, 32))
+        zero = ir.Constant(_vec(I32, 8), [0] * 8)
+        subs = ir.Constant(_vec(I8, 32), [0] * 32)
+        for k, v in _VNNI_SUB.items():
+            c = builder.icmp_signed("==", akind, ir.Constant(akind.type, k))
+            subs = builder.select(c, ir.Constant(_vec(I8, 32), [v & 255] * 32), subs)
+        with cgutils.for_range(builder, N) as ln:
+            with cgutils.for_range(builder, nb) as lb:
+                yp = _at(context, builder, tyq, ayq, ln.index,
+                         builder.mul(lb.index, ir.Constant(K.type, 32)))
+                yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
+                o = builder.sub(zero, _dpbusd(builder, zero, subs, yv))
+                op = _at(context, builder, toff, aoff, ln.index,
+                         builder.mul(lb.index, ir.Constant(K.type, 8)))
+                builder.store(o, builder.bitcast(op, _vec(I32, 8).as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.none(yq, off, kind), codegen
+
+
+def _row_legacy_codegen(kind: int, R: int, P: int):
     bsz, qo, qhs, sub, has_min = _LEGACY_LAYOUT[kind]
     vkind = 0 if kind == 4 else 2 if kind in (2, 3) else 1
 
     def codegen(context, builder, sig, args):
-        w, wo, yq, yd, yx, n0, out, m, tbl, nb = args
-        aw, ayq, ayd, ayx, aout, atbl = (sig.args[0], sig.args[2], sig.args[3], sig.args[4],
-                                         sig.args[6], sig.args[8])
-        i64 = wo.type
+        w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb = args
+        aw, ayq, ayd, ayx, ayo, aout, atbl = (sig.args[0], sig.args[2], sig.args[3],
+                                              sig.args[4], sig.args[5], sig.args[7],
+                                              sig.args[9])
+        i64 = nb.type
         v8 = _vec(F32T, 8)
+
+        def c64(v):
+            return ir.Constant(i64, v)
+
+        wrows = [builder.add(m, ir.Constant(m.type, p)) for p in range(P)]
         rows = [builder.add(n0, ir.Constant(n0.type, r)) for r in range(R)]
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in rows]
-        accm = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in rows]
+        acc = {(p, r): cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8))
+               for p in range(P) for r in range(R)}
+        accm = {(p, r): cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0))
+                for p in range(P) for r in range(R)}
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
-            o = builder.add(wo, builder.mul(b, ir.Constant(i64, bsz)))
+            o = builder.mul(b, c64(bsz))
+            blocks = []
+            for wm in wrows:  # each weight row's block, decoded once for the R activation rows
+                def wptr(off, wm=wm):
+                    return _at(context, builder, aw, w, wm, builder.add(o, c64(off)))
 
-            def half_at(off):
-                p = _elem_ptr(context, builder, aw, w, builder.add(o, ir.Constant(i64, off)))
-                bits = builder.load(builder.bitcast(p, ir.IntType(16).as_pointer()), align=1)
-                return builder.load(_elem_ptr(context, builder, atbl, tbl,
-                                              builder.zext(bits, i64)))
-            dw = half_at(0)
-            qh = None
-            if vkind == 2:
-                qh = _load(context, builder, aw, w, builder.add(o, ir.Constant(i64, qhs)), I8, 4)
-            # unsigned values (4-bit: 0..15, 5-bit: 0..31), the offset taken off after the
-            # products; Q8_0's signed values as |x| with x's sign moved onto the activations
-            vals = _block_vals(context, builder, aw, w, builder.add(o, ir.Constant(i64, qo)),
-                               vkind, qh, ir.Constant(I8, 0))
-            neg = None
-            if vkind == 0:
-                neg = builder.icmp_signed("<", vals, ir.Constant(_vec(I8, 32), [0] * 32))
-                vals = builder.select(neg, builder.sub(ir.Constant(_vec(I8, 32), [0] * 32), vals),
-                                      vals)
-            mw = half_at(2) if has_min else None
-            for r, n in enumerate(rows):  # the decoded block serves every activation row
-                d = builder.fmul(dw, builder.load(_at(context, builder, ayd, yd, n, b)))
-                yp = _at(context, builder, ayq, yq, n, builder.mul(b, ir.Constant(i64, 32)))
-                yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
-                if neg is not None:
-                    yv = builder.select(neg, builder.sub(ir.Constant(_vec(I8, 32), [0] * 32), yv),
-                                        yv)
-                # |pair| <= 2 * 128 * 127 < 2**15 (activations are within +-127)
-                p16 = _maddubs(builder, vals, yv)
-                if sub:
-                    p16 = builder.sub(p16, _maddubs(builder, ir.Constant(_vec(I8, 32), [sub] * 32),
-                                                    yv))
-                p = builder.sitofp(_madd_ones(builder, p16), v8)
-                builder.store(_fma(builder, p, _splat(builder, d, 8), builder.load(acc[r])),
-                              acc[r])
+                def half_at(off, wptr=wptr):
+                    bits = builder.load(builder.bitcast(wptr(off), I16.as_pointer()), align=1)
+                    return builder.load(_elem_ptr(context, builder, atbl, tbl,
+                                                  builder.zext(bits, i64)))
+
+                def load(off, n, wptr=wptr):
+                    return builder.load(builder.bitcast(wptr(off), _vec(I8, n).as_pointer()),
+                                        align=1)
+                dw = half_at(0)
+                # unsigned values (4-bit: 0..15, 5-bit: 0..31), the offset taken off after the
+                # products; Q8_0's signed values: VNNI as x + 128 (the offset 128), else as |x|
+                # with x's sign moved onto the activations
+                if vkind == 0:
+                    vals = load(qo, 32)
+                else:
+                    vals = _nibbles(builder, load(qo, 16))
+                    if vkind == 2:
+                        vals = builder.or_(vals, _fifth_bits(builder, load(qhs, 4)))
+                neg = None
+                if vkind == 0 and VNNI:
+                    vals = builder.xor(vals, ir.Constant(_vec(I8, 32), [-128] * 32))
+                elif vkind == 0:
+                    neg = builder.icmp_signed("<", vals, ir.Constant(_vec(I8, 32), [0] * 32))
+                    vals = builder.select(neg, builder.sub(ir.Constant(_vec(I8, 32), [0] * 32),
+                                                           vals), vals)
+                blocks.append((dw, vals, neg, half_at(2) if has_min else None))
+            for r, n in enumerate(rows):
+                dy = builder.load(_at(context, builder, ayd, yd, n, b))
+                yp = _at(context, builder, ayq, yq, n, builder.mul(b, c64(32)))
+                y0 = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
+                a0 = ir.Constant(_vec(I32, 8), [0] * 8)
+                if VNNI and _VNNI_SUB[kind]:
+                    # the lanes start from -offset * the activations' sums of 4
+                    op = _at(context, builder, ayo, yo, n, builder.mul(b, c64(8)))
+                    a0 = builder.load(builder.bitcast(op, _vec(I32, 8).as_pointer()), align=4)
+                sy = builder.load(_at(context, builder, ayx, yx, n, b)) if has_min else None
+                for p, (dw, vals, neg, mw) in enumerate(blocks):
+                    yv = y0
+                    if VNNI:
+                        s32 = _dpbusd(builder, a0, vals, yv)
+                    else:
+                        if neg is not None:
+                            yv = builder.select(neg, builder.sub(
+                                ir.Constant(_vec(I8, 32), [0] * 32), yv), yv)
+                        # |pair| <= 2 * 128 * 127 < 2**15 (activations are within +-127)
+                        p16 = _maddubs(builder, vals, yv)
+                        if sub:
+                            p16 = builder.sub(p16, _maddubs(
+                                builder, ir.Constant(_vec(I8, 32), [sub] * 32), yv))
+                        s32 = _madd_ones(builder, p16)
+                    d = builder.fmul(dw, dy)
+                    builder.store(_fma(builder, builder.sitofp(s32, v8), _splat(builder, d, 8),
+                                       builder.load(acc[p, r])), acc[p, r])
+                    if has_min:
+                        builder.store(_fma(builder, mw, sy, builder.load(accm[p, r])),
+                                      accm[p, r])
+        for p in range(P):
+            col = builder.add(mc, ir.Constant(mc.type, p))
+            for r, n in enumerate(rows):
+                v = _tree_sum(builder, builder.load(acc[p, r]), 8)
                 if has_min:
-                    sy = builder.load(_at(context, builder, ayx, yx, n, b))
-                    builder.store(_fma(builder, mw, sy, builder.load(accm[r])), accm[r])
-        for r, n in enumerate(rows):
-            v = _tree_sum(builder, builder.load(acc[r]), 8)
-            if has_min:
-                v = builder.fadd(v, builder.load(accm[r]))
-            builder.store(v, _at(context, builder, aout, out, n, m))
+                    v = builder.fadd(v, builder.load(accm[p, r]))
+                builder.store(v, _at(context, builder, aout, out, n, col))
         return context.get_dummy_value()
     return codegen
 
 
-def _row_legacy(kind: int, R: int):
-    def typer(typingctx, w, wo, yq, yd, yx, n0, out, m, tbl, nb):
-        return (types.none(w, wo, yq, yd, yx, n0, out, m, tbl, nb),
-                _row_legacy_codegen(kind, R))
+def _row_legacy(kind: int, R: int, P: int = 1):
+    def typer(typingctx, w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb):
+        return (types.none(w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb),
+                _row_legacy_codegen(kind, R, P))
     return typer
 
 
-# row_q*/row4_q*(w, wo, yq, yd, yx, n0, out, m, tbl, nb): out[n0 + r, m] for r < R, the dot products
-# of one weight row (its nb blocks from byte wo of the uint8 array w) with activation rows
-# n0 + r (int8 quants yq (N, K), float32 scales yd (N, nb), Q8_1 sums yx (N, nb)), each block
-# decoded once for the R rows. ggml's SIMD shape: every block's 32 integer products in 8 exact
-# int32 lane sums (the unsigned quants times the activations by _maddubs, the offset taken off
-# as offset * the activations' pair sums, Q8_0 by the sign trick; then pmaddwd with ones),
-# converted to float and added to 8 float32 lanes with one fused multiply-add by the block's
-# scale d_w * d_y (d_w read from the f16 table tbl); the lanes then
-# summed as a fixed tree; Q4_1/Q5_1 add their m_w * s_y terms in one more float32 accumulator
-# (fused multiply-adds in block order) after the tree. row_*: R = 1, row4_*: R = 4.
+# row_q*/row4_q*/row2w_q*(w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb): out[n0 + r, mc + p]
+# for r < R, p < P, the dot products of weight rows m + p (uint8 w (M, row_bytes), nb blocks
+# each) with activation rows n0 + r (int8 quants yq (N, K), float32 scales yd (N, nb), Q8_1
+# sums yx (N, nb); with VNNI the int32 offset sums yo (N, K / 4) of legacy_offsets, else
+# unused), each block decoded once for the R rows. ggml's SIMD shape: every block's 32 integer
+# products in 8 exact int32 lane sums (lane i: elements 4i..4i+3; VNNI: vpdpbusd of the
+# unsigned quants with the activations, started from -offset * their sums of 4; else the
+# unsigned quants times the activations by _maddubs, the offset taken off as offset * the
+# activations' pair sums, Q8_0 by the sign trick, then pmaddwd with ones), converted to float
+# and added to 8 float32 lanes with one fused multiply-add by the block's scale d_w * d_y (d_w
+# read from the f16 table tbl); the lanes then summed as a fixed tree; Q4_1/Q5_1 add their
+# m_w * s_y terms in one more float32 accumulator (fused multiply-adds in block order) after the
+# tree. row_*: R = P = 1; row4_*: R = 4 activation rows; row2w_*: P = 2 weight rows, whose
+# accumulations are independent chains of fused multiply-adds (one chain is bound by their
+# latency). Each output's operations are the same in every variant.
 row_q4_0 = intrinsic(_row_legacy(0, 1))
 row4_q4_0 = intrinsic(_row_legacy(0, 4))
 row_q4_1 = intrinsic(_row_legacy(1, 1))
@@ -371,6 +470,11 @@ row_q5_1 = intrinsic(_row_legacy(3, 1))
 row4_q5_1 = intrinsic(_row_legacy(3, 4))
 row_q8_0 = intrinsic(_row_legacy(4, 1))
 row4_q8_0 = intrinsic(_row_legacy(4, 4))
+row2w_q4_0 = intrinsic(_row_legacy(0, 1, 2))
+row2w_q4_1 = intrinsic(_row_legacy(1, 1, 2))
+row2w_q5_0 = intrinsic(_row_legacy(2, 1, 2))
+row2w_q5_1 = intrinsic(_row_legacy(3, 1, 2))
+row2w_q8_0 = intrinsic(_row_legacy(4, 1, 2))
 
 
 _KQ_BYTES = (144, 176, 210)

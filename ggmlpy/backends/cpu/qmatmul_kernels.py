@@ -24,6 +24,13 @@ from numba import njit
 
 from ggmlpy.backends.cpu.qmatmul_ir import (
     H16_STEP,
+    VNNI,
+    legacy_offsets,
+    row2w_q4_0,
+    row2w_q4_1,
+    row2w_q5_0,
+    row2w_q5_1,
+    row2w_q8_0,
     row4_q4_0,
     row4_q4_1,
     row4_q4_K,
@@ -50,36 +57,57 @@ F32 = np.float32
 @njit(**_OPTS)
 def legacy_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
     """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1, one
-    compiled row dot per weight row and four activation rows at a time
-    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_0` and the others; ``yx``: Q8_1's sums, or any
-    float32 ``(N, nb)`` for Q8_0); row ``m``'s results go to column ``m - mo`` of ``out``."""
+    compiled row dot per weight row and four activation rows at a time, the remaining activation
+    rows two weight rows at a time (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_0`,
+    ``row2w_q4_0`` and the others; ``yx``: Q8_1's sums, or any float32 ``(N, nb)`` for Q8_0);
+    row ``m``'s results go to column ``m - mo`` of ``out``. With
+    VNNI the activations' offset sums are made first, once for the call's rows
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.legacy_offsets`)."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     N4 = N - N % 4
+    yo = np.empty((N, nb * 8) if VNNI else (1, 8), np.int32)
+    if VNNI:
+        legacy_offsets(yq, yo, kind)
     for m in range(m0, m1):
-        wr = w[m]
         for n in range(0, N4, 4):
             if kind == 0:
-                row4_q4_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row4_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             elif kind == 1:
-                row4_q4_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row4_q4_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             elif kind == 2:
-                row4_q5_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row4_q5_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             elif kind == 3:
-                row4_q5_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row4_q5_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             else:
-                row4_q8_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row4_q8_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+    if N4 == N:
+        return
+    m2 = m1 - (m1 - m0) % 2
+    for m in range(m0, m2, 2):  # the other activation rows: two weight rows at a time
         for n in range(N4, N):
             if kind == 0:
-                row_q4_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row2w_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             elif kind == 1:
-                row_q4_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row2w_q4_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             elif kind == 2:
-                row_q5_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row2w_q5_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             elif kind == 3:
-                row_q5_1(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row2w_q5_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
             else:
-                row_q8_0(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+                row2w_q8_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+    for m in range(m2, m1):
+        for n in range(N4, N):
+            if kind == 0:
+                row_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            elif kind == 1:
+                row_q4_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            elif kind == 2:
+                row_q5_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            elif kind == 3:
+                row_q5_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            else:
+                row_q8_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
 
 
 @njit(**_OPTS)
