@@ -74,7 +74,7 @@ def _reduce_add(builder: ir.IRBuilder, v: ir.Value, n: int) -> ir.Value:
 
 #: x86 GFNI (``vgf2p8affineqb``: a byte shift that differs between the two 128-bit halves in
 #: one instruction) for :func:`_nibbles`
-_GFNI = _host_has("gfni")
+_GFNI = _host_has("gfni") and _host_has("avx2")
 #: AVX512-BW with VL: a 32-bit mask moves straight into a mask register (:func:`_fifth_bits`)
 _MASK32 = _host_has("avx512bw") and _host_has("avx512vl")
 
