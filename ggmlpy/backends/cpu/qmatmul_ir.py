@@ -264,14 +264,40 @@ def _madd_ones(builder: ir.IRBuilder, p16: ir.Value) -> ir.Value:
                        _shuf(builder, p, p, list(range(1, 16, 2))))
 
 
-def _madd_scales(builder: ir.IRBuilder, p16: ir.Value, s0: ir.Value, s1: ir.Value) -> ir.Value:
-    """<8 x i32>: adjacent pair sums of ``p16 * s`` (<16 x i16> pair sums of a group's 32
-    products; ``s`` the i16 scale ``s0`` for lanes 0-7 (elements 0-15), ``s1`` for 8-15): the
-    ``pmaddwd`` shape."""
-    sc = _shuf(builder, _splat(builder, s0, 8), _splat(builder, s1, 8), list(range(16)))
+def _madd_scales(builder: ir.IRBuilder, p16: ir.Value, sc: ir.Value) -> ir.Value:
+    """<8 x i32>: adjacent pair sums of ``p16 * sc`` (<16 x i16> pair sums of a group's 32
+    products; ``sc`` <16 x i16> its sub-block scales: lanes 0-7 for elements 0-15, 8-15 for
+    16-31): the ``pmaddwd`` shape."""
     p = builder.mul(builder.sext(p16, _vec(I32, 16)), builder.sext(sc, _vec(I32, 16)))
     return builder.add(_shuf(builder, p, p, list(range(0, 16, 2))),
                        _shuf(builder, p, p, list(range(1, 16, 2))))
+
+
+#: x86 AVX2's ``vpshufb`` for :func:`_scale_vectors`
+_PSHUFB = "llvm.x86.avx2.pshuf.b" if _host_has("avx2") else None
+
+
+def _scale_vectors(builder: ir.IRBuilder, s8v: ir.Value, pairs: list[tuple[int, int]],
+                   opaque: ir.Value) -> list[ir.Value]:
+    """For each ``(jl, jh)``: <16 x i16> with lanes 0-7 = ``s8v[jl]``, 8-15 = ``s8v[jh]``
+    (``s8v`` <8 x i16> scales). With AVX2: one in-lane ``vpshufb`` each from ``s8v`` copied to
+    both 128-bit halves (ggml's ``get_scale_shuffle_k4`` scheme), whose masks are offset by
+    ``opaque`` (an i8 that is 0 at run time, unknown to LLVM) so that LLVM keeps the
+    instruction (two ports) instead of turning the shuffles into lane-crossing permutes (one
+    port, plus a register copy each)."""
+    dup = _shuf(builder, s8v, s8v, list(range(8)) * 2)
+    out = []
+    for jl, jh in pairs:
+        if _PSHUFB is None:
+            out.append(_shuf(builder, dup, dup, [jl] * 8 + [8 + jh] * 8))
+            continue
+        t = _vec(I8, 32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), _PSHUFB)
+        mask = builder.add(ir.Constant(t, [2 * jl, 2 * jl + 1] * 8 + [2 * jh, 2 * jh + 1] * 8),
+                           _splat(builder, opaque, 32))
+        out.append(builder.bitcast(builder.call(fn, [builder.bitcast(dup, t), mask]),
+                                   _vec(I16, 16)))
+    return out
 
 
 # per legacy kind (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): block bytes, quants offset, qh offset (5-bit),
@@ -560,6 +586,9 @@ def _row_kquant_codegen(kind: int, R: int):
         def c64(v):
             return ir.Constant(i64, v)
 
+        # 0 at run time (the bits of tbl[0], the f16 value 0.0), unknown to LLVM
+        opaque = builder.trunc(builder.bitcast(builder.load(
+            _elem_ptr(context, builder, atbl, tbl, c64(0))), I32), I8)
         with cgutils.for_range(builder, nb) as loop:
             b = loop.index
             o = builder.add(wo, builder.mul(b, c64(bsz)))
@@ -582,22 +611,28 @@ def _row_kquant_codegen(kind: int, R: int):
                 sc = builder.zext(sc8, _vec(I16, 8))
                 mn = builder.zext(mn8, _vec(I32, 8))
 
-            def scale(j):
-                return builder.extract_element(sc, ir.Constant(I32, j))
-
             groups = _kgroups(context, builder, aw, w, o, kind, offset6=False)
+            if kind == 2:
+                scv = []
+                for h in range(2):
+                    half = _shuf(builder, sc, sc, list(range(8 * h, 8 * h + 8)))
+                    scv += _scale_vectors(builder, half, [(j0 - 8 * h, j1 - 8 * h) for
+                                                          _, _, j0, j1 in groups[4 * h:4 * h + 4]],
+                                          opaque)
+            else:
+                scv = _scale_vectors(builder, sc, [(j0, j1) for _, _, j0, j1 in groups], opaque)
             dw = half_at(208 if kind == 2 else 0)
             dmw = half_at(2) if kind < 2 else None
             for r, n in enumerate(rows):  # the decoded super-block serves every activation row
                 dy = builder.load(_at(context, builder, ayd, yd, n, b))
                 sumi = ir.Constant(_vec(I32, 8), [0] * 8)
-                for v, e, j0, j1 in groups:
+                for (v, e, _, _), sv in zip(groups, scv):
                     yp = _at(context, builder, ayq, yq, n,
                              builder.add(builder.mul(b, c64(256)), c64(e)))
                     yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
                     # unsigned values (0..15, 0..31, Q6_K 0..63): |pair| <= 2 * 63 * 128 < 2**15
                     p16 = _maddubs(builder, v, yv)
-                    sumi = builder.add(sumi, _madd_scales(builder, p16, scale(j0), scale(j1)))
+                    sumi = builder.add(sumi, _madd_scales(builder, p16, sv))
                 if kind == 2:
                     # Q6_K's -32: lane i less 32 * (sc[2i] bsum[2i] + sc[2i+1] bsum[2i+1])
                     lo, hi = _bsums(context, builder, abs_, bs, n, b)
