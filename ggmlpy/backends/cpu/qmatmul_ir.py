@@ -173,18 +173,30 @@ def _kgroups(context, builder, aty, w, o, kind: int,
     def const8(v):
         return ir.Constant(_vec(I8, 32), [v] * 32)
 
+    def sh16(op, v, k):
+        # a byte shift as a 16-bit one (the masks that follow drop the bits crossing bytes):
+        # shift-and-mask pairs on every vector port, where LLVM's byte shifts take slower forms
+        t = _vec(I16, 16)
+        return builder.bitcast(op(builder.bitcast(v, t), ir.Constant(t, [k] * 16)), _vec(I8, 32))
+
+    def lshr(v, k):
+        return sh16(builder.lshr, v, k)
+
+    def shl(v, k):
+        return sh16(builder.shl, v, k)
+
     groups = []
     if kind < 2:
         qo = 48 if kind == 1 else 16
         for c in range(4):
             q = _load(context, builder, aty, w, builder.add(o, c64(qo + 32 * c)), I8, 32)
             for nib in range(2):
-                v = builder.and_(builder.lshr(q, const8(4 * nib)), const8(15)) if nib else \
+                v = builder.and_(lshr(q, 4 * nib), const8(15)) if nib else \
                     builder.and_(q, const8(15))
                 if kind == 1:
                     h = _load(context, builder, aty, w, builder.add(o, c64(16)), I8, 32)
-                    h = builder.and_(builder.lshr(h, const8(2 * c + nib)), const8(1))
-                    v = builder.or_(v, builder.shl(h, const8(4)))
+                    h = builder.and_(lshr(h, 2 * c + nib), const8(1))
+                    v = builder.or_(v, shl(h, 4))
                 groups.append((v, 64 * c + 32 * nib, 2 * c + nib, 2 * c + nib))
     else:
         for hh in range(2):
@@ -192,11 +204,11 @@ def _kgroups(context, builder, aty, w, o, kind: int,
             for g in range(4):
                 ql = _load(context, builder, aty, w, builder.add(o, c64(64 * hh + 32 * (g & 1))),
                            I8, 32)
-                lo = builder.lshr(ql, const8(4)) if g >> 1 else ql
+                lo = lshr(ql, 4) if g >> 1 else ql
                 v = builder.and_(lo, const8(15))
-                hb = builder.and_(builder.lshr(qh, const8(2 * g)), const8(3)) if g else \
+                hb = builder.and_(lshr(qh, 2 * g), const8(3)) if g else \
                     builder.and_(qh, const8(3))
-                v = builder.or_(v, builder.shl(hb, const8(4)))
+                v = builder.or_(v, shl(hb, 4))
                 v = builder.sub(v, const8(32)) if offset6 else v
                 groups.append((v, 128 * hh + 32 * g, 8 * hh + 2 * g, 8 * hh + 2 * g + 1))
     return groups
@@ -625,14 +637,16 @@ def _row_kquant_codegen(kind: int, R: int):
             dmw = half_at(2) if kind < 2 else None
             for r, n in enumerate(rows):  # the decoded super-block serves every activation row
                 dy = builder.load(_at(context, builder, ayd, yd, n, b))
-                sumi = ir.Constant(_vec(I32, 8), [0] * 8)
+                parts = []
                 for (v, e, _, _), sv in zip(groups, scv):
                     yp = _at(context, builder, ayq, yq, n,
                              builder.add(builder.mul(b, c64(256)), c64(e)))
                     yv = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
                     # unsigned values (0..15, 0..31, Q6_K 0..63): |pair| <= 2 * 63 * 128 < 2**15
-                    p16 = _maddubs(builder, v, yv)
-                    sumi = builder.add(sumi, _madd_scales(builder, p16, sv))
+                    parts.append(_madd_scales(builder, _maddubs(builder, v, yv), sv))
+                while len(parts) > 1:  # a balanced tree: no long chain of dependent adds
+                    parts = [builder.add(parts[i], parts[i + 1]) for i in range(0, len(parts), 2)]
+                sumi = parts[0]
                 if kind == 2:
                     # Q6_K's -32: lane i less 32 * (sc[2i] bsum[2i] + sc[2i+1] bsum[2i+1])
                     lo, hi = _bsums(context, builder, abs_, bs, n, b)
