@@ -214,6 +214,72 @@ def _kgroups(context, builder, aty, w, o, kind: int,
     return groups
 
 
+def _f32_vectors(context, builder, aty, x, n, p, count: int) -> list[ir.Value]:
+    """``count`` <8 x float> loaded from float32 row ``n`` of ``x`` at element ``p``."""
+    base = _at(context, builder, aty, x, n, p)
+    return [builder.load(builder.bitcast(builder.gep(base, [ir.Constant(I64, 8 * i)]),
+                                         _vec(F32T, 8).as_pointer()), align=4)
+            for i in range(count)]
+
+
+def _fabs8(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(_vec(F32T, 8), [_vec(F32T, 8)]), "llvm.fabs.v8f32")
+    return builder.call(fn, [v])
+
+
+@intrinsic
+def block_absmax(typingctx, x, n, p):
+    """The largest ``|x[n, p + j]|``, ``j < 256`` (float32 ``x`` 2-D C-contiguous), or NaN when
+    one of them is inf or NaN: the ``amax`` of ggml-quants.c ``quantize_row_q8_K_ref`` (its
+    ``ax > amax`` never takes a NaN) in 8 lanes, for the blocks without a non-finite value."""
+    def codegen(context, builder, sig, args):
+        ax, an, ap = args
+        m = ir.Constant(_vec(F32T, 8), [0.0] * 8)
+        bad = ir.Constant(_vec(ir.IntType(1), 8), [0] * 8)
+        inf = ir.Constant(_vec(F32T, 8), [float("inf")] * 8)
+        for v in _f32_vectors(context, builder, sig.args[0], ax, an, ap, 32):
+            av = _fabs8(builder, v)
+            m = builder.select(builder.fcmp_ordered(">", av, m), av, m)
+            bad = builder.or_(bad, builder.fcmp_unordered(">=", av, inf))
+        h = 8
+        while h > 1:
+            h //= 2
+            lo, hi = _shuf(builder, m, m, list(range(h))), _shuf(builder, m, m, list(range(h, 2 * h)))
+            m = builder.select(builder.fcmp_ordered(">", hi, lo), hi, lo)
+        any_bad = builder.icmp_unsigned("!=", builder.bitcast(bad, ir.IntType(8)),
+                                        ir.Constant(ir.IntType(8), 0))
+        return builder.select(any_bad, ir.Constant(F32T, float("nan")),
+                              builder.extract_element(m, ir.Constant(I32, 0)))
+    return types.float32(x, n, p), codegen
+
+
+@intrinsic
+def block_first_abs(typingctx, x, n, p, a):
+    """The first ``j < 256`` with ``|x[n, p + j]| == a`` (0 if none): where ggml's sequential
+    ``ax > amax`` scan last moved, i.e. the element whose signed value gives Q8_K's scale."""
+    def codegen(context, builder, sig, args):
+        ax, an, ap, aa = args
+        av = _splat(builder, aa, 8)
+        words = [ir.Constant(I64, 0)] * 4
+        for i, v in enumerate(_f32_vectors(context, builder, sig.args[0], ax, an, ap, 32)):
+            hit = builder.bitcast(builder.fcmp_ordered("==", _fabs8(builder, v), av),
+                                  ir.IntType(8))
+            bits = builder.shl(builder.zext(hit, I64), ir.Constant(I64, 8 * (i % 8)))
+            words[i // 8] = builder.or_(words[i // 8], bits)
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(I64, [I64, ir.IntType(1)]),
+                                            "llvm.cttz.i64")
+        idx = ir.Constant(I64, 0)
+        for k in (3, 2, 1, 0):  # the lowest non-zero word wins
+            tz = builder.add(builder.call(fn, [words[k], ir.Constant(ir.IntType(1), 0)]),
+                             ir.Constant(I64, 64 * k))
+            idx = builder.select(builder.icmp_unsigned("!=", words[k], ir.Constant(I64, 0)),
+                                 tz, idx)
+        return idx
+    return types.int64(x, n, p, a), codegen
+
+
 @intrinsic
 def f16_round(typingctx, x):
     """float32 ``x`` rounded to the nearest float16 (ties to even; overflow to inf, NaN kept),

@@ -25,6 +25,8 @@ from numba import njit
 from ggmlpy.backends.cpu.qmatmul_ir import (
     H16_STEP,
     VNNI,
+    block_absmax,
+    block_first_abs,
     legacy_offsets,
     row2w_q4_0,
     row2w_q4_1,
@@ -269,24 +271,39 @@ def quant_q8(x, yq, yd, ys, kind):
                 ys[n, b] = F32(np.nan) if bad else F32(s) * d
 
 
+@njit(inline="always", **_OPTS)
+def _absmax_scan(x, n, p):
+    """ggml-quants.c ``quantize_row_q8_K_ref``'s scan of ``x[n, p:p + 256]``: ``amax``, the
+    value where it was found, and whether a value is inf or NaN."""
+    amax = F32(0)
+    mx = F32(0)
+    bad = False
+    for j in range(256):
+        v = x[n, p + j]
+        av = abs(v)
+        if av > amax:
+            amax = av
+            mx = v
+        bad = bad or not (av < F32(np.inf))
+    return amax, mx, bad
+
+
 @njit(**_OPTS)
 def quant_q8_k(x, yq, yd, bs):
     """Activation rows float32 ``(N, K)`` -> Q8_K quants, float32 ``d`` and int32 ``bsums``
-    ``(N, K/16)``, as :func:`ggmlpy.quants.q8.quantize_row_q8_K` computes them."""
+    ``(N, K/16)``, as :func:`ggmlpy.quants.q8.quantize_row_q8_K` computes them (each block's
+    ``amax`` in 8-lane passes where the rows are contiguous, else by ggml's scan)."""
     N, K = x.shape
     for n in range(N):
         for b in range(K // 256):
             p = b * 256
-            amax = F32(0)
-            mx = F32(0)
-            bad = False
-            for j in range(256):
-                v = x[n, p + j]
-                av = abs(v)
-                if av > amax:
-                    amax = av
-                    mx = v
-                bad = bad or not (av < F32(np.inf))
+            if x.strides[1] == 4:
+                # amax and the value where ggml's sequential scan found it, in 8-lane passes
+                amax = block_absmax(x, n, p)
+                bad = amax != amax
+                mx = x[n, p + block_first_abs(x, n, p, amax)] if amax > F32(0) else F32(0)
+            else:
+                amax, mx, bad = _absmax_scan(x, n, p)
             if amax == F32(0) or bad:
                 for j in range(256):
                     yq[n, p + j] = 0

@@ -85,3 +85,26 @@ def test_half_kernel_is_the_lane_model(t, K):
     np.testing.assert_array_equal(out, want)
     exact = act.q.astype(np.float64) @ wv.astype(np.float64).T
     assert not np.array_equal(out, exact.astype(np.float32))  # float32 lanes, not float64 sums
+
+
+def test_q8_k_quantizer_picks_ggml_scale_value():
+    """Q8_K's scale is -127 over the signed value where ggml's sequential ``ax > amax`` scan
+    stopped: with +-v ties the first one. The compiled quantizer finds amax in 8-lane passes and
+    then that value; its bytes equal :func:`ggmlpy.quants.q8.quantize_row_q8_K` on blocks with
+    ties of either sign order, all -0.0, a NaN, an inf, and for rows that are not contiguous."""
+    from ggmlpy.quants import q8
+
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 2048)).astype(np.float32)
+    x[0, 700], x[0, 710] = -9.0, 9.0           # tie, negative first
+    x[0, 300], x[0, 301] = 8.0, -8.0           # tie, positive first
+    x[0, 1024:1280] = -0.0
+    x[1, 5] = np.nan
+    x[2, 300] = np.inf
+    x[2, 1800] = 1e30                          # a block far above the others
+    for xs in (x, np.asfortranarray(x)):
+        act = dk._alloc_act("q8_K", 3, 2048)
+        dk._jit().quant_q8_k(xs, act.q, act.d, act.x)
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal(dk.act_bytes(act), q8.quantize_row_q8_K(x))
+    assert act.d[0, 1] == np.float32(-8 / 127) and act.d[0, 2] == np.float32(9 / 127)  # first signs
