@@ -113,6 +113,17 @@ def _fifth_bits(builder: ir.IRBuilder, qh: ir.Value) -> ir.Value:
     return builder.select(set_, c16, c0)
 
 
+def _prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
+    """A read prefetch of the cache line at ``ptr`` into all cache levels (``llvm.prefetch``;
+    a hint: an address past the data is harmless)."""
+    i8p = I8.as_pointer()
+    fn = cgutils.get_or_insert_function(builder.module,
+                                        ir.FunctionType(ir.VoidType(), [i8p, I32, I32, I32]),
+                                        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(I32, 0), ir.Constant(I32, 3),
+                      ir.Constant(I32, 1)])
+
+
 #: F16/BF16 rows: elements per step of :func:`row_h16` and float32 lanes per accumulator chain
 H16_STEP = 64
 _H16_LANES = 8
@@ -138,6 +149,8 @@ def row_h16(typingctx, w, y, n64, bf):
         def body(bf16: bool) -> None:
             with cgutils.for_range(builder, an) as loop:
                 base = builder.mul(loop.index, ir.Constant(an.type, H16_STEP))
+                _prefetch(builder, _elem_ptr(context, builder, sig.args[0], aw,
+                                             builder.add(base, ir.Constant(an.type, 1024))))
                 for c in range(8):
                     k = builder.add(base, ir.Constant(an.type, 8 * c))
                     bits = _load(context, builder, sig.args[0], aw, k, I16, 8)
