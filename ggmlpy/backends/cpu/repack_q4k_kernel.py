@@ -70,19 +70,8 @@ def madd_wd(builder, a16, b16):
                        _vshuf(builder, p, list(range(1, 16, 2))))
 
 
-@intrinsic
-def q4k_block(typingctx, w, wo, x, xo, xb, xbo, out8):
-    """One Q4_K super-block against one Q8_K row, exact integers into ``out8[0:8]`` (int32):
-    ``out8[p]`` = ``sc[2p] * (q4 . q8)_{2p} + sc[2p+1] * (q4 . q8)_{2p+1}`` and ``out8[4 + p]``
-    = ``mn[2p] * bsum32[2p] + mn[2p+1] * bsum32[2p+1]`` for the pairs ``p`` of 32-element
-    sub-blocks. ``w`` uint8: the block at ``wo`` (``d``, ``dmin``, ``scales[12]``, ``qs[128]``;
-    qs byte ``32p + i`` holds element ``64p + i`` low and ``64p + 32 + i`` high); ``x`` int8
-    (256 at ``xo``); ``xb`` int32 (the row's sums of 32 quants, 8 at ``xbo``). The 6-bit scales
-    and mins are unpacked with 32-bit masks as ggml's AVX2 loops do (``kmask1..3``), the
-    products summed as they do: ``maddubs`` pair sums in int16, ``madd`` with the scale into
-    eight int32 lanes, the pair's lanes added and reduced."""
-    sig = types.void(w, wo, x, xo, xb, xbo, out8)
-
+def _q4k_codegen(total):
+    """The code of :func:`q4k_block` (``total`` False) and :func:`q4k_block_sum` (True)."""
     def codegen(context, builder, signature, args):
         wa, wo_, xa, xo_, xba, xbo_, oa = args
         tw, tx, txb, to = (signature.args[i] for i in (0, 2, 4, 6))
@@ -118,6 +107,8 @@ def q4k_block(typingctx, w, wo, x, xo, xb, xbo, out8):
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(_I32, [v8i32]), "llvm.vector.reduce.add.v8i32")
         a = context.make_array(to)(context, builder, oa)
+        if total:
+            tot = None
         for p in range(4):
             raw = builder.load(ptr(tw, wa, builder.add(wo_, ir.Constant(i64, 16 + 32 * p)),
                                    v32i8), align=1)
@@ -128,11 +119,42 @@ def q4k_block(typingctx, w, wo, x, xo, xb, xbo, out8):
                                       v32i8), align=1)
                 lanes = madd_wd(builder, maddubs(builder, q, vx), _vshuf(builder, sm, [j] * 16))
                 acc = lanes if acc is None else builder.add(acc, lanes)
+            if total:
+                tot = acc if tot is None else builder.add(tot, acc)
+                continue
             builder.store(builder.call(fn, [acc]), builder.gep(a.data, [ir.Constant(i64, p)]))
             builder.store(builder.extract_element(imin, c32(p)),
                           builder.gep(a.data, [ir.Constant(i64, 4 + p)]))
+        if total:
+            fn4 = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(_I32, [ir.VectorType(_I32, 4)]),
+                "llvm.vector.reduce.add.v4i32")
+            builder.store(builder.call(fn, [tot]), builder.gep(a.data, [ir.Constant(i64, 0)]))
+            builder.store(builder.call(fn4, [imin]), builder.gep(a.data, [ir.Constant(i64, 1)]))
         return context.get_dummy_value()
-    return sig, codegen
+    return codegen
+
+
+@intrinsic
+def q4k_block(typingctx, w, wo, x, xo, xb, xbo, out8):
+    """One Q4_K super-block against one Q8_K row, exact integers into ``out8[0:8]`` (int32):
+    ``out8[p]`` = ``sc[2p] * (q4 . q8)_{2p} + sc[2p+1] * (q4 . q8)_{2p+1}`` and ``out8[4 + p]``
+    = ``mn[2p] * bsum32[2p] + mn[2p+1] * bsum32[2p+1]`` for the pairs ``p`` of 32-element
+    sub-blocks. ``w`` uint8: the block at ``wo`` (``d``, ``dmin``, ``scales[12]``, ``qs[128]``;
+    qs byte ``32p + i`` holds element ``64p + i`` low and ``64p + 32 + i`` high); ``x`` int8
+    (256 at ``xo``); ``xb`` int32 (the row's sums of 32 quants, 8 at ``xbo``). The 6-bit scales
+    and mins are unpacked with 32-bit masks as ggml's AVX2 loops do (``kmask1..3``), the
+    products summed as they do: ``maddubs`` pair sums in int16, ``madd`` with the scale into
+    eight int32 lanes, the pair's lanes added and reduced."""
+    return types.void(w, wo, x, xo, xb, xbo, out8), _q4k_codegen(False)
+
+
+@intrinsic
+def q4k_block_sum(typingctx, w, wo, x, xo, xb, xbo, out2):
+    """:func:`q4k_block`'s sums added up (exact integers, so any order): ``out2[0]`` = ``sum_j
+    sc[j] * (q4 . q8)_j`` and ``out2[1]`` = ``sum_j mn[j] * bsum32[j]`` over the super-block's
+    8 sub-blocks (one horizontal sum each: the gemv's step, ``ggml_gemv_q4_K_8x8_q8_K``)."""
+    return types.void(w, wo, x, xo, xb, xbo, out2), _q4k_codegen(True)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -177,7 +199,10 @@ def gemm_q4k(w, xq, xd, xb, out, m0, m1, o0, y0, y1, nb, per_pair, tbl):  # prag
             accm = F32(0.0)
             for b in range(nb):
                 bo = c * row + b * 144
-                q4k_block(wf, bo, xf, y * K + b * 256, bf, y * nb * 8 + b * 8, r)
+                if per_pair:
+                    q4k_block(wf, bo, xf, y * K + b * 256, bf, y * nb * 8 + b * 8, r)
+                else:
+                    q4k_block_sum(wf, bo, xf, y * K + b * 256, bf, y * nb * 8 + b * 8, r)
                 s = xd[y, b]
                 ds = tbl[np.int64(wf[bo]) | (np.int64(wf[bo + 1]) << 8)] * s
                 dms = tbl[np.int64(wf[bo + 2]) | (np.int64(wf[bo + 3]) << 8)] * s
@@ -186,6 +211,6 @@ def gemm_q4k(w, xq, xd, xb, out, m0, m1, o0, y0, y1, nb, per_pair, tbl):  # prag
                         acc = fma32(F32(r[p]), ds, acc)
                         accm = fma32(F32(r[4 + p]), dms, accm)
                 else:
-                    acc = fma32(F32(r[0] + r[1] + r[2] + r[3]), ds, acc)
-                    accm = fma32(F32(r[4] + r[5] + r[6] + r[7]), dms, accm)
+                    acc = fma32(F32(r[0]), ds, acc)
+                    accm = fma32(F32(r[1]), dms, accm)
             out[y, c - o0] = acc - accm

@@ -43,10 +43,11 @@ name                        op          applies when
                                         the crossover; all with ``GGMLPY_QUANT_MATMUL=dot``):
                                         llama.cpp's repacked Q4_K order
                                         (:mod:`ggmlpy.backends.cpu.repack_q4k`)
-``cpu.jit.mul_mat_q6k``     MUL_MAT     a 2-D Q6_K weight, F32 ``src1``, the rest as above:
-                                        ggml-cpu's tiled kernel (8 rows or more) or AVX2
-                                        ``ggml_vec_dot_q6_K_q8_K`` lanes
-                                        (:mod:`ggmlpy.backends.cpu.vec_dot_q6k`)
+``cpu.jit.mul_mat_q6k``     MUL_MAT     a 2-D Q6_K weight, F32 ``src1`` of 8 rows or more, the
+                                        rest as above: ggml-cpu's tiled kernel
+                                        (:mod:`ggmlpy.backends.cpu.vec_dot_q6k`; fewer rows take
+                                        the dot kernels, which give the AVX2
+                                        ``ggml_vec_dot_q6_K_q8_K`` bits)
 ``cpu.jit.soft_max_ggml``   SOFT_MAX    no ALiBi or sinks, F32 (mask F32, F16 or none), NumPy, Numba,
                                         not precise, C-contiguous arrays: ggml-cpu's AVX-512
                                         ``ggml_v_expf`` and sums
@@ -286,7 +287,10 @@ def _sup_mul_mat_q4k(node: Tensor, xp: Any) -> bool:
 
 
 def _sup_mul_mat_q6k(node: Tensor, xp: Any) -> bool:
-    return _sup_kquant_2d(node, xp, Type.Q6_K)
+    # below the tiled kernel's rows ggml-cpu runs the AVX2 vec_dot, whose bits the dot kernels
+    # (ggmlpy.backends.cpu.qmatmul_kernels) give already, faster: the variant steps aside there
+    return (_sup_kquant_2d(node, xp, Type.Q6_K)
+            and vec_dot_q6k.uses_tiled(node.src[1].ne[1]))
 
 
 def _fits_mul_mat_q4k(dst: Any, srcs: list[Any]) -> bool:

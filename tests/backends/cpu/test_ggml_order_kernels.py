@@ -386,10 +386,12 @@ def test_q6k_orders_are_ggml_loops(N):
 
 @needs_jit
 @pytest.mark.parametrize("t,N,n_threads", [(Type.Q4_K, 5, 1), (Type.Q4_K, 9, 2),
-                                           (Type.Q6_K, 9, 2), (Type.Q6_K, 1, 2)])
+                                           (Type.Q6_K, 9, 2), (Type.Q6_K, 1, 2),
+                                           (Type.Q6_K, 3, 1), (Type.Q6_K, 7, 2)])
 def test_kquant_node_takes_the_variant(t, N, n_threads):
     # a CPU backend of n_threads: with two, the product is a dot task whose weight-row chunks
-    # both threads claim; every output stays the ggml loop's, whoever computes it
+    # both threads claim; every output stays the ggml loop's, whoever computes it. A Q6_K
+    # product of fewer than 8 rows runs on the dot kernels instead, with the AVX2 vec_dot's bits
     rng = np.random.default_rng(N)
     C, K = 512, 512
     nbytes, offs = (144, (0, 2)) if t == Type.Q4_K else (210, (208,))
@@ -398,7 +400,10 @@ def test_kquant_node_takes_the_variant(t, N, n_threads):
     ctx = Context()
     node = ops.mul_mat(ctx, ctx.new_tensor(t, (K, C)), ctx.new_tensor(Type.F32, (K, N)))
     name = REGISTRY.select(node, np).name
-    assert name == ("cpu.jit.mul_mat_q4k" if t == Type.Q4_K else "cpu.jit.mul_mat_q6k")
+    if t == Type.Q4_K:
+        assert name == "cpu.jit.mul_mat_q4k"
+    else:
+        assert (name == "cpu.jit.mul_mat_q6k") == (N >= 8)
     res, _ = eval_mul_mat(t, rows, x, K, C, BufferUsage.WEIGHTS, n_threads, times=3)
     want = _q4k_ref(rows, x, N) if t == Type.Q4_K else _q6k_ref(rows, x, N >= 8)
     for y in res:
