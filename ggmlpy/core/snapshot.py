@@ -418,7 +418,10 @@ class Snapshot:
 # -- buffer-free notifications -------------------------------------------------------------------
 # id(buffer) -> (weak reference to the buffer, {id(cache): weak bound method})
 _free_hooks: dict[int, tuple[weakref.ref, dict[int, weakref.WeakMethod]]] = {}
-_hooks_lock = threading.Lock()
+# reentrant: a buffer's weak-reference callback (:func:`_buffer_died`) can run on a thread that
+# holds the lock already, when an allocation inside a locked section starts the garbage collector
+# and it frees a dead buffer; with a plain lock that thread would wait for itself forever
+_hooks_lock = threading.RLock()
 
 
 def _buffer_died(key: int) -> Callable[[weakref.ref], None]:

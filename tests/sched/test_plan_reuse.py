@@ -420,3 +420,40 @@ def test_buffer_free_hooks_die_with_unfreed_buffers():
     snapshot.buffer_freed(kept)
     assert cache.seen == [kept]
     assert snapshot.free_hook_count() == before
+
+
+def test_buffer_dying_inside_a_locked_free_hook_section_does_not_deadlock():
+    """A dead buffer's weak-reference callback can run on a thread inside one of the free-hook
+    registry's locked sections (an allocation there starts the garbage collector, which frees a
+    buffer caught in a reference cycle): the callback takes the same lock, so a plain lock hung
+    that thread (seen as a suite hang in test_sched_placement). Here the callback is made to run
+    inside the section: a buffer in a cycle dies at a ``gc.collect()`` called while the lock is
+    held."""
+    import threading
+
+    class Cache:
+        def freed(self, buf):
+            pass
+
+    class Buf:
+        pass
+
+    cache = Cache()
+    done = threading.Event()
+
+    def body():
+        b = Buf()
+        b.cycle = b  # only the cyclic collector frees it
+        snapshot.on_buffer_free(b, cache.freed)
+        del b
+        with snapshot._hooks_lock:
+            gc.collect()  # b's callback runs here, on this thread, and takes the lock again
+        done.set()
+
+    gc.collect()
+    before = snapshot.free_hook_count()
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(10)
+    assert done.is_set(), "the free-hook callback waited for its own thread's lock"
+    assert snapshot.free_hook_count() == before

@@ -428,14 +428,14 @@ class AsyncBuffer(Buffer):
             return
         # exported views may still read this memory: release it when the last export dies, so
         # it is never handed to another allocation while a view can read it
-        left = [len(live)]
-        lock = threading.Lock()
+        # one token per export, taken by list.pop (one atomic step under the GIL, no lock: a
+        # finalizer can run inside another one's critical section when an allocation there
+        # starts the garbage collector, and would wait for its own thread's lock); the export
+        # that takes token 0, the last one left, frees the memory, exactly once
+        tokens = list(range(len(live)))
 
         def one_gone() -> None:
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
+            if tokens.pop() == 0:
                 rt.free(mem)
         for o in live:
             weakref.finalize(o, one_gone)
