@@ -14,7 +14,7 @@ from numba import njit
 
 from ggmlpy.backends.cpu.qmatmul_tasks import _commit, _own, _post, _rescue
 from ggmlpy.backends.cpu.repack_q4k_kernel import gemm_q4k
-from ggmlpy.backends.cpu.spin import DONE, aadd, claim, publish
+from ggmlpy.backends.cpu.spin import DONE, aadd, claim, publish, wait_workers_back
 from ggmlpy.backends.cpu.vec_dot_q6k_kernel import mul_mat_q6k
 
 F32 = np.float32
@@ -121,6 +121,7 @@ def q4k_main(x, desc, w, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
         _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
+    wait_workers_back(ctl)  # a worker ran this task's Python callable: see there
     return 0
 
 
@@ -163,4 +164,5 @@ def q6k_main(x, desc, w, yq, yd, bs, out, tiled, chunk, tbl, ctl,
         mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
+    wait_workers_back(ctl)  # a worker ran this task's Python callable: see there
     return 0

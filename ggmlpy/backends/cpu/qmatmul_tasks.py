@@ -47,6 +47,7 @@ from ggmlpy.backends.cpu.spin import (
     state,
     wait_cycles,
     wait_done,
+    wait_workers_back,
 )
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
@@ -150,6 +151,7 @@ def legacy_main(x, qkind, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
         legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
+    wait_workers_back(ctl)  # (a task without a native descriptor ran Python on the workers)
     return 0
 
 
@@ -184,6 +186,7 @@ def kquant_main(x, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
         kquant_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
+    wait_workers_back(ctl)  # (a task without a native descriptor ran Python on the workers)
     return 0
 
 
@@ -234,6 +237,7 @@ def half_main(x, desc, w, y, out, bf, chunk, ctl, gen):
         half_dot(w, y, out, c * chunk, min(M, c * chunk + chunk), 0, bf)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
+    wait_workers_back(ctl)  # (a task without a native descriptor ran Python on the workers)
     return 0
 
 
@@ -267,8 +271,11 @@ def _run_desc(ctl, gen, d, u8, i8, u16, i32, f32):
 
 
 @njit(**_OPTS)
-def serve(ctl, gen_seen, i_seq, seq_seen, budget):
-    """A pool worker's wait (ggmlpy.backends.cpu.threads): poll the control block; run every
+def serve(ctl, gen_seen, i_seq, seq_seen, budget, i_busy):
+    """A pool worker's wait (ggmlpy.backends.cpu.threads): first clear word ``i_busy`` (the
+    worker is back in compiled code, without the GIL), set again before returning for a task's
+    Python callable (:func:`~ggmlpy.backends.cpu.spin.wait_workers_back`); poll the control
+    block; run every
     dot task published meanwhile whose descriptor has a native form (its chunks, here, without
     the GIL); return ``(code, generation last seen)`` with code 1 for a task that needs Python
     (family -1: the caller runs its Python callable), 2 when word ``i_seq`` is not ``seq_seen``
@@ -276,6 +283,7 @@ def serve(ctl, gen_seen, i_seq, seq_seen, budget):
     d = np.empty(16, np.int64)
     u8, i8, u16 = np.empty(0, np.uint8), np.empty(0, np.int8), np.empty(0, np.uint16)
     i32, f32 = np.empty(0, np.int32), np.empty(0, np.float32)
+    astore(ctl, i_busy, 0)
     k = 0
     while k < budget:
         v = aload(ctl, TASK)
@@ -286,6 +294,9 @@ def serve(ctl, gen_seen, i_seq, seq_seen, budget):
             if (aload(ctl, TASK) >> 32) == g:  # the descriptor is generation g's
                 gen_seen = g
                 if d[D_FAMILY] < 0:
+                    # marked busy before the GIL is taken back; cleared when the worker is in
+                    # here again (the task's caller waits for that: spin.wait_workers_back)
+                    astore(ctl, i_busy, 1)
                     return 1, g
                 _run_desc(ctl, g, d, u8, i8, u16, i32, f32)
                 k = 0

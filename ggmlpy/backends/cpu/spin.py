@@ -27,7 +27,8 @@ from numba.extending import intrinsic
 
 __all__ = ["aload", "astore", "acas", "aadd", "relax", "cycles", "as_ptr", "TASK", "DONE",
            "STATES", "state", "MAX_CHUNKS", "DESC", "WORDS", "RESCUE_CYCLES", "claim", "publish", "wait_done", "wait_change",
-           "wait_value", "wait_cycles"]
+           "wait_value", "wait_cycles", "wait_workers_back", "POOL_WORKER0", "POOL_WORKER_STRIDE",
+           "W_BUSY", "BACK_SPINS"]
 
 I64 = ir.IntType(64)
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
@@ -47,6 +48,14 @@ MAX_CHUNKS = 64
 DESC = STATES + MAX_CHUNKS
 #: words of the control block the dot tasks use (a pool's own words follow)
 WORDS = DESC + 16
+#: a pool's control block (ggmlpy.backends.cpu.threads): its first per-worker word, the words
+#: per worker, and the worker's word that is 1 while it runs a task's Python callable (from the
+#: call until it is back polling in compiled code, :func:`ggmlpy.backends.cpu.qmatmul_tasks.serve`)
+POOL_WORKER0 = 104
+POOL_WORKER_STRIDE = 8
+W_BUSY = 1
+#: spins a task's caller waits at most for such workers (:func:`wait_workers_back`)
+BACK_SPINS = 1 << 18
 #: time-stamp-counter ticks (of the order of 10 us) the caller of a dot task waits for a
 #: worker's chunk before it takes the chunk over
 RESCUE_CYCLES = 30000
@@ -204,6 +213,23 @@ def wait_cycles(ctl, i, value, ticks):
             if t != 0 and t - t0 > ticks:
                 break
     return aload(ctl, i) >= value
+
+
+@njit(**_OPTS)
+def wait_workers_back(ctl):
+    """Called by a task's caller once every chunk is done, before it returns to Python: spin
+    (at most :data:`BACK_SPINS`) until no worker of the pool owning ``ctl`` is still between a
+    Python callable's return and its poll loop. Such a worker holds the GIL there; a caller that
+    came back to Python meanwhile would sleep on the GIL and wait for the operating system to
+    wake it (tens of microseconds), where the worker gives the GIL up within a microsecond.
+    A control block without workers (shorter than the pool's) passes at once."""
+    n = (ctl.shape[0] - POOL_WORKER0) // POOL_WORKER_STRIDE
+    for i in range(n):
+        k = POOL_WORKER0 + POOL_WORKER_STRIDE * i + W_BUSY
+        for _ in range(BACK_SPINS):
+            if aload(ctl, k) == 0:
+                break
+            relax()
 
 
 @njit(**_OPTS)

@@ -279,6 +279,7 @@ class Pool:
 # whether it stopped polling
 _PYSEQ = 96
 _SLEEP = 0
+_BUSY = 1  # (spin.W_BUSY)
 _CTL_WORDS = 104
 _WAKE = object()  # a queue item that only makes a blocked worker poll again
 _spin_mod: list[Any] = []
@@ -322,21 +323,22 @@ class _Shared:
             self.serve = qmatmul_tasks.serve
             # compiled (or loaded from Numba's cache) here, on the starting thread: in a worker it
             # would hold the GIL for it in the middle of the caller's first task
-            self.serve(self.ctl, 0, _PYSEQ, 0, 0)
+            self.serve(self.ctl, 0, _PYSEQ, 0, 0, _worker_word(0, _BUSY) if n_workers else 0)
 
 
 def _worker(i: int, inq: queue.SimpleQueue, outq: queue.SimpleQueue, sh: _Shared) -> None:
     ctl, serve = sh.ctl, sh.serve
     gen_seen, py_seen = 0, int(ctl[_PYSEQ])
     w_sleep = _worker_word(i, _SLEEP)
+    w_busy = _worker_word(i, _BUSY)
     with np.errstate(all="ignore"):  # as Plan.run: ggml's kernels do not trap overflow
         while True:
             if serve is not None and inq.empty():
                 # poll: dot tasks with a native descriptor run inside serve, without the GIL
-                r, gen_seen = serve(ctl, gen_seen, _PYSEQ, py_seen, sh.spins)
+                r, gen_seen = serve(ctl, gen_seen, _PYSEQ, py_seen, sh.spins, w_busy)
                 if r == 1:  # a task without one: its Python callable
                     d = sh.dot
-                    if d is not None and d[1] == gen_seen:
+                    if d is not None and d[1] == gen_seen:  # (serve set w_busy: see there)
                         try:
                             d[0](ctl, gen_seen)
                         except BaseException:  # noqa: BLE001, S110 - a compiled task raises

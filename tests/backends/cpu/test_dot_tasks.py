@@ -294,13 +294,43 @@ def test_a_polling_worker_runs_a_published_task_without_python(t: Type) -> None:
     ctl = np.zeros(spin.WORDS + 8, np.int64)
     k._post(ctl, desc)
     spin.publish(ctl, 9, nch)
-    code, gen = k.serve(ctl, 0, spin.WORDS, 0, 1000)
-    assert (code, gen) == (0, 9)
+    busy = spin.WORDS + 4
+    ctl[busy] = 1  # cleared at entry: the worker is back in compiled code
+    code, gen = k.serve(ctl, 0, spin.WORDS, 0, 1000, busy)
+    assert (code, gen) == (0, 9) and ctl[busy] == 0
     assert ctl[spin.DONE] == nch and (ctl[spin.STATES:spin.STATES + nch] == spin.state(9, 3)).all()
     np.testing.assert_array_equal(out, want)
     # a new slice hand-out ends the poll at once
     ctl[spin.WORDS] = 1
-    assert k.serve(ctl, 9, spin.WORDS, 0, 10 ** 9) == (2, 9)
+    assert k.serve(ctl, 9, spin.WORDS, 0, 10 ** 9, busy) == (2, 9)
+    # a task without a native descriptor: the worker leaves for its Python callable, marked
+    # busy before it takes the GIL back
+    k._post(ctl, np.full(16, -1, np.int64))
+    spin.publish(ctl, 10, nch)
+    ctl[spin.WORDS] = 0
+    assert k.serve(ctl, 9, spin.WORDS, 0, 10 ** 9, busy) == (1, 10) and ctl[busy] == 1
+
+
+def test_caller_waits_for_a_worker_back_from_python_before_returning() -> None:
+    """spin.wait_workers_back: a task's caller, done with every chunk, spins while a worker of
+    the pool is between its Python callable and its poll loop (a worker there holds the GIL, and
+    a caller back in Python then would sleep on it): at once without workers or with every
+    worker back, bounded for a worker that does not come back."""
+    import time
+
+    spin = _spin()
+
+    def took(ctl):
+        t = time.perf_counter()
+        spin.wait_workers_back(ctl)
+        return time.perf_counter() - t
+
+    took(np.zeros(spin.POOL_WORKER0, np.int64))  # compiled; no workers: returns
+    ctl = np.zeros(spin.POOL_WORKER0 + 2 * spin.POOL_WORKER_STRIDE, np.int64)
+    idle = min(took(ctl) for _ in range(5))
+    ctl[spin.POOL_WORKER0 + spin.POOL_WORKER_STRIDE + spin.W_BUSY] = 1  # worker 1 away
+    away = took(ctl)
+    assert away > 20 * idle and away < 5  # it spun its whole budget, and no longer
 
 
 def test_warm_up_runs_every_kernel_and_task(monkeypatch) -> None:
