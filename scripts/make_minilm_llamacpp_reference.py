@@ -29,10 +29,10 @@ default), ``embedding=True``, ``pooling_type=1``.
 
 Rerun::
 
-    python -m ggmlpy convert MODEL_DIR --type f32 -o /tmp/minilm-f32.gguf
-    python -m ggmlpy convert MODEL_DIR --type q8_0 -o /tmp/minilm-q8_0.gguf
+    python -m ggmlpy convert MODEL_DIR --type f32 -o minilm-f32.gguf
+    python -m ggmlpy convert MODEL_DIR --type q8_0 -o minilm-q8_0.gguf
     $GGMLPY_REF_PYTHON scripts/make_minilm_llamacpp_reference.py \
-        --f32 /tmp/minilm-f32.gguf --q8_0 /tmp/minilm-q8_0.gguf [--out tests/data/minilm_llamacpp.npz]
+        --f32 minilm-f32.gguf --q8_0 minilm-q8_0.gguf [--out tests/data/minilm_llamacpp.npz]
 """
 
 from __future__ import annotations

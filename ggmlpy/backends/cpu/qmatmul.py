@@ -76,7 +76,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available",
+__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -434,7 +434,10 @@ _CTL_SOLO = 96
 RunDot = Callable[[Callable[[np.ndarray, int], int], Callable[[np.ndarray, int], Any]], int]
 
 
-def _solo(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
+def run_alone(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
+    """*Sync*: a :data:`RunDot` without workers: ``main(ctl, 1)`` on the calling thread with a
+    fresh control block of its own (``worker`` is not called), which then computes every chunk.
+    Returns ``main``'s result."""
     del worker
     return main(np.zeros(_CTL_SOLO, np.int64), 1)
 
@@ -498,7 +501,7 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     if k is not None:
         from ggmlpy.backends.cpu import qmatmul_tasks as tk  # noqa: PLC0415 - imports Numba
 
-        go = run_dot or _solo
+        go = run_dot or run_alone
         M = wv.shape[0]
         chunk = max(8, -(-M // _CHUNKS))
         if t in (Type.F16, Type.BF16):

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from ggmlpy.backends.cpu import jit as cpu_jit
+from ggmlpy.backends.cpu import qmatmul
 from ggmlpy.backends.kernels.registry import Step
 
 __all__ = ["Q4K_BYTES", "decode_q4_k", "mul_mat_q4k_step", "warm_up"]
@@ -40,8 +42,6 @@ _F32 = np.float32
 #: weight-row chunks per task (at least 8 rows each), as the dot tasks of
 #: :mod:`ggmlpy.backends.cpu.qmatmul`
 _CHUNKS = 32
-#: words of a control block for a task without workers (:mod:`ggmlpy.backends.cpu.spin`)
-_CTL_SOLO = 96
 
 _state: dict[str, Any] = {}
 
@@ -53,25 +53,6 @@ def _tasks() -> Any:
 
         k = _state["k"] = kquant_order_tasks
     return k
-
-
-def _f16_table() -> np.ndarray:
-    t = _state.get("f16")
-    if t is None:
-        t = _state["f16"] = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(
-            np.float16).astype(_F32)
-    return t
-
-
-class _Solo:
-    """Runs a task on the calling thread alone, with a control block of its own (kept)."""
-
-    def __init__(self) -> None:
-        self.ctl = np.zeros(_CTL_SOLO, np.int64)
-
-    def __call__(self, main: Any, worker: Any) -> int:
-        self.ctl[:] = 0
-        return main(self.ctl, 1)
 
 
 def decode_q4_k(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
@@ -132,7 +113,7 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
                          f"n_rows ({n_rows})")
     tk = _tasks()
     w = a[0, 0]
-    tbl = _f16_table()
+    tbl = cpu_jit.f16_table()
     ng = N - N % 4
     K = nb * 256
     yq = np.empty((N, K), np.int8)
@@ -141,7 +122,7 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     b32 = np.empty((N, nb * 8), np.int32)
     chunk = max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
-    go = run_dot or _Solo()
+    go = run_dot or qmatmul.run_alone
     out = np.empty((N, C), _F32)
     planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
     jobs = []
