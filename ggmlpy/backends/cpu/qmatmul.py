@@ -463,7 +463,7 @@ def _desc(k: Any, family: int, kind: int, w: np.ndarray, act: ActQ, yx: np.ndarr
 
 
 def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
-            run_dot: RunDot | None = None) -> Step:
+            run_dot: RunDot | None = None, repack_order: bool = False) -> Step:
     """A step computing ``out = x @ W^T`` (as :func:`mul_mat`) whose checks, buffers and kernel
     arguments are set up now, for a plan that calls it once per evaluation: each call quantizes
     the current contents of ``x`` into buffers owned by the step, then runs the kernel.
@@ -480,6 +480,10 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
         x: float32 ``(N, K)``, any strides.
         out: float32 ``(N, M)``, any strides.
         run_dot: see above.
+        repack_order: Q4_K only, with Numba: every output in llama.cpp's repacked gemv order
+            (:func:`ggmlpy.backends.cpu.qmatmul_ir.row_q4_K_gemv`, the bits of
+            :mod:`ggmlpy.backends.cpu.repack_q4k` for activation rows outside its groups of
+            four) instead of ggml's ``vec_dot`` order.
 
     Returns:
         A synchronous zero-argument step (not reentrant: one caller at a time).
@@ -510,8 +514,9 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
             main = partial(tk.half_main, x, desc, wv, act.q, out, bf, chunk)
             worker = partial(tk.half_chunks, wv, act.q, out, bf, chunk)
         elif t in _KQUANT:
-            args = (wv, act.q, act.d, act.x, out, _KQUANT[t], _f16_table(), chunk)
-            desc = _desc(tk, 1, _KQUANT[t], wv, act, act.x, out, chunk)
+            kk = 3 if repack_order and t == Type.Q4_K else _KQUANT[t]
+            args = (wv, act.q, act.d, act.x, out, kk, _f16_table(), chunk)
+            desc = _desc(tk, 1, kk, wv, act, act.x, out, chunk)
             main = partial(tk.kquant_main, x, desc, *args)
             worker = partial(tk.kquant_chunks, *args)
         else:

@@ -659,6 +659,11 @@ def _zext16(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
 
 
 def _row_kquant_codegen(kind: int, R: int):
+    # kind 3: Q4_K (kind 0's decoding) with llama.cpp's repacked gemv order: per super-block the
+    # exact integer sums (all lanes added) in one float32 FMA each, scales and mins apart
+    gemv = kind == 3
+    if gemv:
+        kind = 0
     bsz = _KQ_BYTES[kind]
 
     def codegen(context, builder, sig, args):
@@ -669,9 +674,12 @@ def _row_kquant_codegen(kind: int, R: int):
         v8 = _vec(F32T, 8)
         v4 = _vec(F32T, 4)
         rows = [builder.add(n0, ir.Constant(n0.type, r)) for r in range(R)]
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in rows]
-        # Q4_K: 4 float32 lanes for the min terms; Q5_K: one float32 accumulator
-        accm = [cgutils.alloca_once_value(builder, ir.Constant(v4, [0.0] * 4) if kind == 0
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0) if gemv
+                                         else ir.Constant(v8, [0.0] * 8)) for _ in rows]
+        # Q4_K: 4 float32 lanes for the min terms; Q5_K (and the gemv order): one float32
+        # accumulator
+        accm = [cgutils.alloca_once_value(builder, ir.Constant(v4, [0.0] * 4)
+                                          if kind == 0 and not gemv
                                           else ir.Constant(F32T, 0.0)) for _ in rows]
 
         def c64(v):
@@ -733,8 +741,13 @@ def _row_kquant_codegen(kind: int, R: int):
                                  _mul_small(builder, hi, sc32[1]))
                     sumi = builder.sub(sumi, builder.shl(off, ir.Constant(_vec(I32, 8), [5] * 8)))
                 d = builder.fmul(dw, dy)
-                builder.store(_fma(builder, builder.sitofp(sumi, v8), _splat(builder, d, 8),
-                                   builder.load(acc[r])), acc[r])
+                if gemv:
+                    builder.store(_fma(builder, builder.sitofp(_reduce_add(builder, sumi, 8),
+                                                               F32T), d, builder.load(acc[r])),
+                                  acc[r])
+                else:
+                    builder.store(_fma(builder, builder.sitofp(sumi, v8),
+                                       _splat(builder, d, 8), builder.load(acc[r])), acc[r])
                 if kind < 2:
                     # the mins: lane i = min[2i] (bsum[4i] + bsum[4i+1])
                     #                    + min[2i+1] (bsum[4i+2] + bsum[4i+3])
@@ -742,6 +755,12 @@ def _row_kquant_codegen(kind: int, R: int):
                     pm = _mul_small(builder, bp, mn)
                     prod = builder.add(_shuf(builder, pm, pm, [0, 2, 4, 6]),
                                        _shuf(builder, pm, pm, [1, 3, 5, 7]))
+                    if gemv:  # accm = fma(float(imin), dmin * d_y, accm), subtracted at the end
+                        summ = _reduce_add(builder, prod, 4)
+                        builder.store(_fma(builder, builder.sitofp(summ, F32T),
+                                           builder.fmul(dmw, dy), builder.load(accm[r])),
+                                      accm[r])
+                        continue
                     dm = builder.fneg(builder.fmul(dmw, dy))
                     if kind == 0:
                         builder.store(_fma(builder, _splat(builder, dm, 4),
@@ -752,6 +771,10 @@ def _row_kquant_codegen(kind: int, R: int):
                         builder.store(_fma(builder, dm, builder.sitofp(summ, F32T),
                                            builder.load(accm[r])), accm[r])
         for r, n in enumerate(rows):
+            if gemv:
+                builder.store(builder.fsub(builder.load(acc[r]), builder.load(accm[r])),
+                              _at(context, builder, aout, out, n, m))
+                continue
             v = _tree_sum(builder, builder.load(acc[r]), 8)
             if kind == 0:
                 v = builder.fadd(v, _tree_sum(builder, builder.load(accm[r]), 4))
@@ -784,3 +807,8 @@ row_q6_K = intrinsic(_row_kquant(2, 1))
 row4_q4_K = intrinsic(_row_kquant(0, 4))
 row4_q5_K = intrinsic(_row_kquant(1, 4))
 row4_q6_K = intrinsic(_row_kquant(2, 4))
+#: Q4_K in llama.cpp's repacked gemv order (``ggml_gemv_q4_K_8x8_q8_K``, x86): per super-block
+#: ``acc = fma(float(sum_j sc_j (q4 . q8)_j), d_w * d_y, acc)`` and ``accm = fma(float(sum_j
+#: mn_j bsum_j), dmin_w * d_y, accm)``, the result ``acc - accm``
+#: (:mod:`ggmlpy.backends.cpu.repack_q4k`: the same bits)
+row_q4_K_gemv = intrinsic(_row_kquant(3, 1))

@@ -45,6 +45,7 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     row_q4_0,
     row_q4_1,
     row_q4_K,
+    row_q4_K_gemv,
     row_q5_0,
     row_q5_1,
     row_q5_K,
@@ -116,11 +117,13 @@ def legacy_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
 def kquant_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
     """Q4_K (kind 0, 144-byte super-blocks), Q5_K (1, 176) and Q6_K (2, 210) rows against Q8_K,
     one compiled row dot per weight row and four activation rows at a time
-    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_K` and the others); row ``m``'s results go to
-    column ``m - mo`` of ``out``."""
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_K` and the others); kind 3: Q4_K in
+    llama.cpp's repacked gemv order, one activation row at a time
+    (:func:`~ggmlpy.backends.cpu.qmatmul_ir.row_q4_K_gemv`); row ``m``'s results go to column
+    ``m - mo`` of ``out``."""
     N = yq.shape[0]
     nb = yq.shape[1] // 256
-    N4 = N - N % 4
+    N4 = 0 if kind == 3 else N - N % 4
     for m in range(m0, m1):
         wr = w[m]
         for n in range(0, N4, 4):
@@ -131,7 +134,9 @@ def kquant_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
             else:
                 row4_q6_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
         for n in range(N4, N):
-            if kind == 0:
+            if kind == 3:
+                row_q4_K_gemv(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
+            elif kind == 0:
                 row_q4_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)
             elif kind == 1:
                 row_q5_K(wr, 0, yq, yd, yx, n, out, m - mo, tbl, nb)

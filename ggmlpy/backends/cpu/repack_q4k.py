@@ -32,6 +32,7 @@ import numpy as np
 from ggmlpy.backends.cpu import jit as cpu_jit
 from ggmlpy.backends.cpu import qmatmul
 from ggmlpy.backends.kernels.registry import Step
+from ggmlpy.core.types import Type
 
 __all__ = ["Q4K_BYTES", "decode_q4_k", "mul_mat_q4k_step", "warm_up"]
 
@@ -125,6 +126,16 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     go = run_dot or qmatmul.run_alone
     out = np.empty((N, C), _F32)
     planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
+    if ng == 0:
+        # fewer than four rows: all in the gemv order, which the dot kernels compute too
+        # (qmatmul_ir.row_q4_K_gemv: the same bits, a task with a native descriptor)
+        steps = [qmatmul.prepare(Type.Q4_K, w, x, d, run_dot, repack_order=True)
+                 for x, d in planes]
+
+        def run_gemv() -> None:
+            for st in steps:
+                st()
+        return run_gemv
     jobs = []
     for x, d in planes:
         o = d if d.flags.c_contiguous else out

@@ -386,6 +386,8 @@ def test_q6k_orders_are_ggml_loops(N):
 
 @needs_jit
 @pytest.mark.parametrize("t,N,n_threads", [(Type.Q4_K, 5, 1), (Type.Q4_K, 9, 2),
+                                           (Type.Q4_K, 1, 2), (Type.Q4_K, 2, 1),
+                                           (Type.Q4_K, 3, 2),
                                            (Type.Q6_K, 9, 2), (Type.Q6_K, 1, 2),
                                            (Type.Q6_K, 3, 1), (Type.Q6_K, 7, 2)])
 def test_kquant_node_takes_the_variant(t, N, n_threads):
