@@ -459,6 +459,10 @@ def legacy_offsets(typingctx, yq, off, kind):
     return types.none(yq, off, kind), codegen
 
 
+#: legacy rows: how many weight rows ahead a block is prefetched (:func:`_row_legacy_codegen`)
+LEGACY_PREFETCH_ROWS = 4
+
+
 def _row_legacy_codegen(kind: int, R: int, P: int):
     bsz, qo, qhs, sub, has_min = _LEGACY_LAYOUT[kind]
     vkind = 0 if kind == 4 else 2 if kind in (2, 3) else 1
@@ -487,6 +491,12 @@ def _row_legacy_codegen(kind: int, R: int, P: int):
             for wm in wrows:  # each weight row's block, decoded once for the R activation rows
                 def wptr(off, wm=wm):
                     return _at(context, builder, aw, w, wm, builder.add(o, c64(off)))
+
+                # the same block LEGACY_PREFETCH_ROWS rows ahead (weights streamed from memory:
+                # the output projection's 178 MB; a hint, harmless past the last row)
+                _prefetch(builder, _at(context, builder, aw, w,
+                                       builder.add(wm, ir.Constant(wm.type, LEGACY_PREFETCH_ROWS)),
+                                       o))
 
                 def half_at(off, wptr=wptr):
                     bits = builder.load(builder.bitcast(wptr(off), I16.as_pointer()), align=1)
