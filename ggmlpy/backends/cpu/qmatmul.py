@@ -76,7 +76,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone",
+__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "kquant_operands", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -440,6 +440,57 @@ def run_alone(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
     Returns ``main``'s result."""
     del worker
     return main(np.zeros(_CTL_SOLO, np.int64), 1)
+
+
+def kquant_operands(where: str, a: np.ndarray, b: np.ndarray, dst: np.ndarray,
+                    block_bytes: int) -> tuple[int, int, int, int, int]:
+    """Check the operands of a 2-D K-quant weight's MUL_MAT step and return ``(C, nb, B3, B2,
+    N)``: ``a`` the weight's rows of bytes, uint8 ``(1, 1, C, nb*block_bytes)`` (ggml ``ne =
+    [nb*256, C]``); ``b`` float32 ``(B3, B2, N, nb*256)``; ``dst`` ``(B3, B2, N, C)``.
+
+    Raises:
+        ValueError: naming ``where`` and the operand whose shape or dtype does not fit.
+    """
+    if a.ndim != 4 or a.shape[:2] != (1, 1) or a.dtype != np.uint8 or a.shape[3] % block_bytes:
+        raise ValueError(f"{where}: the weight must be (1, 1, C, nb*{block_bytes}) uint8, got "
+                         f"{a.shape} {a.dtype}")
+    C, nb = a.shape[2], a.shape[3] // block_bytes
+    if b.ndim != 4 or b.dtype != F32 or b.shape[3] != nb * 256:
+        raise ValueError(f"{where}: src1 must be float32 (B3, B2, N, {nb * 256}), got "
+                         f"{b.shape} {b.dtype}")
+    B3, B2, N = b.shape[:3]
+    if dst.shape != (B3, B2, N, C):
+        raise ValueError(f"{where}: dst {dst.shape} must be {(B3, B2, N, C)}")
+    return C, nb, B3, B2, N
+
+
+def plane_tasks_step(b: np.ndarray, dst: np.ndarray,
+                     make: Callable[[np.ndarray, np.ndarray], tuple[Any, Any]],
+                     run_dot: RunDot | None) -> Step:
+    """A step running one dot task per plane ``(i3, i2)`` of ``b`` float32 ``(B3, B2, N, K)``
+    into ``dst`` float32 ``(B3, B2, N, C)``: ``make(x, out)`` gives the task's ``(main,
+    worker)`` for a C-contiguous ``x`` ``(N, K)`` and ``out`` ``(N, C)`` (a plane itself when it
+    is C-contiguous, else a buffer copied in before or out after the task), which ``run_dot``
+    (None: :func:`run_alone`) runs. Synchronous when run."""
+    go = run_dot or run_alone
+    N, C = dst.shape[2], dst.shape[3]
+    out = np.empty((N, C), F32)
+    jobs = []
+    for i3 in range(b.shape[0]):
+        for i2 in range(b.shape[1]):
+            x, d = b[i3, i2], dst[i3, i2]
+            o = d if d.flags.c_contiguous else out
+            xc = x if x.flags.c_contiguous else np.empty(x.shape, F32)
+            jobs.append((x, xc, d, o, *make(xc, o)))
+
+    def run() -> None:
+        for x, xc, d, o, main, worker in jobs:
+            if xc is not x:
+                np.copyto(xc, x)
+            go(main, worker)
+            if o is not d:
+                np.copyto(d, o)
+    return run
 
 
 def _desc(k: Any, family: int, kind: int, w: np.ndarray, act: ActQ, yx: np.ndarray,

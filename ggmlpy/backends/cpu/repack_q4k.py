@@ -101,21 +101,24 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     Raises:
         ValueError: shapes that do not fit, or ``b`` not float32.
     """
-    if a.ndim != 4 or a.shape[:2] != (1, 1) or a.dtype != np.uint8 or a.shape[3] % Q4K_BYTES:
-        raise ValueError(f"repack_q4k: the weight must be (1, 1, C, nb*144) uint8, got "
-                         f"{a.shape} {a.dtype}")
-    C, nb = a.shape[2], a.shape[3] // Q4K_BYTES
-    if b.ndim != 4 or b.dtype != _F32 or b.shape[3] != nb * 256:
-        raise ValueError(f"repack_q4k: src1 must be float32 (B3, B2, N, {nb * 256}), got "
-                         f"{b.shape} {b.dtype}")
-    B3, B2, N = b.shape[:3]
-    if dst.shape != (B3, B2, N, C) or N != n_rows:
-        raise ValueError(f"repack_q4k: dst {dst.shape} must be {(B3, B2, N, C)} with N == "
-                         f"n_rows ({n_rows})")
+    C, nb, B3, B2, N = qmatmul.kquant_operands("repack_q4k", a, b, dst, Q4K_BYTES)
+    if N != n_rows:
+        raise ValueError(f"repack_q4k: src1 has {N} rows per plane, n_rows is {n_rows}")
     tk = _tasks()
     w = a[0, 0]
     tbl = cpu_jit.f16_table()
     ng = N - N % 4
+    if ng == 0:
+        # fewer than four rows: all in the gemv order, which the dot kernels compute too
+        # (qmatmul_ir.row_q4_K_gemv: the same bits, a task with a native descriptor)
+        steps = [qmatmul.prepare(Type.Q4_K, w, b[i3, i2], dst[i3, i2], run_dot,
+                                 repack_order=True)
+                 for i3 in range(B3) for i2 in range(B2)]
+
+        def run_gemv() -> None:
+            for st in steps:
+                st()
+        return run_gemv
     K = nb * 256
     yq = np.empty((N, K), np.int8)
     yd = np.empty((N, nb), _F32)
@@ -123,35 +126,11 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     b32 = np.empty((N, nb * 8), np.int32)
     chunk = max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
-    go = run_dot or qmatmul.run_alone
-    out = np.empty((N, C), _F32)
-    planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
-    if ng == 0:
-        # fewer than four rows: all in the gemv order, which the dot kernels compute too
-        # (qmatmul_ir.row_q4_K_gemv: the same bits, a task with a native descriptor)
-        steps = [qmatmul.prepare(Type.Q4_K, w, x, d, run_dot, repack_order=True)
-                 for x, d in planes]
 
-        def run_gemv() -> None:
-            for st in steps:
-                st()
-        return run_gemv
-    jobs = []
-    for x, d in planes:
-        o = d if d.flags.c_contiguous else out
-        xc = x if x.flags.c_contiguous else np.empty(x.shape, _F32)
-        jobs.append((x, xc, d, o, partial(tk.q4k_main, xc, desc, w, yq, yd, bs, b32, o, ng,
-                                          chunk, tbl),
-                     partial(tk.q4k_chunks, w, yq, yd, b32, o, ng, chunk, tbl)))
-
-    def run() -> None:
-        for x, xc, d, o, main, worker in jobs:
-            if xc is not x:
-                np.copyto(xc, x)
-            go(main, worker)
-            if o is not d:
-                np.copyto(d, o)
-    return run
+    def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
+        return (partial(tk.q4k_main, x, desc, w, yq, yd, bs, b32, o, ng, chunk, tbl),
+                partial(tk.q4k_chunks, w, yq, yd, b32, o, ng, chunk, tbl))
+    return qmatmul.plane_tasks_step(b, dst, make, run_dot)
 
 
 def warm_up() -> None:

@@ -102,16 +102,7 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     Raises:
         ValueError: shapes that do not fit, or ``b`` not float32.
     """
-    if a.ndim != 4 or a.shape[:2] != (1, 1) or a.dtype != np.uint8 or a.shape[3] % Q6K_BYTES:
-        raise ValueError(f"vec_dot_q6k: the weight must be (1, 1, C, nb*210) uint8, got "
-                         f"{a.shape} {a.dtype}")
-    C, nb = a.shape[2], a.shape[3] // Q6K_BYTES
-    if b.ndim != 4 or b.dtype != _F32 or b.shape[3] != nb * 256:
-        raise ValueError(f"vec_dot_q6k: src1 must be float32 (B3, B2, N, {nb * 256}), got "
-                         f"{b.shape} {b.dtype}")
-    B3, B2, N = b.shape[:3]
-    if dst.shape != (B3, B2, N, C):
-        raise ValueError(f"vec_dot_q6k: dst {dst.shape} must be {(B3, B2, N, C)}")
+    C, nb, B3, B2, N = qmatmul.kquant_operands("vec_dot_q6k", a, b, dst, Q6K_BYTES)
     tk = _tasks()
     w = a[0, 0]
     tbl = cpu_jit.f16_table()
@@ -121,25 +112,11 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     bs = np.empty((N, nb * 16), np.int16)
     chunk = max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
-    go = run_dot or qmatmul.run_alone
-    out = np.empty((N, C), _F32)
-    planes = [(b[i3, i2], dst[i3, i2]) for i3 in range(B3) for i2 in range(B2)]
-    jobs = []
-    for x, d in planes:
-        o = d if d.flags.c_contiguous else out
-        xc = x if x.flags.c_contiguous else np.empty(x.shape, _F32)
-        jobs.append((x, xc, d, o, partial(tk.q6k_main, xc, desc, w, yq, yd, bs, o, tiled,
-                                          chunk, tbl),
-                     partial(tk.q6k_chunks, w, yq, yd, bs, o, tiled, chunk, tbl)))
 
-    def run() -> None:
-        for x, xc, d, o, main, worker in jobs:
-            if xc is not x:
-                np.copyto(xc, x)
-            go(main, worker)
-            if o is not d:
-                np.copyto(d, o)
-    return run
+    def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
+        return (partial(tk.q6k_main, x, desc, w, yq, yd, bs, o, tiled, chunk, tbl),
+                partial(tk.q6k_chunks, w, yq, yd, bs, o, tiled, chunk, tbl))
+    return qmatmul.plane_tasks_step(b, dst, make, run_dot)
 
 
 def warm_up() -> None:
