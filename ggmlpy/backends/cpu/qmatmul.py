@@ -45,11 +45,14 @@ are less precise on this kind of CPU: its F16 dot with AVX512-FP16 accumulates i
 dot with AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126`` more).
 
 Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer activation rows than
-:data:`CROSSOVER` ``[type]`` (token generation, small batches), where reading the weight once in
-its own type is the cost; from the crossover on (prompt processing), dequantized row blocks of
-the weight and a BLAS GEMM, whose float32 throughput then wins over the integer dot products.
-That path keeps ggml's numerics (:mod:`ggmlpy.backends.cpu.qgemm`: the same activation
-quantization, the referee's result within float32 summation-order rounding).
+:data:`CROSSOVER` ``[type]``, dequantized row blocks of the weight and a BLAS GEMM from it on.
+For the block types the crossover is :data:`GGML_ORDER_ROWS`: token generation and prompt batches
+of up to 255 rows run ggml-cpu's summation orders (these kernels and the CPU's x86 ggml-order
+variants, so a model's results follow llama.cpp's bit for bit), larger batches the GEMM, whose
+float32 throughput is up to twice the integer dot products' there (docs/quant_matmul.md has the
+speed crossovers, 24-128 rows). The GEMM path keeps ggml's numerics but for the summation order
+(:mod:`ggmlpy.backends.cpu.qgemm`: the same activation quantization, the referee's result within
+float32 summation-order rounding).
 
 Threads: :func:`mul_mat` splits the weight rows into ``n_threads`` contiguous ranges (ggml splits
 ``src0``'s rows among its threads the same way when ``src1`` has few rows), each computed by one
@@ -76,7 +79,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "kquant_operands", "plane_tasks_step",
+__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "kquant_operands", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -86,23 +89,30 @@ DOT_TYPES = frozenset(VEC_DOT_TYPE)
 #: weight elements per chunk of the NumPy fallback's int32 temporaries
 _NP_CHUNK = 1 << 20
 
-#: activation rows (``src1``'s ``ne[1]``) from which a MUL_MAT with this weight type runs the GEMM
-#: path (:mod:`ggmlpy.backends.cpu.qgemm`: dequantized tiles of the weight, the activations in
-#: the ``vec_dot_type``, a BLAS GEMM) instead of the dot kernel: the crossover, measured per type
-#: with ``scripts/bench_qmatmul.py --crossover`` on the Gemma 3 270M shapes with 2 threads (the
-#: batch from which the GEMM path won at every larger batch; figures in docs/quant_matmul.md).
-#: F16/BF16 weights take it from 2 and 4 rows: there the float32 GEMM wins as soon as the batch is
-#: more than a matrix-vector product (which reads half the bytes on the dot kernel).
-CROSSOVER = {Type.Q4_0: 48, Type.Q4_1: 48, Type.Q5_0: 48, Type.Q5_1: 32, Type.Q8_0: 48,
-             Type.Q4_K: 32, Type.Q5_K: 48, Type.Q6_K: 32, Type.F16: 2, Type.BF16: 4}
+#: activation rows (``src1``'s ``ne[1]``) below which the CPU computes a MUL_MAT in ggml-cpu's
+#: order: quantized weights on the dot kernels (or the CPU's ggml-order Q4_K/Q6_K variants), F16
+#: activation products (the attention's, ``cpu.jit.mul_mat_f16``) in llamafile's tinyBLAS order.
+#: A precision choice: from 24-128 rows on (the speed crossovers of ``scripts/bench_qmatmul.py
+#: --crossover``, per type) the BLAS GEMM would already be faster; from 256 rows (prompts
+#: processed in micro-batches of 256-512 tokens) its throughput is what prompt processing gets.
+GGML_ORDER_ROWS = 256
 
+#: activation rows from which a MUL_MAT with this weight type runs the GEMM path
+#: (:mod:`ggmlpy.backends.cpu.qgemm`: dequantized tiles of the weight, the activations in the
+#: ``vec_dot_type``, a BLAS GEMM) instead of the dot kernel: :data:`GGML_ORDER_ROWS` for the
+#: block types. F16/BF16 weights take it from 2 and 4 rows: there the float32 GEMM wins as soon
+#: as the batch is more than a matrix-vector product (which reads half the bytes on the dot
+#: kernel), and llama.cpp's own F16 order for them is not the dot kernel's either.
+CROSSOVER = {**dict.fromkeys((Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0,
+                              Type.Q4_K, Type.Q5_K, Type.Q6_K), GGML_ORDER_ROWS),
+             Type.F16: 2, Type.BF16: 4}
 
 
 def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
     """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` activation rows of type
     ``src1_type`` runs the dot kernels: ``t`` has a kernel, the activations are F32, and
     ``GGMLPY_QUANT_MATMUL`` is ``dot`` or ``ggml`` (the default) with ``n_rows < CROSSOVER[t]``
-    (larger batches: the dequantized GEMM is faster). Depends on nothing else (not on buffers, caches or Numba), so one
+    (larger batches: the dequantized GEMM, faster). Depends on nothing else (not on buffers, caches or Numba), so one
     graph always takes one numeric path.
 
     Raises:

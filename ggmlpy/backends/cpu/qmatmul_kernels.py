@@ -41,6 +41,11 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     row4_q5_K,
     row4_q6_K,
     row4_q8_0,
+    row44_q4_0,
+    row44_q4_1,
+    row44_q5_0,
+    row44_q5_1,
+    row44_q8_0,
     row_h16,
     row_q4_0,
     row_q4_1,
@@ -58,21 +63,52 @@ F32 = np.float32
 
 
 @njit(**_OPTS)
+def legacy_offsets_for(yq, kind):
+    """The int32 offset sums ``(N, nb * 8)`` the VNNI rows start from
+    (:func:`ggmlpy.backends.cpu.qmatmul_ir.legacy_offsets`) for int8 activations ``yq`` ``(N,
+    K)``; a ``(1, 8)`` placeholder without VNNI."""
+    N = yq.shape[0]
+    yo = np.empty((N, (yq.shape[1] // 32) * 8) if VNNI else (1, 8), np.int32)
+    if VNNI:
+        legacy_offsets(yq, yo, kind)
+    return yo
+
+
+@njit(**_OPTS)
 def legacy_lanes(w, yq, yd, yx, out, m0, m1, mo, kind, tbl):
-    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1, one
-    compiled row dot per weight row and four activation rows at a time, the remaining activation
-    rows two weight rows at a time (:func:`ggmlpy.backends.cpu.qmatmul_ir.row4_q4_0`,
-    ``row2w_q4_0`` and the others; ``yx``: Q8_1's sums, or any float32 ``(N, nb)`` for Q8_0);
-    row ``m``'s results go to column ``m - mo`` of ``out``. With
-    VNNI the activations' offset sums are made first, once for the call's rows
-    (:func:`ggmlpy.backends.cpu.qmatmul_ir.legacy_offsets`)."""
+    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows against Q8_0/Q8_1:
+    :func:`legacy_rows` with the activations' offset sums made here (:func:`legacy_offsets_for`)
+    for the call's rows."""
+    legacy_rows(w, yq, yd, yx, legacy_offsets_for(yq, kind), out, m0, m1, mo, kind, tbl)
+
+
+@njit(**_OPTS)
+def legacy_rows(w, yq, yd, yx, yo, out, m0, m1, mo, kind, tbl):
+    """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows ``m0 <= m < m1`` against
+    Q8_0/Q8_1 activations (``yx``: Q8_1's sums, or any float32 ``(N, nb)`` for Q8_0; ``yo``:
+    :func:`legacy_offsets_for` of ``yq`` and ``kind``), compiled row dots
+    (:mod:`ggmlpy.backends.cpu.qmatmul_ir`): tiles of four weight rows by four activation rows
+    (``row44_q4_0`` and the others), the weight rows left over four activation rows at a time
+    (``row4_*``), the activation rows left over two weight rows at a time (``row2w_*``, then
+    ``row_*``); row ``m``'s results go to column ``m - mo`` of ``out``. Every output's
+    operations are the same in each of these."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     N4 = N - N % 4
-    yo = np.empty((N, nb * 8) if VNNI else (1, 8), np.int32)
-    if VNNI:
-        legacy_offsets(yq, yo, kind)
-    for m in range(m0, m1):
+    m4 = m1 - (m1 - m0) % 4
+    for m in range(m0, m4, 4):
+        for n in range(0, N4, 4):
+            if kind == 0:
+                row44_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            elif kind == 1:
+                row44_q4_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            elif kind == 2:
+                row44_q5_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            elif kind == 3:
+                row44_q5_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+            else:
+                row44_q8_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+    for m in range(m4, m1):
         for n in range(0, N4, 4):
             if kind == 0:
                 row4_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)

@@ -26,7 +26,8 @@ from ggmlpy.backends.cpu.qmatmul_kernels import (
     F32,
     half_dot,
     kquant_lanes,
-    legacy_lanes,
+    legacy_offsets_for,
+    legacy_rows,
     quant_q8,
     quant_q8_k,
 )
@@ -124,12 +125,13 @@ def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
+    yo = legacy_offsets_for(yq, kind)
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        legacy_lanes(w, yq, yd, yx, tmp, m0, m1, m0, kind, tbl)
+        legacy_rows(w, yq, yd, yx, yo, tmp, m0, m1, m0, kind, tbl)
         _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
@@ -141,14 +143,15 @@ def legacy_main(x, qkind, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     nch = (M + chunk - 1) // chunk
     _post(ctl, desc)
     publish(ctl, gen, nch)
+    yo = legacy_offsets_for(yq, kind)
     c = claim(ctl, gen, nch)
     while c >= 0:
-        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        legacy_rows(w, yq, yd, yx, yo, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
         _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
     c = _rescue(ctl, nch, gen)
     while c >= 0:
-        legacy_lanes(w, yq, yd, yx, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        legacy_rows(w, yq, yd, yx, yo, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     wait_workers_back(ctl)  # (a task without a native descriptor ran Python on the workers)

@@ -33,8 +33,9 @@ from ggmlpy.backends.kernels.registry import Step
 
 __all__ = ["uses_tinyblas", "mul_mat_f16_step", "MAX_MACS", "warm_up"]
 
-#: multiply-adds up to which the variant takes a product (larger ones, the attention of long
-#: prompts, stay on the BLAS GEMM of float32 copies: faster, in another float32 order)
+#: multiply-adds up to which the variant takes a product of any batch (larger ones of batches
+#: from ``qmatmul.GGML_ORDER_ROWS`` rows, the attention of long prompt micro-batches, stay on the
+#: BLAS GEMM of float32 copies: faster, in another float32 order)
 MAX_MACS = 1 << 24
 
 _state: dict[str, Any] = {}

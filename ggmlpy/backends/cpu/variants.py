@@ -32,7 +32,10 @@ name                        op          applies when
 ``cpu.jit.norm``            NORM        NumPy, Numba, not precise, C-contiguous float32
 ``fast.norm``               NORM        not precise (any array module): float32 sums
 ``cpu.jit.mul_mat_f16``     MUL_MAT     F16 ``src0`` (not in a WEIGHTS buffer) and ``src1``,
-                                        F32 result, NumPy, Numba, not precise, at most :data:`sgemm_f16.MAX_MACS
+                                        F32 result, NumPy, Numba, not precise, ``src1`` of
+                                        fewer rows than :data:`qmatmul.GGML_ORDER_ROWS
+                                        <ggmlpy.backends.cpu.qmatmul.GGML_ORDER_ROWS>` or at
+                                        most :data:`sgemm_f16.MAX_MACS
                                         <ggmlpy.backends.cpu.sgemm_f16.MAX_MACS>`
                                         multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
@@ -74,7 +77,15 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backend.interface import BufferUsage
-from ggmlpy.backends.cpu import fastpath, repack_q4k, rope_ggml, sgemm_f16, soft_max_ggml, vec_dot_q6k
+from ggmlpy.backends.cpu import (
+    fastpath,
+    qmatmul,
+    repack_q4k,
+    rope_ggml,
+    sgemm_f16,
+    soft_max_ggml,
+    vec_dot_q6k,
+)
 from ggmlpy.backends.cpu import jit as cpu_jit  # imports Numba only when a kernel first needs it
 from ggmlpy.backends.kernels import matmul
 from ggmlpy.backends.kernels.attention import tile_23
@@ -258,8 +269,11 @@ def _sup_mul_mat_f16(node: Tensor, xp: Any) -> bool:
     base = a.view_src if a.view_src is not None else a
     if base.buffer is not None and base.buffer.usage == BufferUsage.WEIGHTS:
         return False      # a weight: the weight cache's float32 copy and BLAS (faster)
+    # ggml's order below the rows of qmatmul.GGML_ORDER_ROWS (and small products), as the
+    # quantized weights' products of the same batch
     return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
-            and (node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
+            and (b.ne[1] < qmatmul.GGML_ORDER_ROWS
+                 or node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
                  <= sgemm_f16.MAX_MACS or env.quant_matmul() == "dot"))
 
 

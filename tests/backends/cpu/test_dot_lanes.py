@@ -108,3 +108,36 @@ def test_q8_k_quantizer_picks_ggml_scale_value():
         with np.errstate(all="ignore"):
             np.testing.assert_array_equal(dk.act_bytes(act), q8.quantize_row_q8_K(x))
     assert act.d[0, 1] == np.float32(-8 / 127) and act.d[0, 2] == np.float32(9 / 127)  # first signs
+
+
+@pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
+@pytest.mark.parametrize("N", [1, 3, 4, 5, 8, 11])
+def test_legacy_tiles_give_every_output_the_one_row_bits(name, N):
+    """The legacy kernel's tiles (4 weight x 4 activation rows, 1 x 4, 2 x 1 and 1 x 1 for the
+    rows left over) compute each output with the same operations: the whole product over any
+    weight-row range (remainders of 0..3 in both directions) equals, bit for bit, the product
+    computed one activation row at a time over one weight row at a time (the 1 x 1 row dot that
+    the ggml reference test above pins to ggml-cpu's ``vec_dot`` bits)."""
+    t = Type[name.upper()]
+    rng = np.random.default_rng(N)
+    K, M = 320, 13
+    w = np.frombuffer(quantize(rng.standard_normal((M, K)).astype(np.float32), t),
+                      np.uint8).reshape(M, -1)
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    x[0, :32] *= 1e3                                   # one block far above the others
+    kind = vec_dot.VEC_DOT_TYPE[t]
+    act = dk.quantize_act(kind, x)
+    k = dk._jit()
+    tbl = dk._f16_table()
+    ys = act.x if kind == "q8_1" else act.d
+    code = dk._LEGACY[t]
+    for m0, m1 in [(0, M), (1, M), (2, 11), (3, 10), (0, 4)]:
+        out = np.full((N, M), np.nan, np.float32)
+        k.legacy_lanes(w, act.q, act.d, ys, out, m0, m1, 0, code, tbl)
+        one = np.full((N, M), np.nan, np.float32)
+        for n in range(N):
+            for m in range(m0, m1):
+                k.legacy_lanes(w, act.q[n:n + 1], act.d[n:n + 1], ys[n:n + 1],
+                               one[n:n + 1], m, m + 1, 0, code, tbl)
+        np.testing.assert_array_equal(out[:, m0:m1], one[:, m0:m1])
+        assert np.isnan(out[:, :m0]).all() and np.isnan(out[:, m1:]).all()

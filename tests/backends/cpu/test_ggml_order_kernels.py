@@ -20,7 +20,7 @@ from helpers import eval_mul_mat, run_graph
 from ggmlpy import ops
 from ggmlpy.backend.interface import BufferUsage
 from ggmlpy.backends.cpu import jit as cpu_jit
-from ggmlpy.backends.cpu import q8k_act, repack_q4k, sgemm_f16, soft_max_ggml, vec_dot_q6k
+from ggmlpy.backends.cpu import q8k_act, qmatmul, repack_q4k, sgemm_f16, soft_max_ggml, vec_dot_q6k
 from ggmlpy.backends.kernels.registry import REGISTRY
 from ggmlpy.core import env
 from ggmlpy.core.tensor import Context
@@ -414,11 +414,12 @@ def test_kquant_node_takes_the_variant(t, N, n_threads):
 
 @needs_jit
 def test_kquant_variant_leaves_activation_row_cuts_to_the_gemm_path(monkeypatch):
-    # 8 * N > M: a threaded plan would cut the activation rows (Q4_K's groups of four); with
-    # GGMLPY_QUANT_MATMUL=dot every batch runs on the dot kernels, cut along weight rows
+    # a batch on the GEMM path (from the crossover) with 8 * N > M: a threaded plan would cut
+    # the activation rows (Q4_K's groups of four); with GGMLPY_QUANT_MATMUL=dot every batch runs
+    # on the dot kernels, cut along weight rows
     ctx = Context()
     node = ops.mul_mat(ctx, ctx.new_tensor(Type.Q4_K, (256, 64)),
-                       ctx.new_tensor(Type.F32, (256, 40)))
+                       ctx.new_tensor(Type.F32, (256, qmatmul.CROSSOVER[Type.Q4_K])))
     f16 = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (256, 512, 1)),
                       ctx.new_tensor(Type.F16, (256, 512, 4)))
     assert REGISTRY.select(node, np).name != "cpu.jit.mul_mat_q4k"

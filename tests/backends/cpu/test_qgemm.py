@@ -236,8 +236,8 @@ def test_activation_row_split_tracks_the_referee(t):
     """A batch of more than M / 8 rows is cut along the activation rows on 2 threads (each part
     quantizes its rows and dequantizes the whole weight): the referee within the bound, and the
     same bits as one thread."""
-    K, M, n = 512, 600, 100
-    assert not _cuts_weight_rows(t, K, M, n) and _cuts_weight_rows(t, K, M, 70)
+    K, M, n = 512, 600, qmatmul.CROSSOVER[t] + 44   # on the GEMM path
+    assert not _cuts_weight_rows(t, K, M, n) and _cuts_weight_rows(t, K, 8 * n, n)
     rng = np.random.default_rng(int(t) + 1)
     raw = quantize((rng.standard_normal((M, K)) / 8).astype(np.float32), t)
     x = rng.standard_normal((n, K)).astype(np.float32)
@@ -250,7 +250,7 @@ def test_activation_row_split_tracks_the_referee(t):
 @pytest.mark.parametrize("t", [Type.Q4_1, Type.Q4_K, Type.Q8_0, Type.F16])
 def test_dequant_mode_is_the_exact_product(t, monkeypatch):
     monkeypatch.setenv(env.QUANT_MATMUL, "dequant")
-    K, M, n = 256, 300, 70
+    K, M, n = 256, 300, qmatmul.CROSSOVER[t] + 14
     rng = np.random.default_rng(int(t))
     raw = quantize(rng.standard_normal((M, K)).astype(np.float32), t)
     x = rng.standard_normal((n, K)).astype(np.float32)
