@@ -100,6 +100,20 @@ def test_mul_mat_f16_orders_are_ggml_loops(M, N, K, A2, B2):
 
 
 @needs_jit
+@pytest.mark.parametrize("M,N", [(6, 7), (35, 6), (70, 13), (3, 1)])
+def test_tinyblas_tiles_every_remainder(M, N):
+    """The tinyBLAS kernel's 4 x 4 register tiles and the 1 x 4, 4 x 1, 1 x 1 tiles of the rows
+    left over (in blocks of 32 weight rows) give every output the order of the lane model, for
+    row counts that are no multiples of 4 (which ggml's own dispatch never sends there)."""
+    rng = np.random.default_rng(M * 100 + N)
+    a = (rng.standard_normal((1, 1, M, 64)) * 3).astype(np.float16)
+    b = (rng.standard_normal((1, 1, N, 64)) * 3).astype(np.float16)
+    d = np.empty((1, 1, N, M), F32)
+    sgemm_f16.mul_mat_f16_step(a, b, d, True)()
+    np.testing.assert_array_equal(d[0, 0], _tinyblas_ref(a[0, 0], b[0, 0]))
+
+
+@needs_jit
 def test_mul_mat_f16_strided_operands_and_dst():
     rng = np.random.default_rng(7)
     a = rng.standard_normal((1, 1, 64, 256)).astype(np.float16)[:, :, ::2]      # row stride 2
