@@ -524,8 +524,14 @@ def _row_legacy_codegen(kind: int, R: int, P: int):
                     vals = builder.select(neg, builder.sub(ir.Constant(_vec(I8, 32), [0] * 32),
                                                            vals), vals)
                 blocks.append((dw, vals, neg, half_at(2) if has_min else None))
+            dwv = None
+            if P > 1:  # the P weight scales as one vector: d_w * d_y for all P in one multiply
+                dwv = ir.Constant(_vec(F32T, P), ir.Undefined)
+                for p, blk in enumerate(blocks):
+                    dwv = builder.insert_element(dwv, blk[0], ir.Constant(I32, p))
             for r, n in enumerate(rows):
                 dy = builder.load(_at(context, builder, ayd, yd, n, b))
+                dv = builder.fmul(dwv, _splat(builder, dy, P)) if dwv is not None else None
                 yp = _at(context, builder, ayq, yq, n, builder.mul(b, c64(32)))
                 y0 = builder.load(builder.bitcast(yp, _vec(I8, 32).as_pointer()), align=1)
                 a0 = ir.Constant(_vec(I32, 8), [0] * 8)
@@ -548,8 +554,11 @@ def _row_legacy_codegen(kind: int, R: int, P: int):
                             p16 = builder.sub(p16, _maddubs(
                                 builder, ir.Constant(_vec(I8, 32), [sub] * 32), yv))
                         s32 = _madd_ones(builder, p16)
-                    d = builder.fmul(dw, dy)
-                    builder.store(_fma(builder, builder.sitofp(s32, v8), _splat(builder, d, 8),
+                    if dv is None:
+                        d8 = _splat(builder, builder.fmul(dw, dy), 8)
+                    else:  # lane p of the products (the same rounding as one multiply)
+                        d8 = _shuf(builder, dv, dv, [p] * 8)
+                    builder.store(_fma(builder, builder.sitofp(s32, v8), d8,
                                        builder.load(acc[p, r])), acc[p, r])
                     if has_min:
                         builder.store(_fma(builder, mw, sy, builder.load(accm[p, r])),
