@@ -572,24 +572,34 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
         if t in (Type.F16, Type.BF16):
             bf = t == Type.BF16
             desc = _desc(tk, 2, int(bf), wv, act, act.q, out, chunk)
-            main = partial(tk.half_main, x, desc, wv, act.q, out, bf, chunk)
+            quant = partial(tk.half_quant, x, act.q, bf)
+            main = partial(tk.half_main, desc, wv, act.q, out, bf, chunk)
             worker = partial(tk.half_chunks, wv, act.q, out, bf, chunk)
         elif t in _KQUANT:
             kk = 3 if repack_order and t == Type.Q4_K else _KQUANT[t]
             args = (wv, act.q, act.d, act.x, out, kk, _f16_table(), chunk)
             desc = _desc(tk, 1, kk, wv, act, act.x, out, chunk)
-            main = partial(tk.kquant_main, x, desc, *args)
+            k8 = k.quant_q8_k
+
+            def quant() -> bool:
+                k8(x, act.q, act.d, act.x)
+                return True
+            main = partial(tk.kquant_main, desc, *args)
             worker = partial(tk.kquant_chunks, *args)
         else:
             ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
             args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
             desc = _desc(tk, 0, _LEGACY[t], wv, act, ys, out, chunk)
             qkind = (1 if kind == "q8_1" else 0) + 2 * q8_arch.FORM_CODE[form]
-            main = partial(tk.legacy_main, x, qkind, desc, *args)
+            quant = partial(tk.quant_q8_f16, x, act.q, act.d, ys, qkind)
+            main = partial(tk.legacy_main, desc, *args)
             worker = partial(tk.legacy_chunks, *args)
 
         def run() -> None:
-            if go(main, worker):
+            # the activations first, then the task (module docstring of qmatmul_tasks)
+            if quant():
+                go(main, worker)
+            else:
                 _exact(t, wv, x, out)
         return run
 

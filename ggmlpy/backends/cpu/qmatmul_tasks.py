@@ -6,12 +6,14 @@ imports Numba).
 
 Per weight family (legacy blocks, K-quants, F16/BF16): ``*_chunks`` (a worker) computes the
 chunks it claims into scratch and copies each out unless the caller took it over;
-``*_main`` (the calling thread) first quantizes the activations ``x`` float32 ``(N, K)`` into
-``yq``/``yd``/``yx`` with the scales' f16 rounding, publishes the task, computes the chunks it
-claims in place, then waits for the workers' chunks and takes over one whose worker does not
-finish in time (:func:`_rescue`): when it returns, no worker writes into ``out`` any more.
-``*_main`` returns 1 without computing when an activation scale (or Q8_1 sum, or an F16
-activation) overflowed float16, else 0. Which thread computes a row never changes its
+The calling thread first quantizes the activations ``x`` float32 ``(N, K)`` into
+``yq``/``yd``/``yx`` with the scales' f16 rounding (:func:`quant_q8_f16`, ``quant_q8_k``,
+:func:`half_quant`; before the task starts, so that the workers woken for it find the chunks
+published instead of going back to sleep during a prompt batch's quantization), and skips the
+task when an activation scale (or Q8_1 sum, or an F16 activation) overflowed float16. Then
+``*_main`` publishes the task, computes the chunks it claims in place, waits for the workers'
+chunks and takes over one whose worker does not finish in time (:func:`_rescue`): when it
+returns (0), no worker writes into ``out`` any more. Which thread computes a row never changes its
 operations. :func:`serve` is a pool worker's poll loop, which runs a task from its descriptor
 without Python.
 """
@@ -29,7 +31,6 @@ from ggmlpy.backends.cpu.qmatmul_kernels import (
     legacy_offsets_for,
     legacy_rows,
     quant_q8,
-    quant_q8_k,
 )
 from ggmlpy.backends.cpu.spin import (
     DESC,
@@ -136,9 +137,7 @@ def legacy_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 
 
 @njit(**_OPTS)
-def legacy_main(x, qkind, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
-    if not quant_q8_f16(x, yq, yd, yx, qkind):
-        return 1
+def legacy_main(desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     _post(ctl, desc)
@@ -173,8 +172,7 @@ def kquant_chunks(w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
 
 
 @njit(**_OPTS)
-def kquant_main(x, desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
-    quant_q8_k(x, yq, yd, yx)
+def kquant_main(desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     _post(ctl, desc)
@@ -208,7 +206,9 @@ def half_chunks(w, y, out, bf, chunk, ctl, gen):
 
 
 @njit(**_OPTS)
-def half_main(x, desc, w, y, out, bf, chunk, ctl, gen):
+def half_quant(x, y, bf):
+    """F32 activations ``x`` ``(N, K)`` rounded to F16 (``bf``: BF16) values in float32 ``y``;
+    False when one overflowed float16 (nothing is computed then)."""
     N, K = x.shape
     for n in range(N):
         for k in range(K):
@@ -224,8 +224,13 @@ def half_main(x, desc, w, y, out, bf, chunk, ctl, gen):
             else:
                 r = f16_round(v)
                 if abs(r) == F32(np.inf):
-                    return 1
+                    return False
                 y[n, k] = r
+    return True
+
+
+@njit(**_OPTS)
+def half_main(desc, w, y, out, bf, chunk, ctl, gen):
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     _post(ctl, desc)
