@@ -21,41 +21,17 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from ggmlpy.backends.cpu.fma_ir import reduce512, reduce2048, vload, vtype
+
 F32, F64 = np.float32, np.float64
-_F = ir.FloatType()
-_I32, _I64 = ir.IntType(32), ir.IntType(64)
-
-
-def _vt(n: int) -> ir.VectorType:
-    return ir.VectorType(_F, n)
-
-
-def _half(builder: ir.IRBuilder, v: ir.Value, n: int, hi: bool) -> ir.Value:
-    idx = list(range(n // 2, n)) if hi else list(range(n // 2))
-    return builder.shuffle_vector(v, ir.Constant(_vt(n), ir.Undefined),
-                                  ir.Constant(ir.VectorType(_I32, n // 2), idx))
-
-
-def _reduce512(builder: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """``_mm512_reduce_add_ps``: upper half + lower half down to one lane."""
-    n = 16
-    while n > 1:
-        v = builder.fadd(_half(builder, v, n, True), _half(builder, v, n, False))
-        n //= 2
-    return builder.extract_element(v, ir.Constant(_I32, 0))
-
-
-def _vload(context, builder, aty, arr, off, n: int) -> ir.Value:
-    a = context.make_array(aty)(context, builder, arr)
-    p = builder.gep(a.data, [off])
-    return builder.load(builder.bitcast(p, _vt(n).as_pointer()), align=4)
+_I64 = ir.IntType(64)
 
 
 def _lanes_dot(width: int):
     """An intrinsic ``dot(a, ao, b, bo, nv)``: ``width`` float32 lanes, lane ``l`` adding
     ``a[ao + width*j + l] * b[bo + width*j + l]`` for ``j < nv`` in turn; returns the lanes as a
-    float32 vector reduced: 16 lanes by :func:`_reduce512`, 64 lanes as ``GGML_F32x16_REDUCE``
-    (registers 0+2 and 1+3, then 0+1, then :func:`_reduce512`). ``a``, ``b``: 1-D float32
+    float32 vector reduced: 16 lanes by :func:`reduce512`, 64 lanes as ``GGML_F32x16_REDUCE``
+    (registers 0+2 and 1+3, then 0+1, then :func:`reduce512`). ``a``, ``b``: 1-D float32
     C-contiguous arrays; the caller guarantees the bounds."""
 
     @intrinsic
@@ -65,21 +41,15 @@ def _lanes_dot(width: int):
         def codegen(context, builder, signature, args):
             aarr, ao_, barr, bo_, nv_ = args
             aty, bty = signature.args[0], signature.args[2]
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_vt(width), [0.0] * width))
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vtype(width), [0.0] * width))
             w = ir.Constant(_I64, width)
             with cgutils.for_range(builder, nv_) as loop:
                 off = builder.mul(loop.index, w)
-                va = _vload(context, builder, aty, aarr, builder.add(ao_, off), width)
-                vb = _vload(context, builder, bty, barr, builder.add(bo_, off), width)
+                va = vload(context, builder, aty, aarr, builder.add(ao_, off), width)
+                vb = vload(context, builder, bty, barr, builder.add(bo_, off), width)
                 builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb)), acc)
             v = builder.load(acc)
-            if width == 64:
-                r = [builder.shuffle_vector(v, ir.Constant(_vt(64), ir.Undefined),
-                                            ir.Constant(ir.VectorType(_I32, 16),
-                                                        list(range(16 * j, 16 * j + 16))))
-                     for j in range(4)]
-                v = builder.fadd(builder.fadd(r[0], r[2]), builder.fadd(r[1], r[3]))
-            return _reduce512(builder, v)
+            return reduce2048(builder, v) if width == 64 else reduce512(builder, v)
         return sig, codegen
     return dot
 
@@ -89,7 +59,7 @@ _dot64 = _lanes_dot(64)
 
 def _fma16(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:
     fn = cgutils.get_or_insert_function(builder.module,
-                                        ir.FunctionType(_vt(16), [_vt(16)] * 3),
+                                        ir.FunctionType(vtype(16), [vtype(16)] * 3),
                                         "llvm.fma.v16f32")
     return builder.call(fn, [a, b, c])
 
@@ -98,7 +68,7 @@ def _tile16(rm: int, rn: int):
     """An intrinsic ``tile(a, ao, b, bo, K, nv, out, oo, M)``: the ``rm x rn`` outputs
     ``out[oo + r*M + p]`` (``p < rm``, ``r < rn``) of rows ``ao + p*K`` of ``a`` and ``bo + r*K``
     of ``b``, each in tinyBLAS's order: 16 float32 lanes, lane ``l`` a fused multiply-add of the
-    products ``k = 16 j + l`` for ``j < nv`` in turn, then :func:`_reduce512`. The ``rm * rn``
+    products ``k = 16 j + l`` for ``j < nv`` in turn, then :func:`reduce512`. The ``rm * rn``
     accumulators stay in registers (llamafile's ``RM x RN`` register blocks), each ``a`` row's
     vector loaded once for ``rn`` outputs and each ``b`` row's for ``rm``. ``a``, ``b``, ``out``:
     1-D float32 C-contiguous arrays; the caller guarantees the bounds."""
@@ -110,14 +80,14 @@ def _tile16(rm: int, rn: int):
         def codegen(context, builder, signature, args):
             aarr, ao_, barr, bo_, K_, nv_, oarr, oo_, M_ = args
             aty, bty, oty = signature.args[0], signature.args[2], signature.args[6]
-            acc = [[cgutils.alloca_once_value(builder, ir.Constant(_vt(16), [0.0] * 16))
+            acc = [[cgutils.alloca_once_value(builder, ir.Constant(vtype(16), [0.0] * 16))
                     for _ in range(rn)] for _ in range(rm)]
             arow = [builder.add(ao_, builder.mul(K_, ir.Constant(_I64, p))) for p in range(rm)]
             brow = [builder.add(bo_, builder.mul(K_, ir.Constant(_I64, r))) for r in range(rn)]
             with cgutils.for_range(builder, nv_) as loop:
                 off = builder.mul(loop.index, ir.Constant(_I64, 16))
-                va = [_vload(context, builder, aty, aarr, builder.add(x, off), 16) for x in arow]
-                vb = [_vload(context, builder, bty, barr, builder.add(x, off), 16) for x in brow]
+                va = [vload(context, builder, aty, aarr, builder.add(x, off), 16) for x in arow]
+                vb = [vload(context, builder, bty, barr, builder.add(x, off), 16) for x in brow]
                 for p in range(rm):
                     for r in range(rn):
                         builder.store(_fma16(builder, va[p], vb[r], builder.load(acc[p][r])),
@@ -127,7 +97,7 @@ def _tile16(rm: int, rn: int):
                 for r in range(rn):
                     i = builder.add(oo_, builder.add(builder.mul(M_, ir.Constant(_I64, r)),
                                                      ir.Constant(_I64, p)))
-                    builder.store(_reduce512(builder, builder.load(acc[p][r])),
+                    builder.store(reduce512(builder, builder.load(acc[p][r])),
                                   builder.gep(o.data, [i]))
             return context.get_dummy_value()
         return sig, codegen
