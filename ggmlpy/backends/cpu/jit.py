@@ -27,7 +27,8 @@ float32's smallest normal number are flushed to zero (subnormal operands make th
   ggml, the exponentials in float32, their sum in float64, as ggml's ``ggml_float`` sum); a row
   of only ``-inf`` gives NaN, as in ggml. The row maximum is taken over the float32 bit patterns
   mapped to order-preserving int32 keys (an integer max vectorizes, a float one does not here).
-* :func:`norm` ggml's NORM with float64 mean and variance (as ggml's ``ggml_float`` sums).
+* :func:`norm` ggml's NORM in ggml-cpu's order (x86 AVX-512: ``ggml_compute_forward_norm_f32``
+  with ``ggml_vec_cvar_f32``; :mod:`.jit_kernels`), bit for bit.
 * :func:`binary` ADD/SUB/MUL/DIV of float32 rows with a same-shape or one-row (bias) operand:
   IEEE float32 results, identical to NumPy's.
 
@@ -261,7 +262,9 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarr
 
 
 def norm(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
-    """*Sync*: ``(x - mean) / sqrt(var + eps)`` per row (``ggml_norm``), float64 statistics.
+    """*Sync*: ``(x - mean) / sqrt(var + eps)`` per row (``ggml_norm``) in ggml-cpu's x86
+    AVX-512 order (the row sum in float64, the mean in float32, the squares of each 16 values
+    reduced in float32 and summed in float64, the variance and scale in float32).
 
     Args:
         x: float32 C-contiguous ``(R, n)`` (ggml ``ne = [n, R]``).

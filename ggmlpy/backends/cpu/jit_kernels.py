@@ -14,6 +14,8 @@ from numba import njit
 from numba.core import types
 from numba.extending import intrinsic
 
+from ggmlpy.backends.cpu.fma_ir import reduce512, vload, vtype
+
 # no 'nnan'/'ninf': NaN and inf must propagate as in ggml; 'contract' allows FMAs, 'reassoc'
 # lets LLVM vectorize the reductions
 _FASTMATH = {"contract", "arcp", "nsz", "reassoc"}
@@ -140,38 +142,86 @@ def softmax_inplace_body(x, m, has_mask, dims, scale):
     softmax_rows(x, m, has_mask, dims, scale, x)
 
 
-@njit(inline="always", **_OPTS)
-def mean_rstd(xr, n, eps):
-    s = 0.0
-    for j in range(n):
-        s += xr[j]
-    mean = s / n
-    s2 = 0.0
-    for j in range(n):
-        d = xr[j] - mean
-        s2 += d * d
-    return mean, 1.0 / math.sqrt(s2 / n + eps)
+@intrinsic
+def _centre_sq16(typingctx, x, i, mean, out):
+    """``ggml_vec_cvar_f32``'s AVX-512 step: ``v = x[i:i+16] - mean`` stored to
+    ``out[i:i+16]``, returns ``_mm512_reduce_add_ps(v * v)`` (float32). ``x``, ``out``: 1-D
+    float32 C-contiguous rows; the caller guarantees the bounds."""
+    sig = types.float32(x, i, mean, out)
+
+    def codegen(context, builder, signature, args):
+        x_, i_, mean_, out_ = args
+        vt = vtype(16)
+        v = vload(context, builder, signature.args[0], x_, i_, 16)
+        undef = ir.Constant(vt, ir.Undefined)
+        m = builder.shuffle_vector(builder.insert_element(undef, mean_, ir.Constant(ir.IntType(64), 0)),
+                                   undef, ir.Constant(ir.VectorType(ir.IntType(32), 16), [0] * 16))
+        d = builder.fsub(v, m)
+        o = context.make_array(signature.args[3])(context, builder, out_)
+        builder.store(d, builder.bitcast(builder.gep(o.data, [i_]), vt.as_pointer()), align=4)
+        return reduce512(builder, builder.fmul(d, d))
+    return sig, codegen
 
 
-@njit(**_OPTS)
-def norm_body(x, eps, out):
+#: no fast-math flags: ggml's own order of float32 and float64 operations
+_EXACT = dict(cache=True, nogil=True, error_model="numpy")
+
+
+@njit(inline="always", **_EXACT)
+def _norm_rows_ggml(x, out, eps):
+    # ggml-cpu ops.cpp ggml_compute_forward_norm_f32 with AVX512F+DQ: the row sum in double in
+    # order (ggml_vec_sum_f32), rounded to float, mean = sum / ne00 in float; ggml_vec_cvar_f32:
+    # y = x - mean, the squares of 16 values reduced as _mm512_reduce_add_ps (halves added) and
+    # added in double, then the n % 16 leftover squares one by one; variance = (float)(sum / n);
+    # scale = 1.0f / sqrtf(variance + eps); y *= scale. out may be x (each element is read
+    # before it is written).
     R, n = x.shape
+    n16 = n - n % 16
+    e, fn = F32(eps), F32(n)
+    means = np.empty(R, F32)
+    r = 0
+    while r + 4 <= R:  # four rows' sums side by side: four independent float64 chains
+        x0, x1, x2, x3 = x[r], x[r + 1], x[r + 2], x[r + 3]
+        s0 = s1 = s2 = s3 = 0.0
+        for j in range(n):
+            s0 += np.float64(x0[j])
+            s1 += np.float64(x1[j])
+            s2 += np.float64(x2[j])
+            s3 += np.float64(x3[j])
+        means[r], means[r + 1] = F32(s0) / fn, F32(s1) / fn
+        means[r + 2], means[r + 3] = F32(s2) / fn, F32(s3) / fn
+        r += 4
+    for r1 in range(r, R):
+        xr = x[r1]
+        s = 0.0
+        for j in range(n):
+            s += np.float64(xr[j])
+        means[r1] = F32(s) / fn
     for r in range(R):
         xr = x[r]
         orow = out[r]
-        mean, rstd = mean_rstd(xr, n, eps)
+        mean = means[r]
+        acc = 0.0
+        for i in range(0, n16, 16):
+            acc += np.float64(_centre_sq16(xr, i, mean, orow))
+        for j in range(n16, n):
+            v = xr[j] - mean
+            orow[j] = v
+            acc += np.float64(v * v)
+        var = F32(acc / n)
+        scale = F32(1.0) / F32(np.sqrt(var + e))
         for j in range(n):
-            orow[j] = np.float32((xr[j] - mean) * rstd)
+            orow[j] = orow[j] * scale
 
 
-@njit(**_OPTS)
+@njit(**_EXACT)
+def norm_body(x, eps, out):
+    _norm_rows_ggml(x, out, eps)
+
+
+@njit(**_EXACT)
 def norm_inplace_body(x, eps):
-    R, n = x.shape
-    for r in range(R):
-        xr = x[r]
-        mean, rstd = mean_rstd(xr, n, eps)
-        for j in range(n):
-            xr[j] = np.float32((xr[j] - mean) * rstd)
+    _norm_rows_ggml(x, x, eps)
 
 
 @njit(**_OPTS)
