@@ -40,6 +40,14 @@ name                        op          applies when
                                         multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
                                         :mod:`ggmlpy.backends.cpu.sgemm_f16`)
+``cpu.jit.mul_mat_f32``     MUL_MAT     F32 ``src0`` (not in a WEIGHTS buffer: activations) and
+                                        ``src1``, F32 result, NumPy, Numba, not precise, at
+                                        most :data:`sgemm_f32.MAX_MACS
+                                        <ggmlpy.backends.cpu.sgemm_f32.MAX_MACS>` multiply-adds
+                                        (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86
+                                        AVX-512 orders (llamafile tinyBLAS for a contiguous
+                                        ``src1`` of two rows or more, else
+                                        ``ggml_vec_dot_f32``; :mod:`ggmlpy.backends.cpu.sgemm_f32`)
 ``cpu.jit.mul_mat_q4k``     MUL_MAT     a 2-D Q4_K weight of ``8k`` rows, F32 ``src1``, NumPy,
                                         Numba, not precise, ``GGMLPY_QUANT_MATMUL`` not
                                         ``dequant``, on the dot kernels' batches (below
@@ -60,7 +68,7 @@ name                        op          applies when
 ``fast.soft_max``           SOFT_MAX    no ALiBi (any array module)
 ==========================  ==========  ===================================================
 
-With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM, NORM, F16 and Q4_K
+With ``GGMLPY_PRECISE_KERNELS=1`` the GELU table, GELU_ERF, ROPE, RMS_NORM, NORM, F16, F32 and Q4_K
 MUL_MAT and ggml-order SOFT_MAX variants
 step aside and the generic kernels (float64 sums, the test referee) run. The fused CUDA kernels are stacked before these
 and apply to CuPy only.
@@ -83,6 +91,7 @@ from ggmlpy.backends.cpu import (
     repack_q4k,
     rope_ggml,
     sgemm_f16,
+    sgemm_f32,
     soft_max_ggml,
     vec_dot_q6k,
 )
@@ -277,7 +286,21 @@ def _sup_mul_mat_f16(node: Tensor, xp: Any) -> bool:
                  <= sgemm_f16.MAX_MACS or env.quant_matmul() == "dot"))
 
 
-def _fits_mul_mat_f16(dst: Any, srcs: list[Any]) -> bool:
+def _sup_mul_mat_f32(node: Tensor, xp: Any) -> bool:
+    a, b = node.src[0], node.src[1] if len(node.src) > 1 else None
+    if (xp is not np or node.type != Type.F32 or a is None or b is None
+            or a.type != Type.F32 or b.type != Type.F32 or env.precise_kernels()):
+        return False
+    base = a.view_src if a.view_src is not None else a
+    if base.buffer is not None and base.buffer.usage == BufferUsage.WEIGHTS:
+        return False      # a weight: BLAS (faster)
+    return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
+            and a.nb[0] == 4 and b.nb[0] == 4
+            and (node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
+                 <= sgemm_f32.MAX_MACS or env.quant_matmul() == "dot"))
+
+
+def _fits_mul_mat_4d(dst: Any, srcs: list[Any]) -> bool:
     return (type(dst) is np.ndarray and dst.dtype == _F32_DTYPE and dst.ndim == 4
             and all(type(s) is np.ndarray and s.ndim == 4 for s in srcs[:2]) and jit_ready())
 
@@ -437,6 +460,13 @@ def _k_mul_mat_f16(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     return sgemm_f16.mul_mat_f16_step(srcs[0], srcs[1], dst, tiny)
 
 
+def _k_mul_mat_f32(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
+    # the node's shape and src1's contiguity decide the kernel, as in _k_mul_mat_f16
+    a, b = node.src[0], node.src[1]
+    tiny = sgemm_f32.uses_tinyblas(a.ne[1], b.ne[1], a.ne[0], b.is_contiguous())
+    return sgemm_f32.mul_mat_f32_step(srcs[0], srcs[1], dst, tiny)
+
+
 def _k_mul_mat_q4k(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     # the node's rows of src1 decide the grouping by four (the plan cuts only weight rows)
     return repack_q4k.mul_mat_q4k_step(srcs[0], srcs[1], dst, node.src[1].ne[1],
@@ -522,7 +552,9 @@ def register(registry: KernelRegistry) -> None:
       narrows=True)
     o(Op.NORM, _k_norm_fast, _sup_not_precise, name="fast.norm", narrows=True)
     o(Op.MUL_MAT, _k_mul_mat_f16, _sup_mul_mat_f16, name="cpu.jit.mul_mat_f16",
-      fits=_fits_mul_mat_f16, narrows=True)
+      fits=_fits_mul_mat_4d, narrows=True)
+    o(Op.MUL_MAT, _k_mul_mat_f32, _sup_mul_mat_f32, name="cpu.jit.mul_mat_f32",
+      fits=_fits_mul_mat_4d, narrows=True)
     o(Op.MUL_MAT, _k_mul_mat_q4k, _sup_mul_mat_q4k, name="cpu.jit.mul_mat_q4k",
       fits=_fits_mul_mat_q4k, narrows=True)
     o(Op.MUL_MAT, _k_mul_mat_q6k, _sup_mul_mat_q6k, name="cpu.jit.mul_mat_q6k",
