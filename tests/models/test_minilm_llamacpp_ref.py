@@ -4,7 +4,7 @@ made by ``scripts/make_minilm_llamacpp_reference.py`` with llama-cpp-python 0.3.
 
 Tolerances, from the measured distances on the 7 fixture sentences:
 
-* f32 file: 4.5e-5 max abs with ggml's tanh GELU (the GGUF default, as llama.cpp's
+* f32 file: 3.9e-5 max abs with ggml's tanh GELU (the GGUF default, as llama.cpp's
   ``llm_build_bert``), 2.7e-4 with the exact erf GELU; held at 1.5e-4 (float32 summation order
   differs between BLAS and ggml-cpu's kernels; the GELU table rounds its input to f16, so an input
   one ulp apart can land on the neighbouring entry) and erf must stay farther than tanh.
@@ -16,6 +16,12 @@ Tolerances, from the measured distances on the 7 fixture sentences:
   ggml-cpu's bit for bit, and a 1e-7 difference flips an 8-bit rounding now and then; six layers
   amplify the flips to the size of the quantization noise itself (each tool is ~7e-3 from
   sentence-transformers). Held at 1e-2 max abs and cosine 0.9993.
+* q8_0 file with ``GGMLPY_QUANT_MATMUL=dot`` (and Numba): every Q8_0 product on the dot kernels
+  (ggml's per-output order), the float32 attention products, pooling and LayerNorm in ggml-cpu's
+  order (``cpu.jit.mul_mat_f32``, ``cpu.jit.norm``): one sentence per batch 1.5e-8 (the final
+  normalisation's rounding: every tensor before it is llama.cpp's bit for bit), the 7 sentences
+  in one batch 2.7e-5 (padded to 52 tokens, the 28-token sentence's softmax rows take ggml's
+  vector ``expf`` where llama.cpp's 28 columns took the scalar one). Held at 1e-6 and 1e-4.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ import pytest
 
 pytest.importorskip("gguf")
 
+from ggmlpy.backends.cpu import jit as cpu_jit  # noqa: E402
+from ggmlpy.core import env  # noqa: E402
 from ggmlpy.gguf.reader import GGUFReader  # noqa: E402
 from ggmlpy.models.bert import BertModel  # noqa: E402
 from ggmlpy.models.gguf_bert import convert  # noqa: E402
@@ -106,3 +114,15 @@ def test_gelu_defaults_and_the_override_check(model_dir, files):
     assert read_bert_gguf(files["q8_0"])[0].gelu == "tanh"      # llama.cpp's ggml_gelu
     with pytest.raises(ArgumentValueError, match="gelu"):
         BertModel.load(files["q8_0"], gelu="exact")
+
+
+@pytest.mark.skipif(not cpu_jit.available(), reason="ggml's float32 orders need Numba")
+def test_q8_0_file_on_the_dot_kernels_is_llama_cpps(ref, files, monkeypatch):
+    monkeypatch.setenv(env.QUANT_MATMUL, "dot")
+    sentences = [str(s) for s in ref["sentences"]]
+    want = ref["q8_0_embeddings"].astype(np.float64)
+    with BertModel.load(files["q8_0"], n_threads=2) as m:
+        batch = m.encode(sentences).astype(np.float64)
+        one = np.stack([m.encode([s])[0] for s in sentences]).astype(np.float64)
+    assert np.abs(one - want).max() <= 1e-6
+    assert np.abs(batch - want).max() <= 1e-4
