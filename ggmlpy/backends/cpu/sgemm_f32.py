@@ -38,7 +38,10 @@ from ggmlpy.backends.kernels.registry import Step
 __all__ = ["uses_tinyblas", "mul_mat_f32_step", "MAX_MACS", "warm_up"]
 
 #: multiply-adds up to which the variant takes a product (larger ones, the attention of long
-#: batches, stay on the BLAS GEMM: faster, in another float32 order)
+#: batches, stay on the BLAS GEMM: faster, in another float32 order). Not every product below
+#: ``qmatmul.GGML_ORDER_ROWS`` rows as the F16 variant: an encoder's K*Q has one row per token of
+#: a sequence, so that would take every MiniLM batch (32 sentences of 128 tokens: about 2x
+#: BLAS's time per product, some 15% of an encode)
 MAX_MACS = 1 << 24
 
 _state: dict[str, Any] = {}
