@@ -40,8 +40,10 @@ name                        op          applies when
                                         multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
                                         :mod:`ggmlpy.backends.cpu.sgemm_f16`)
-``cpu.jit.mul_mat_f32``     MUL_MAT     F32 ``src0`` (not in a WEIGHTS buffer: activations) and
-                                        ``src1``, F32 result, NumPy, Numba, not precise, at
+``cpu.jit.mul_mat_f32``     MUL_MAT     F32 ``src0`` with batch dims (``ne[2] * ne[3] > 1``:
+                                        the attention's per-head products, a pooling of
+                                        several sequences; 2-D ones, as weights, stay on
+                                        BLAS) and F32 ``src1``, F32 result, NumPy, Numba, not precise, at
                                         most :data:`sgemm_f32.MAX_MACS
                                         <ggmlpy.backends.cpu.sgemm_f32.MAX_MACS>` multiply-adds
                                         (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86
@@ -291,9 +293,10 @@ def _sup_mul_mat_f32(node: Tensor, xp: Any) -> bool:
     if (xp is not np or node.type != Type.F32 or a is None or b is None
             or a.type != Type.F32 or b.type != Type.F32 or env.precise_kernels()):
         return False
-    base = a.view_src if a.view_src is not None else a
-    if base.buffer is not None and base.buffer.usage == BufferUsage.WEIGHTS:
-        return False      # a weight: BLAS (faster)
+    if a.ne[2] * a.ne[3] == 1:
+        # a 2-D src0, as every weight: BLAS (faster). A rule of the shapes alone, so that
+        # neither a tensor's placement nor a remote device's view of the graph changes it
+        return False
     return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
             and a.nb[0] == 4 and b.nb[0] == 4
             and (node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]

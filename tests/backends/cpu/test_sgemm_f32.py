@@ -1,8 +1,8 @@
 """The CPU's F32 x F32 MUL_MAT variant (:mod:`ggmlpy.backends.cpu.sgemm_f32`: llamafile tinyBLAS
 and ``ggml_vec_dot_f32`` in ggml-cpu's x86 AVX-512 orders) against NumPy transcriptions of those
 loops, bit for bit, over random shapes, strides and broadcasts; each transcription against
-float64; and the node choice: which products take the variant (activations, not WEIGHTS
-buffers; not with ``GGMLPY_PRECISE_KERNELS``; up to ``MAX_MACS`` unless
+float64; and the node choice: which products take the variant (a src0 with batch dims,
+not a 2-D one as weights; not with ``GGMLPY_PRECISE_KERNELS``; up to ``MAX_MACS`` unless
 ``GGMLPY_QUANT_MATMUL=dot``) and which order (tinyBLAS only for a contiguous ``src1`` of two
 rows or more, ``K % 16 == 0``, ``M % 4 == 0``), on BERT's attention layout (K*Q on permuted views
 of one QKV tensor, KQV on ``cont(V^T)``), unthreaded and split over two threads.
@@ -195,9 +195,11 @@ def test_uses_tinyblas_is_llamafile_sgemm_rule():
 def _attention(ctx, S, L, nh, d):
     """BERT's attention products as bert.py builds them: one QKV tensor ``[3 H, L*S]``, K and Q
     per-head views ``[d, L, nh, S]``, KQ, then KQV = mul_mat(cont(V^T), P) with P an input of
-    KQ's shape (standing for the softmax)."""
+    KQ's shape (standing for the softmax); returns the QKV input (a leaf, scaled by 1 into the
+    computed tensor the views read), P, KQ and KQV."""
     H = nh * d
-    qkv = ctx.new_tensor(Type.F32, (3 * H, L * S))
+    raw = ctx.new_tensor(Type.F32, (3 * H, L * S))
+    qkv = ops.scale(ctx, raw, 1.0)          # computed in the graph, as the QKV GEMM's sum
 
     def heads(first):
         row = qkv.nb[1]
@@ -208,7 +210,7 @@ def _attention(ctx, S, L, nh, d):
     p = ctx.new_tensor(Type.F32, (L, L, nh, S))
     vt = ops.cont(ctx, ops.transpose(ctx, v))
     kqv = ops.mul_mat(ctx, vt, p)
-    return qkv, p, kq, kqv
+    return raw, p, kq, kqv
 
 
 def _attention_want(x, pv, S, L, nh, d):
@@ -276,17 +278,24 @@ def test_split_over_two_threads_keeps_the_bits(monkeypatch):
     assert REGISTRY.select(kq, np).name != "cpu.jit.mul_mat_f32"        # past MAX_MACS
 
 
-def test_weights_and_other_types_stay_on_blas():
+def test_two_dim_src0_and_other_types_stay_on_blas():
+    # a 2-D src0 (every weight) keeps BLAS wherever it is placed; one with batch dims takes the
+    # variant, whatever its origin
     ctx = Context()
     w = ctx.new_tensor(Type.F32, (64, 16))
     x = ctx.new_tensor(Type.F32, (64, 4))
-    node = ops.mul_mat(ctx, w, x)
+    two_d = ops.mul_mat(ctx, w, x)
+    batched = ops.mul_mat(ctx, ctx.new_tensor(Type.F32, (64, 16, 2)),
+                          ctx.new_tensor(Type.F32, (64, 4, 2)))
+    broadcast = ops.mul_mat(ctx, w, ctx.new_tensor(Type.F32, (64, 4, 3)))
     buf = alloc_ctx(ctx)
     try:
-        assert REGISTRY.select(node, np).name == "cpu.jit.mul_mat_f32"     # an activation
-        buf.set_usage(BufferUsage.WEIGHTS)
-        assert REGISTRY.select(node, np).name != "cpu.jit.mul_mat_f32"     # a weight
+        for usage in (BufferUsage.ANY, BufferUsage.WEIGHTS):
+            buf.set_usage(usage)
+            assert REGISTRY.select(two_d, np).name != "cpu.jit.mul_mat_f32"
+            assert REGISTRY.select(broadcast, np).name != "cpu.jit.mul_mat_f32"
+            assert REGISTRY.select(batched, np).name == "cpu.jit.mul_mat_f32"
     finally:
         buf.free()
-    h = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (64, 16)), ctx.new_tensor(Type.F32, (64, 4)))
+    h = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (64, 16, 2)), ctx.new_tensor(Type.F32, (64, 4, 2)))
     assert REGISTRY.select(h, np).name != "cpu.jit.mul_mat_f32"
