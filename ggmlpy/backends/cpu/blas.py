@@ -95,6 +95,13 @@ class CBlas:
     def __repr__(self) -> str:
         return f"CBlas({self.name!r}, {self.version or self.path!r})"
 
+    def symbol_address(self, symbol: str) -> int:
+        """The address of the function ``symbol`` in this library (for compiled callers that
+        call it by address, :mod:`ggmlpy.backends.cpu.kquant_igemm`), or 0 when the library
+        has none of that name."""
+        fn = getattr(self._lib, symbol, None)
+        return 0 if fn is None else int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+
     def gemm_step(self, bv: Any, aT: Any, dv: Any) -> Callable[[], None] | None:
         """*Sync*: a closure computing ``dv = bv @ aT`` (NumPy ``matmul`` semantics, float32, no
         broadcasting: the three arrays share their leading batch shape) with this library, or

@@ -12,6 +12,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ggmlpy.backends.cpu.kquant_igemm_kernel import (
+    q4k_rows_igemm,
+    q4k_scratch,
+    q6k_rows_igemm,
+    q6k_scratch,
+    widen_rows,
+)
 from ggmlpy.backends.cpu.qmatmul_tasks import _commit, _own, _post, _rescue
 from ggmlpy.backends.cpu.repack_q4k_kernel import gemm_q4k
 from ggmlpy.backends.cpu.spin import DONE, aadd, claim, publish, wait_workers_back
@@ -85,40 +92,59 @@ def _q4k_rows(w, yq, yd, b32, out, ng, m0, m1, o0, tbl):  # pragma: no cover - c
 
 
 @njit(**_OPTS)
-def q4k_chunks(w, yq, yd, b32, out, ng, chunk, tbl, ctl, gen):  # pragma: no cover - compiled
+def _q4k_chunk(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl, s16,
+               s32):  # pragma: no cover - compiled
+    # one chunk: through the integer GEMMs at address `gemm`, or (0) the dot kernel alone
+    if gemm != 0:
+        q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl, s16, s32)
+    else:
+        _q4k_rows(w, yq, yd, b32, out, ng, m0, m1, o0, tbl)
+
+
+@njit(**_OPTS)
+def q4k_chunks(gemm, w, y16, yq, yd, b32, out, ng, chunk, tbl, ctl,
+               gen):  # pragma: no cover - compiled
     """A worker's part of a Q4_K task: chunks of ``chunk`` weight rows into ``out`` ``(N, M)``
-    (through a buffer of its own, committed unless the caller took the chunk over)."""
+    (through a buffer of its own, committed unless the caller took the chunk over); ``gemm``:
+    the address of ``cblas_gemm_s16s16s32`` (:mod:`.kquant_igemm_kernel`), or 0."""
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
+    s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        _q4k_rows(w, yq, yd, b32, tmp, ng, m0, m1, m0, tbl)
+        _q4k_chunk(gemm, w, y16, yq, yd, b32, tmp, ng, m0, m1, m0, tbl, s16, s32)
         _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
-def q4k_main(x, desc, w, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
+def q4k_main(x, desc, gemm, w, y16, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
              gen):  # pragma: no cover - compiled
     """The caller's part of a Q4_K task: ``x`` float32 ``(N, K)`` quantized first (``ng``
-    rows grouped by four), then chunks of weight rows until none is left; returns 0."""
+    rows grouped by four; with ``gemm``, those rows widened into ``y16`` int16 ``(>= ng,
+    K)``), then chunks of weight rows until none is left; returns 0."""
     quant_q8_k_rows(x, yq, yd, bs, ng)
     _sums32(bs, b32)
+    if gemm != 0:
+        widen_rows(yq, y16, ng)
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
+    s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
     _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
-        _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
+        _q4k_chunk(gemm, w, y16, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0,
+                   tbl, s16, s32)
         _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
     c = _rescue(ctl, nch, gen)
     while c >= 0:
-        _q4k_rows(w, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0, tbl)
+        _q4k_chunk(gemm, w, y16, yq, yd, b32, out, ng, c * chunk, min(M, c * chunk + chunk), 0,
+                   tbl, s16, s32)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     wait_workers_back(ctl)  # a worker ran this task's Python callable: see there
@@ -126,42 +152,56 @@ def q4k_main(x, desc, w, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
 
 
 @njit(**_OPTS)
-def q6k_chunks(w, yq, yd, bs, out, tiled, chunk, tbl, ctl, gen):  # pragma: no cover - compiled
-    """A worker's part of a Q6_K task (see :func:`q4k_chunks`)."""
+def _q6k_chunk(gemm, w, y16, yq, yd, bs, out, tiled, m0, m1, o0, tbl, s16,
+               s32):  # pragma: no cover - compiled
+    # one chunk: through the integer GEMMs at address `gemm` (tiled order), or the dot kernel
+    if gemm != 0:
+        q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, s16, s32)
+    else:
+        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, o0, yd.shape[1], tiled, tbl)
+
+
+@njit(**_OPTS)
+def q6k_chunks(gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
+               gen):  # pragma: no cover - compiled
+    """A worker's part of a Q6_K task (see :func:`q4k_chunks`; ``gemm`` only with
+    ``tiled``)."""
     M = w.shape[0]
-    nb = yd.shape[1]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
+    s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
             return
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        mul_mat_q6k(w, yq, yd, bs, tmp, m0, m1, m0, nb, tiled, tbl)
+        _q6k_chunk(gemm, w, y16, yq, yd, bs, tmp, tiled, m0, m1, m0, tbl, s16, s32)
         _commit(ctl, c, gen, tmp, out, m0, m1)
 
 
 @njit(**_OPTS)
-def q6k_main(x, desc, w, yq, yd, bs, out, tiled, chunk, tbl, ctl,
+def q6k_main(x, desc, gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
              gen):  # pragma: no cover - compiled
-    """The caller's part of a Q6_K task (``x`` quantized with ``quantize_row_q8_K``'s rule);
-    returns 0."""
+    """The caller's part of a Q6_K task (``x`` quantized with ``quantize_row_q8_K``'s rule;
+    with ``gemm``, widened into ``y16``); returns 0."""
     quant_q8_k_rows(x, yq, yd, bs, 0)
+    if gemm != 0:
+        widen_rows(yq, y16, yq.shape[0])
     M = w.shape[0]
-    nb = yd.shape[1]
     nch = (M + chunk - 1) // chunk
+    s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
     _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
     while c >= 0:
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
+        _q6k_chunk(gemm, w, y16, yq, yd, bs, out, tiled, m0, m1, 0, tbl, s16, s32)
         _own(ctl, c, gen)
         c = claim(ctl, gen, nch)
     c = _rescue(ctl, nch, gen)
     while c >= 0:
         m0, m1 = c * chunk, min(M, c * chunk + chunk)
-        mul_mat_q6k(w, yq, yd, bs, out, m0, m1, 0, nb, tiled, tbl)
+        _q6k_chunk(gemm, w, y16, yq, yd, bs, out, tiled, m0, m1, 0, tbl, s16, s32)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     wait_workers_back(ctl)  # a worker ran this task's Python callable: see there

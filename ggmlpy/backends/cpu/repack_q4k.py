@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backends.cpu import jit as cpu_jit
-from ggmlpy.backends.cpu import qmatmul
+from ggmlpy.backends.cpu import kquant_igemm, qmatmul
 from ggmlpy.backends.kernels.registry import Step
 from ggmlpy.core.types import Type
 
@@ -124,12 +124,14 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     yd = np.empty((N, nb), _F32)
     bs = np.empty((N, nb * 16), np.int16)
     b32 = np.empty((N, nb * 8), np.int32)
-    chunk = max(8, -(-C // _CHUNKS))
+    gemm = kquant_igemm.gemm_address(ng, kquant_igemm.Q4K_MIN_ROWS)
+    y16 = np.empty((ng if gemm else 0, K), np.int16)
+    chunk = kquant_igemm.CHUNK_ROWS if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
 
     def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        return (partial(tk.q4k_main, x, desc, w, yq, yd, bs, b32, o, ng, chunk, tbl),
-                partial(tk.q4k_chunks, w, yq, yd, b32, o, ng, chunk, tbl))
+        return (partial(tk.q4k_main, x, desc, gemm, w, y16, yq, yd, bs, b32, o, ng, chunk, tbl),
+                partial(tk.q4k_chunks, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl))
     return qmatmul.plane_tasks_step(b, dst, make, run_dot)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ggmlpy.backends.cpu import jit as cpu_jit
-from ggmlpy.backends.cpu import qmatmul
+from ggmlpy.backends.cpu import kquant_igemm, qmatmul
 from ggmlpy.backends.kernels.registry import Step
 
 __all__ = ["Q6K_BYTES", "TILED_MIN_ROWS", "uses_tiled", "decode_q6_k", "mul_mat_q6k_step",
@@ -110,12 +110,14 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     yq = np.empty((N, K), np.int8)
     yd = np.empty((N, nb), _F32)
     bs = np.empty((N, nb * 16), np.int16)
-    chunk = max(8, -(-C // _CHUNKS))
+    gemm = kquant_igemm.gemm_address(N, kquant_igemm.Q6K_MIN_ROWS) if tiled else 0
+    y16 = np.empty((N if gemm else 0, K), np.int16)
+    chunk = kquant_igemm.CHUNK_ROWS if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
 
     def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        return (partial(tk.q6k_main, x, desc, w, yq, yd, bs, o, tiled, chunk, tbl),
-                partial(tk.q6k_chunks, w, yq, yd, bs, o, tiled, chunk, tbl))
+        return (partial(tk.q6k_main, x, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
+                partial(tk.q6k_chunks, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl))
     return qmatmul.plane_tasks_step(b, dst, make, run_dot)
 
 

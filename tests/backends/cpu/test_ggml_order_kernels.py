@@ -284,39 +284,50 @@ def _rand_blocks(rng, C, nb, nbytes, d_offsets):
 def _q4k_ref(rows, x, n_rows):
     """repack.cpp forward_mul_mat with the x86 gemm (rows in groups of 4, a step per pair of
     sub-blocks) and gemv (the rest, a step per super-block)."""
-    w4, sc, mn, d, dmin = repack_q4k.decode_q4_k(rows)
-    C, nb = d.shape
     ng = n_rows - n_rows % 4
-    out = np.empty((n_rows, C), F32)
-    for rows_, grp, step in ((slice(0, ng), True, 2), (slice(ng, n_rows), False, 8)):
+    out = np.empty((n_rows, rows.shape[0]), F32)
+    for rows_, grp in ((slice(0, ng), True), (slice(ng, n_rows), False)):
         xr = x[rows_]
         if xr.shape[0] == 0:
             continue
-        qs, xd, bs = q8k_act.quantize_q8_k_rows(xr, grp)
-        b32 = bs.astype(np.int64).reshape(len(xr), nb, 8, 2).sum(-1)
-        dots = np.einsum("cbjk,ybjk->ycbj", w4.reshape(C, nb, 8, 32).astype(np.int64),
-                         qs.reshape(len(xr), nb, 8, 32).astype(np.int64))
-        acc = np.zeros((len(xr), C), F32)
-        accm = np.zeros((len(xr), C), F32)
-        for b in range(nb):
-            ds = (d[None, :, b] * xd[:, b:b + 1]).astype(F32)
-            dms = (dmin[None, :, b] * xd[:, b:b + 1]).astype(F32)
-            for j0 in range(0, 8, step):
-                js = slice(j0, j0 + step)
-                iacc = (dots[:, :, b, js] * sc[None, :, b, js]).sum(-1)
-                imin = (mn[None, :, b, js] * b32[:, None, b, js]).sum(-1)
-                acc = _fma(iacc.astype(F32), ds, acc)
-                accm = _fma(imin.astype(F32), dms, accm)
-        out[rows_] = (acc - accm).astype(F32)
+        out[rows_] = _q4k_ref_q(rows, *q8k_act.quantize_q8_k_rows(xr, grp), grp)
     return out
+
+
+def _q4k_ref_q(rows, qs, xd, bs, grouped):
+    """:func:`_q4k_ref` from Q8_K quants ``qs`` int8 ``(Y, K)``, ``xd`` ``(Y, nb)``, ``bs``
+    ``(Y, nb, 16)``: the gemm's steps (pairs of sub-blocks) when ``grouped``, else the gemv's."""
+    w4, sc, mn, d, dmin = repack_q4k.decode_q4_k(rows)
+    C, nb = d.shape
+    Y = qs.shape[0]
+    step = 2 if grouped else 8
+    b32 = bs.astype(np.int64).reshape(Y, nb, 8, 2).sum(-1)
+    dots = np.einsum("cbjk,ybjk->ycbj", w4.reshape(C, nb, 8, 32).astype(np.int64),
+                     qs.reshape(Y, nb, 8, 32).astype(np.int64))
+    acc = np.zeros((Y, C), F32)
+    accm = np.zeros((Y, C), F32)
+    for b in range(nb):
+        ds = (d[None, :, b] * xd[:, b:b + 1]).astype(F32)
+        dms = (dmin[None, :, b] * xd[:, b:b + 1]).astype(F32)
+        for j0 in range(0, 8, step):
+            js = slice(j0, j0 + step)
+            iacc = (dots[:, :, b, js] * sc[None, :, b, js]).sum(-1)
+            imin = (mn[None, :, b, js] * b32[:, None, b, js]).sum(-1)
+            acc = _fma(iacc.astype(F32), ds, acc)
+            accm = _fma(imin.astype(F32), dms, accm)
+    return (acc - accm).astype(F32)
 
 
 def _q6k_ref(rows, x, tiled):
     """x86 ggml_vec_dot_q6_K_q8_K (AVX2 lanes) or the tiled kernel (exact block sums)."""
+    return _q6k_ref_q(rows, *q8k_act.quantize_q8_k_rows(x, False), tiled)
+
+
+def _q6k_ref_q(rows, qs, xd, bs, tiled):
+    """:func:`_q6k_ref` from Q8_K quants (as :func:`_q4k_ref_q`'s)."""
     q6, sc, d = vec_dot_q6k.decode_q6_k(rows)
     C, nb = d.shape
-    qs, xd, bs = q8k_act.quantize_q8_k_rows(x, False)
-    Y = x.shape[0]
+    Y = qs.shape[0]
     q = q6.reshape(C, nb, 256).astype(np.int64)
     q8 = qs.reshape(Y, nb, 256).astype(np.int64)
     e = np.arange(256)
@@ -441,3 +452,141 @@ def test_kquant_variant_leaves_activation_row_cuts_to_the_gemm_path(monkeypatch)
     monkeypatch.setenv(env.QUANT_MATMUL, "dot")
     assert REGISTRY.select(node, np).name == "cpu.jit.mul_mat_q4k"
     assert REGISTRY.select(f16, np).name == "cpu.jit.mul_mat_f16"
+
+
+# ---------------------------------------------------------------------------------------------
+# the integer-GEMM form of both orders (ggmlpy.backends.cpu.kquant_igemm): MKL's int16 GEMM for
+# the exact step sums, the float32 steps after them
+
+
+def _igemm_address():
+    from ggmlpy.backends.cpu import kquant_igemm  # noqa: PLC0415
+
+    return kquant_igemm.gemm_address(1 << 30, 0)
+
+
+needs_igemm = pytest.mark.skipif(not cpu_jit.available() or not _igemm_address(),
+                                 reason="the integer GEMMs need Numba and MKL (the mkl extra)")
+
+
+def _kquant_step(t, rows, x, gemm):
+    """The variant's step on ``rows`` (C weight rows of bytes) and ``x`` (N, K), with the
+    integer GEMMs (``gemm`` True, from 1 row on) or without them (the dot kernels alone)."""
+    from ggmlpy.backends.cpu import kquant_igemm  # noqa: PLC0415
+
+    C, N = rows.shape[0], x.shape[0]
+    d = np.full((1, 1, N, C), np.nan, F32)
+    saved = kquant_igemm.gemm_address
+    kquant_igemm.gemm_address = ((lambda n, m: saved(n, 0)) if gemm else (lambda n, m: 0))
+    try:
+        if t == Type.Q4_K:
+            st = repack_q4k.mul_mat_q4k_step(rows.reshape(1, 1, C, -1), x.reshape(1, 1, N, -1),
+                                             d, N)
+        else:
+            st = vec_dot_q6k.mul_mat_q6k_step(rows.reshape(1, 1, C, -1), x.reshape(1, 1, N, -1),
+                                              d, vec_dot_q6k.uses_tiled(N))
+    finally:
+        kquant_igemm.gemm_address = saved
+    st()
+    return d[0, 0]
+
+
+@needs_igemm
+@pytest.mark.parametrize("t", [Type.Q4_K, Type.Q6_K])
+def test_kquant_igemm_is_ggml_loop_over_random_shapes(t):
+    # row counts 1..600 (n % 4 of every kind, the gemv rows after the groups), K of 1..8
+    # super-blocks, M multiples of 8 (chunk tails of 8 beside the 16-lane groups)
+    rng = np.random.default_rng(7 if t == Type.Q4_K else 8)
+    nbytes, offs = (144, (0, 2)) if t == Type.Q4_K else (210, (208,))
+    shapes = [(1, 256, 8), (4, 256, 16), (5, 1024, 24), (13, 2048, 40), (31, 256, 72),
+              (64, 1024, 136), (97, 2048, 8), (130, 256, 200), (258, 1024, 48),
+              (403, 256, 24), (600, 2048, 16)]
+    shapes += [(int(rng.integers(1, 601)), int(rng.choice([256, 1024, 2048])),
+                8 * int(rng.integers(1, 20))) for _ in range(4)]
+    for N, K, C in shapes:
+        rows = _rand_blocks(rng, C, K // 256, nbytes, offs)
+        x = (rng.standard_normal((N, K)) * rng.uniform(0.1, 10)).astype(F32)
+        x[rng.random((N, K)) < 0.01] = 0.0
+        if N > 4:
+            x[3, :256] = 0.0                                  # a block of zeros: d = 0
+        got = _kquant_step(t, rows, x, True)
+        want = _q4k_ref(rows, x, N) if t == Type.Q4_K else _q6k_ref(rows, x, N >= 8)
+        np.testing.assert_array_equal(got, want, err_msg=f"N={N} K={K} C={C}")
+
+
+def _extreme_rows(t, C, nb, rng):
+    """Weight rows whose step sums reach the bounds of the integer GEMMs: Q4_K every 4-bit value
+    15 and every 6-bit scale and min 63; Q6_K every 6-bit value 0 (``-32``) and every scale
+    -128; a few rows random."""
+    nbytes, offs = (144, (0, 2)) if t == Type.Q4_K else (210, (208,))
+    b = _rand_blocks(rng, C, nb, nbytes, offs).reshape(C, nb, nbytes)
+    if t == Type.Q4_K:
+        b[:C // 2, :, 4:144] = 0xFF
+    else:
+        b[:C // 2, :, 0:192] = 0
+        b[:C // 2, :, 192:208] = 0x80
+    return b.reshape(C, nb * nbytes)
+
+
+@needs_igemm
+@pytest.mark.parametrize("t", [Type.Q4_K, Type.Q6_K])
+@pytest.mark.parametrize("N", [12, 33])
+def test_kquant_igemm_exact_at_the_bounds(t, N):
+    # all -128 (and all +127) activation quants against the largest weight values: Q4_K |iacc|
+    # up to 64 * 128 * 945, Q6_K |S| = 256 * 128 * 4096 = 2**27, exact in the GEMM's int32
+    from ggmlpy.backends.cpu import kquant_igemm_kernel as kk  # noqa: PLC0415
+
+    rng = np.random.default_rng(N)
+    C, nb = 40, 4
+    K = nb * 256
+    rows = _extreme_rows(t, C, nb, rng)
+    qs = rng.integers(-128, 128, (N, K)).astype(np.int8)
+    qs[: N // 2] = -128
+    qs[N // 2: N // 2 + 2] = 127
+    xd = rng.uniform(1e-3, 1e-1, (N, nb)).astype(F32)
+    bs = qs.astype(np.int32).reshape(N, nb, 16, 16).sum(-1).astype(np.int16)
+    b32 = bs.astype(np.int32).reshape(N, nb * 8, 2).sum(-1).astype(np.int32)
+    y16 = qs.astype(np.int16)
+    out = np.full((N, C), np.nan, F32)
+    tbl = cpu_jit.f16_table()
+    gemm = _igemm_address()
+    if t == Type.Q4_K:
+        ng = N - N % 4
+        kk.q4k_rows_igemm(gemm, rows, y16, qs, xd, b32, out, ng, 0, C, 0, tbl,
+                          *kk.q4k_scratch(C, K))
+        want = np.concatenate([_q4k_ref_q(rows, qs[:ng], xd[:ng], bs[:ng], True),
+                               _q4k_ref_q(rows, qs[ng:], xd[ng:], bs[ng:], False)])
+        w4, sc, _, _, _ = repack_q4k.decode_q4_k(rows)
+        big = np.abs(np.einsum("ce,ye->yc", (w4.reshape(C, nb * 8, 32)
+                                             * sc.reshape(C, nb * 8, 1)).reshape(C, K)[:, :64]
+                               .astype(np.int64), qs[:, :64].astype(np.int64))).max()
+        assert big == 64 * 128 * 945
+    else:
+        kk.q6k_rows_igemm(gemm, rows, y16, xd, out, 0, C, 0, tbl, *kk.q6k_scratch(C, K))
+        want = _q6k_ref_q(rows, qs, xd, bs, True)
+        q6, sc6, _ = vec_dot_q6k.decode_q6_k(rows)
+        v = (q6.reshape(C, nb, 16, 16).astype(np.int64) - 32) * sc6[..., None]
+        big = np.abs(np.einsum("ce,ye->yc", v.reshape(C, K)[:, :256],
+                               qs[:, :256].astype(np.int64))).max()
+        assert big == 2**27
+    np.testing.assert_array_equal(out, want)
+
+
+@needs_igemm
+@pytest.mark.parametrize("t,N", [(Type.Q4_K, 37), (Type.Q4_K, 70), (Type.Q6_K, 41)])
+def test_kquant_igemm_threads_cut_weight_rows(t, N, monkeypatch):
+    # a CPU backend of two threads, the variant at a prompt batch (GGMLPY_QUANT_MATMUL=dot):
+    # the chunks of 64 weight rows go to both threads; same bits as the dot kernels and as
+    # the loops, every run
+    monkeypatch.setenv(env.QUANT_MATMUL, "dot")
+    rng = np.random.default_rng(N)
+    C, K = 520, 512
+    nbytes, offs = (144, (0, 2)) if t == Type.Q4_K else (210, (208,))
+    rows = _rand_blocks(rng, C, K // 256, nbytes, offs)
+    x = rng.standard_normal((N, K)).astype(F32)
+    res, dot = eval_mul_mat(t, rows, x, K, C, BufferUsage.WEIGHTS, 2, times=3)
+    assert dot
+    want = _q4k_ref(rows, x, N) if t == Type.Q4_K else _q6k_ref(rows, x, True)
+    np.testing.assert_array_equal(_kquant_step(t, rows, x, False), want)
+    for y in res:
+        np.testing.assert_array_equal(y, want)
