@@ -20,7 +20,8 @@ Q4K_MIN_ROWS = 16
 #: Q6_K activation rows from which the integer GEMMs run (the tiled order's, >= 8)
 Q6K_MIN_ROWS = 16
 #: weight rows per chunk of a task on the integer GEMMs (the unit the threads claim)
-CHUNK_ROWS = 64
+import os
+CHUNK_ROWS = int(os.environ.get("KQ2_CHUNK", "64"))
 
 
 def gemm_address(n_rows: int, min_rows: int) -> int:

@@ -121,15 +121,21 @@ def q4k_chunks(gemm, w, y16, yq, yd, b32, out, ng, chunk, tbl, ctl,
 
 
 @njit(**_OPTS)
-def q4k_main(x, desc, gemm, w, y16, yq, yd, bs, b32, out, ng, chunk, tbl, ctl,
-             gen):  # pragma: no cover - compiled
-    """The caller's part of a Q4_K task: ``x`` float32 ``(N, K)`` quantized first (``ng``
-    rows grouped by four; with ``gemm``, those rows widened into ``y16`` int16 ``(>= ng,
-    K)``), then chunks of weight rows until none is left; returns 0."""
+def q4k_quant(x, yq, yd, bs, b32, y16, ng):  # pragma: no cover - compiled
+    """A Q4_K task's activations: ``x`` float32 ``(N, K)`` (any strides) to Q8_K (``ng`` rows
+    grouped by four), ``b32`` the sums of 32 quants, and the grouped rows widened into ``y16``
+    int16 when it has rows (the integer GEMMs' operand)."""
     quant_q8_k_rows(x, yq, yd, bs, ng)
     _sums32(bs, b32)
-    if gemm != 0:
+    if y16.shape[0] > 0:
         widen_rows(yq, y16, ng)
+
+
+@njit(**_OPTS)
+def q4k_main(desc, gemm, w, y16, yq, yd, b32, out, ng, chunk, tbl, ctl,
+             gen):  # pragma: no cover - compiled
+    """The caller's part of a Q4_K task (activations from :func:`q4k_quant`): publish the
+    chunks of weight rows, compute those it claims until none is left; returns 0."""
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
@@ -180,13 +186,18 @@ def q6k_chunks(gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
 
 
 @njit(**_OPTS)
-def q6k_main(x, desc, gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
-             gen):  # pragma: no cover - compiled
-    """The caller's part of a Q6_K task (``x`` quantized with ``quantize_row_q8_K``'s rule;
-    with ``gemm``, widened into ``y16``); returns 0."""
+def q6k_quant(x, yq, yd, bs, y16):  # pragma: no cover - compiled
+    """A Q6_K task's activations: ``x`` float32 ``(N, K)`` (any strides) to Q8_K with
+    ``quantize_row_q8_K``'s rule, widened into ``y16`` int16 when it has rows."""
     quant_q8_k_rows(x, yq, yd, bs, 0)
-    if gemm != 0:
+    if y16.shape[0] > 0:
         widen_rows(yq, y16, yq.shape[0])
+
+
+@njit(**_OPTS)
+def q6k_main(desc, gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
+             gen):  # pragma: no cover - compiled
+    """The caller's part of a Q6_K task (activations from :func:`q6k_quant`); returns 0."""
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1])

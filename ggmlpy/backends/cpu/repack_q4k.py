@@ -120,19 +120,28 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
                 st()
         return run_gemv
     K = nb * 256
-    yq = np.empty((N, K), np.int8)
-    yd = np.empty((N, nb), _F32)
-    bs = np.empty((N, nb * 16), np.int16)
-    b32 = np.empty((N, nb * 8), np.int32)
     gemm = kquant_igemm.gemm_address(ng, kquant_igemm.Q4K_MIN_ROWS)
-    y16 = np.empty((ng if gemm else 0, K), np.int16)
     chunk = kquant_igemm.CHUNK_ROWS if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
+    quants = []                           # per plane: its activations' Q8_K arrays
 
     def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        return (partial(tk.q4k_main, x, desc, gemm, w, y16, yq, yd, bs, b32, o, ng, chunk, tbl),
+        q = (np.empty((N, K), np.int8), np.empty((N, nb), _F32), np.empty((N, nb * 16), np.int16),
+             np.empty((N, nb * 8), np.int32), np.empty((ng if gemm else 0, K), np.int16))
+        yq, yd, _, b32, y16 = q
+        quants.append(q)
+        return (partial(tk.q4k_main, desc, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl),
                 partial(tk.q4k_chunks, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl))
-    return qmatmul.plane_tasks_step(b, dst, make, run_dot)
+    run = qmatmul.plane_tasks_step(b, dst, make, run_dot)
+    planes = [b[i3, i2] for i3 in range(B3) for i2 in range(B2)]
+
+    def step() -> None:
+        # every plane quantized before the tasks: a task's workers, woken when it starts,
+        # find its chunks published at once
+        for x, (yq, yd, bs, b32, y16) in zip(planes, quants):
+            tk.q4k_quant(x, yq, yd, bs, b32, y16, ng)
+        run()
+    return step
 
 
 def warm_up() -> None:

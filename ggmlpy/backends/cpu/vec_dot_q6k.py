@@ -107,18 +107,27 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     w = a[0, 0]
     tbl = cpu_jit.f16_table()
     K = nb * 256
-    yq = np.empty((N, K), np.int8)
-    yd = np.empty((N, nb), _F32)
-    bs = np.empty((N, nb * 16), np.int16)
     gemm = kquant_igemm.gemm_address(N, kquant_igemm.Q6K_MIN_ROWS) if tiled else 0
-    y16 = np.empty((N if gemm else 0, K), np.int16)
     chunk = kquant_igemm.CHUNK_ROWS if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
+    quants = []                           # per plane: its activations' Q8_K arrays
 
     def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        return (partial(tk.q6k_main, x, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
+        q = (np.empty((N, K), np.int8), np.empty((N, nb), _F32), np.empty((N, nb * 16), np.int16),
+             np.empty((N if gemm else 0, K), np.int16))
+        yq, yd, bs, y16 = q
+        quants.append(q)
+        return (partial(tk.q6k_main, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
                 partial(tk.q6k_chunks, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl))
-    return qmatmul.plane_tasks_step(b, dst, make, run_dot)
+    run = qmatmul.plane_tasks_step(b, dst, make, run_dot)
+    planes = [b[i3, i2] for i3 in range(B3) for i2 in range(B2)]
+
+    def step() -> None:
+        # every plane quantized before the tasks (see repack_q4k.mul_mat_q4k_step)
+        for x, (yq, yd, bs, y16) in zip(planes, quants):
+            tk.q6k_quant(x, yq, yd, bs, y16)
+        run()
+    return step
 
 
 def warm_up() -> None:
