@@ -16,7 +16,7 @@ interleaved, as JSON on stdout.
   (dequantized weight tiles and BLAS, :mod:`ggmlpy.backends.cpu.qgemm`: not ggml's order),
   forced at every batch. ``old`` and ``new`` run with ``GGMLPY_QUANT_MATMUL=dot`` (the variants
   at every batch) and must give the same bits (``same_bits``).
-* Timing: ``--repeat`` rounds alternate the three plans; each round is the mean over calls
+* Timing: after an untimed warm-up of each plan, ``--repeat`` rounds alternate the three plans; each round is the mean over calls
   lasting ``--min-s``; the best round is reported, with ``new/old`` and ``new/blas`` ratios.
   ``loadavg`` before and after (other work on the machine slows every plan).
 """
@@ -87,6 +87,8 @@ def main() -> None:
         for N in (int(v) for v in args.rows.split(",")):
             cases = {m: _case(cpu, m, t, wq, K, M, N) for m in ("old", "new", "blas")}
             times = {m: float("inf") for m in cases}
+            for c in cases.values():  # untimed: the pool's threads and every kernel warm
+                bq._mean_time(c.run, args.min_s / 4)
             for _ in range(args.repeat):
                 for m, c in cases.items():
                     times[m] = min(times[m], bq._mean_time(c.run, args.min_s))

@@ -11,17 +11,27 @@ from __future__ import annotations
 
 from ggmlpy.backends.cpu import blas as cpu_blas
 
-__all__ = ["GEMM_SYMBOL", "Q4K_MIN_ROWS", "Q6K_MIN_ROWS", "CHUNK_ROWS", "gemm_address"]
+__all__ = ["GEMM_SYMBOL", "Q4K_MIN_ROWS", "Q6K_MIN_ROWS", "MAX_CHUNK_ROWS", "chunk_rows",
+           "gemm_address"]
 
 #: the integer GEMM called by address from the compiled kernels (MKL, LP64 interface)
 GEMM_SYMBOL = "cblas_gemm_s16s16s32"
 #: Q4_K activation rows in groups of four (``ne11 - ne11 % 4``) from which the integer GEMMs run
+#: (below, the fixed cost of the weight tiles outweighs what the GEMMs save)
 Q4K_MIN_ROWS = 16
 #: Q6_K activation rows from which the integer GEMMs run (the tiled order's, >= 8)
-Q6K_MIN_ROWS = 16
-#: weight rows per chunk of a task on the integer GEMMs (the unit the threads claim)
-import os
-CHUNK_ROWS = int(os.environ.get("KQ2_CHUNK", "64"))
+Q6K_MIN_ROWS = 32
+#: the most weight rows per chunk of a task on the integer GEMMs (the unit the threads claim;
+#: larger tiles make the GEMM calls more efficient)
+MAX_CHUNK_ROWS = 160
+
+
+def chunk_rows(M: int) -> int:
+    """Weight rows per chunk of a task on the integer GEMMs for a weight of ``M`` rows: ``M``
+    cut into a multiple of four chunks of at most :data:`MAX_CHUNK_ROWS` rows (so that two or
+    four threads get equal shares), rounded up to 16 (the combining pass's lanes)."""
+    n = 4 * -(-M // (4 * MAX_CHUNK_ROWS))
+    return max(16, 16 * -(-(-(-M // n)) // 16))
 
 
 def gemm_address(n_rows: int, min_rows: int) -> int:

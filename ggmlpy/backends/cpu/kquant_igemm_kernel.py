@@ -17,9 +17,18 @@ address from compiled code (:func:`gemm_s16`), over int16 tiles built from the w
   magnitude), ``|S| <= 256 * 128 * 4096 = 2**27``, exact in int32.
 
 No partial sum can leave int32 (pairs of int16 products sum to at most ``2**21``), so every
-integer equals the one ggml's SIMD loops compute. The combining pass then runs ggml's float32
-steps per output in ggml's order, each FMA one :func:`~ggmlpy.backends.cpu.fma_ir.fma32`
-(vectorized over weight rows: each lane is its own output with its own operations).
+integer equals the one ggml's SIMD loops compute (with alpha 1 and beta 0 MKL returns the
+int32 sums as they are: the tests check the bounds themselves). The int16 GEMM is both faster
+here than a float32 one and exact for Q6_K's ``2**27`` (float32 holds integers to ``2**24``).
+
+Layout, per chunk of ``mc`` weight rows (the unit a thread claims): the tile ``(mc, K)``
+int16, and for each tile of at most :data:`N_TILE` activation rows one GEMM per step writing
+``cb[y, s, r]`` (int32 ``(N_TILE, S, mc)``, ``ldc = S * mc``), so that one activation row's
+steps for the chunk lie together. The combining pass then runs ggml's float32 steps per output
+in ggml's order: sixteen weight rows at a time in LLVM vector IR (:func:`q4k_out16`,
+:func:`q6k_out16`: ``llvm.fma.v16f32``, one rounding per lane as
+:func:`~ggmlpy.backends.cpu.fma_ir.fma32`; each lane its own output, the accumulators in
+registers across the steps), the chunk's last ``mc % 16`` rows one by one with ``fma32``.
 """
 
 from __future__ import annotations
@@ -38,8 +47,8 @@ _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 _I16, _I32 = ir.IntType(16), ir.IntType(32)
 #: CBLAS enums: row major, no transpose, transpose, a fixed C offset (MKL's ``CblasFixOffset``)
 _ROW_MAJOR, _NO_TRANS, _TRANS, _FIX_OFFSET = 101, 111, 112, 173
-import os
-_NT = int(os.environ.get("KQ2_NT", "128"))
+#: activation rows per tile of the integer products (one GEMM call per step and tile)
+N_TILE = 256
 
 
 @intrinsic
@@ -278,8 +287,8 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
     S = 4 * nb
     wt = scratch16[:mc * K].reshape(mc, K)
     o = 0
-    cb = scratch32[o:o + _NT * S * mc].reshape(_NT, S, mc)
-    o += _NT * S * mc
+    cb = scratch32[o:o + N_TILE * S * mc].reshape(N_TILE, S, mc)
+    o += N_TILE * S * mc
     mnT = scratch32[o:o + 8 * nb * mc].reshape(8 * nb, mc)
     o += 8 * nb * mc
     fs = scratch32[o:].view(np.float32)
@@ -292,8 +301,8 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
     if ng > 0:
         q4k_tile(w, m0, m1, wt, dT, dmT, mnT, tbl)
         cbf = cb.reshape(-1)
-        for n0 in range(0, ng, _NT):
-            nt = min(_NT, ng - n0)
+        for n0 in range(0, ng, N_TILE):
+            nt = min(N_TILE, ng - n0)
             for s in range(S):
                 gemm_s16(gemm, nt, mc, 64, y16, n0 * K + 64 * s, K, wt, 64 * s, K,
                          cbf, s * mc, S * mc, zero)
@@ -310,7 +319,7 @@ def q4k_scratch(mc, K):  # pragma: no cover - compiled
     accumulators)."""
     nb = K // 256
     return (np.empty(mc * K, np.int16),
-            np.empty(_NT * 4 * nb * mc + 8 * nb * mc + 2 * nb * mc + 4 * mc, np.int32))
+            np.empty(N_TILE * 4 * nb * mc + 8 * nb * mc + 2 * nb * mc + 4 * mc, np.int32))
 
 
 @njit(**_OPTS)
@@ -380,15 +389,15 @@ def q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, scratch16,
     nb = K // 256
     mc = m1 - m0
     wt = scratch16[:mc * K].reshape(mc, K)
-    cb = scratch32[:_NT * nb * mc].reshape(_NT, nb, mc)
-    fs = scratch32[_NT * nb * mc:].view(np.float32)
+    cb = scratch32[:N_TILE * nb * mc].reshape(N_TILE, nb, mc)
+    fs = scratch32[N_TILE * nb * mc:].view(np.float32)
     dT = fs[:nb * mc].reshape(nb, mc)
     acc = fs[nb * mc:nb * mc + mc]
     zero = np.zeros(1, np.int32)
     q6k_tile(w, m0, m1, wt, dT, tbl)
     cbf = cb.reshape(-1)
-    for n0 in range(0, N, _NT):
-        nt = min(_NT, N - n0)
+    for n0 in range(0, N, N_TILE):
+        nt = min(N_TILE, N - n0)
         for b in range(nb):
             gemm_s16(gemm, nt, mc, 256, y16, n0 * K + 256 * b, K, wt, 256 * b, K,
                      cbf, b * mc, nb * mc, zero)
@@ -401,4 +410,4 @@ def q6k_scratch(mc, K):  # pragma: no cover - compiled
     elements: int16 ``(mc*K,)`` and int32 (the GEMM outputs, float32 scales and
     accumulator)."""
     nb = K // 256
-    return np.empty(mc * K, np.int16), np.empty(_NT * nb * mc + nb * mc + mc, np.int32)
+    return np.empty(mc * K, np.int16), np.empty(N_TILE * nb * mc + nb * mc + mc, np.int32)

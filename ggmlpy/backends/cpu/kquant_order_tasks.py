@@ -1,9 +1,10 @@
 """Dot tasks for the Q4_K and Q6_K products in llama.cpp's x86 orders (:mod:`.repack_q4k`,
-:mod:`.vec_dot_q6k`): one compiled call quantizes the activation rows to Q8_K, then the threads
-of the CPU backend's pool claim chunks of weight rows (the protocol of
-:mod:`ggmlpy.backends.cpu.qmatmul_tasks`: :func:`~ggmlpy.backends.cpu.spin.publish`,
-:func:`~ggmlpy.backends.cpu.spin.claim`, a worker's chunk committed unless the caller took it
-over). Every output is computed by one thread in one fixed order, so the result does not depend
+:mod:`.vec_dot_q6k`): one compiled call quantizes the activation rows to Q8_K (``*_quant``,
+before the task starts), then the threads of the CPU backend's pool claim chunks of weight rows
+by the protocol of :mod:`ggmlpy.backends.cpu.qmatmul_tasks`
+(:func:`~ggmlpy.backends.cpu.spin.publish`, :func:`~ggmlpy.backends.cpu.spin.claim`, a worker's
+chunk committed unless the caller took it over); each chunk on the dot kernels or, with
+``gemm`` an address (not 0), through the integer GEMMs of :mod:`.kquant_igemm_kernel`. Every output is computed by one thread in one fixed order, so the result does not depend
 on the threads. Importing this module imports Numba.
 """
 

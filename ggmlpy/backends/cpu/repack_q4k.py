@@ -20,6 +20,17 @@ The two quantizers give the same values but for the sign of the scale when ``+am
 
 The grouping of rows by four is the node's (``src1``'s ``ne[1]`` per plane): a threaded plan
 must not cut the activation rows (the variant applies where the CPU plan cuts the weight rows).
+
+Two forms, the same bits. The dot kernel (:mod:`.repack_q4k_kernel`) computes each output's
+integers and float32 steps in turn. From :data:`~ggmlpy.backends.cpu.kquant_igemm.Q4K_MIN_ROWS`
+grouped rows on, when the active CBLAS is MKL, the gemm's step integers ``iacc`` come from
+integer GEMMs instead (:mod:`.kquant_igemm_kernel`: per chunk of weight rows an int16 tile of
+``sc_j * q4`` (at most ``63 * 15``) against the int16 Q8_K quants, one
+``cblas_gemm_s16s16s32`` per 64-element step and tile of activation rows; ``|iacc| <= 64 * 128 *
+945 < 2**23``, exact in int32 whatever the GEMM's summation order), and a compiled pass applies
+the float32 steps above in ggml's order, sixteen weight rows per vector. The gemv rows stay on
+the dot kernel. Each plane's activations are quantized before its task starts, so that the
+pool's workers, woken when it starts, find the chunks published.
 """
 
 from __future__ import annotations
@@ -121,7 +132,7 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
         return run_gemv
     K = nb * 256
     gemm = kquant_igemm.gemm_address(ng, kquant_igemm.Q4K_MIN_ROWS)
-    chunk = kquant_igemm.CHUNK_ROWS if gemm else max(8, -(-C // _CHUNKS))
+    chunk = kquant_igemm.chunk_rows(C) if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
     quants = []                           # per plane: its activations' Q8_K arrays
 

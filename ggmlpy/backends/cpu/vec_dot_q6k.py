@@ -14,6 +14,13 @@ per super-block: lane ``l`` takes the products of bytes ``4l..4l+3`` of each run
 (bsum[2l] scale[2l] + bsum[2l+1] scale[2l+1])`` (the ``-32`` offset of the 6-bit values), then
 ``acc = fma(d8 * d, float(lanes), acc)`` in eight float32 lanes and ``hsum_float_8`` at the end.
 The kernel computes both orders exactly (:func:`uses_tiled` picks one, from the node's rows).
+From :data:`~ggmlpy.backends.cpu.kquant_igemm.Q6K_MIN_ROWS` rows on (tiled order), when the
+active CBLAS is MKL, the super-blocks' integers ``S`` come from integer GEMMs
+(:mod:`.kquant_igemm_kernel`: an int16 tile of ``scale * (q6 - 32)``, at most ``128 * 32 = 4096``
+in magnitude, against the int16 Q8_K quants, one ``cblas_gemm_s16s16s32`` per super-block and
+tile of activation rows; ``|S| <= 256 * 128 * 4096 = 2**27``, exact in int32), then the same
+float32 steps, sixteen weight rows per vector: the same bits. The activations are quantized
+before the task starts (see :mod:`.repack_q4k`).
 
 Shapes (NumPy, ggml ``ne`` reversed): the weight's rows of bytes, uint8 ``(1, 1, C, nb*210)``
 (a 2-D weight, ``ne = [K, C]``), ``b`` float32 ``(B3, B2, N, K)``, ``dst`` float32 ``(B3, B2,
@@ -108,7 +115,7 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     tbl = cpu_jit.f16_table()
     K = nb * 256
     gemm = kquant_igemm.gemm_address(N, kquant_igemm.Q6K_MIN_ROWS) if tiled else 0
-    chunk = kquant_igemm.CHUNK_ROWS if gemm else max(8, -(-C // _CHUNKS))
+    chunk = kquant_igemm.chunk_rows(C) if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
     quants = []                           # per plane: its activations' Q8_K arrays
 

@@ -576,7 +576,7 @@ def test_kquant_igemm_exact_at_the_bounds(t, N):
 @pytest.mark.parametrize("t,N", [(Type.Q4_K, 37), (Type.Q4_K, 70), (Type.Q6_K, 41)])
 def test_kquant_igemm_threads_cut_weight_rows(t, N, monkeypatch):
     # a CPU backend of two threads, the variant at a prompt batch (GGMLPY_QUANT_MATMUL=dot):
-    # the chunks of 64 weight rows go to both threads; same bits as the dot kernels and as
+    # the chunks of 144 weight rows go to both threads; same bits as the dot kernels and as
     # the loops, every run
     monkeypatch.setenv(env.QUANT_MATMUL, "dot")
     rng = np.random.default_rng(N)
