@@ -31,7 +31,8 @@ def chunk_rows(M: int) -> int:
     cut into a multiple of four chunks of at most :data:`MAX_CHUNK_ROWS` rows (so that two or
     four threads get equal shares), rounded up to 16 (the combining pass's lanes)."""
     n = 4 * -(-M // (4 * MAX_CHUNK_ROWS))
-    return max(16, 16 * -(-(-(-M // n)) // 16))
+    rows = -(-M // n)
+    return max(16, 16 * -(-rows // 16))
 
 
 def gemm_address(n_rows: int, min_rows: int) -> int:
