@@ -34,36 +34,49 @@ def quant_q8_k_rows(x, yq, yd, bs, n_group4):  # pragma: no cover - compiled
     """Rows of float32 ``x`` ``(N, K)`` to Q8_K: ``yq`` int8 ``(N, K)``, ``yd`` float32 ``(N,
     K/256)``, ``bs`` int16 ``(N, K/16)``; rows below ``n_group4`` with
     ``ggml_quantize_mat_q8_K_4x8``'s sign rule, the rest with ``quantize_row_q8_K_ref``'s
-    (:mod:`ggmlpy.backends.cpu.q8k_act`, whose NumPy form this matches)."""
+    (:mod:`ggmlpy.backends.cpu.q8k_act`, whose NumPy form this matches). Per block of 256:
+    ``amax`` the largest magnitude of the non-NaN values (the integer maximum of their
+    magnitudes' bits, which order as the values do), the sign from the first value of that
+    magnitude or from whether ``+amax`` occurs, then ``nearest_int(iscale * x)`` (the
+    ``12582912`` trick on the float32 product) clamped to 127; loops without branches, which
+    LLVM vectorizes."""
     N, K = x.shape
+    ab = np.empty(256, np.int32)
+    f = np.empty(256, F32)
+    fi = f.view(np.int32)
     for n in range(N):
+        xi = x[n].view(np.int32) if x.strides[1] == 4 else x[n].copy().view(np.int32)
         for b in range(K // 256):
             p = b * 256
-            amax = F32(0)
-            first = F32(0)
+            m = np.int32(0)
             for j in range(256):
-                av = abs(x[n, p + j])
-                if av > amax:
-                    amax = av
-                    first = x[n, p + j]
-            if amax == F32(0):
+                a = xi[p + j] & np.int32(0x7FFFFFFF)
+                a = a if a <= np.int32(0x7F800000) else np.int32(0)    # NaN: not a candidate
+                ab[j] = a
+                m = max(m, a)
+            if m == 0:
                 for j in range(256):
                     yq[n, p + j] = 0
                 for j in range(16):
                     bs[n, b * 16 + j] = 0
                 yd[n, b] = F32(0)
                 continue
+            amax = np.array([m], np.int32).view(F32)[0]
             if n < n_group4:
-                neg = True
+                c = 0
                 for j in range(256):
-                    if x[n, p + j] == amax:
-                        neg = False
+                    c += xi[p + j] == m                                # an element equal to +amax
+                neg = c == 0
             else:
-                neg = first < F32(0)
+                k = 256
+                for j in range(256):
+                    k = min(k, j if ab[j] == m else 256)               # the first of magnitude amax
+                neg = xi[p + k] < 0
             iscale = (F32(127) if neg else F32(-127)) / amax
             for j in range(256):
-                f = iscale * x[n, p + j] + F32(12582912.0)
-                i = (np.float32(f).view(np.int32) & 0x007FFFFF) - 0x00400000
+                f[j] = iscale * x[n, p + j] + F32(12582912.0)
+            for j in range(256):
+                i = (fi[j] & 0x007FFFFF) - 0x00400000
                 yq[n, p + j] = np.int8(i if i < 127 else 127)
             for j in range(16):
                 s = 0

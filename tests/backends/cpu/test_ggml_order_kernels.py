@@ -269,6 +269,40 @@ def test_q8k_rows_group_rule_takes_the_positive_sign_on_a_tie():
                                   q8k_act.quantize_q8_k_rows(x, False)[0])
 
 
+@needs_jit
+def test_compiled_q8k_rows_are_the_numpy_rows():
+    # the tasks' quantizer (kquant_order_tasks.quant_q8_k_rows) against q8k_act's NumPy form,
+    # both sign rules: ties of +-amax either way round, blocks of zeros, of -0.0, of
+    # subnormals, of one repeated value, huge values, a strided input
+    from ggmlpy.backends.cpu import kquant_order_tasks as tk  # noqa: PLC0415
+
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal((24, 1024)) * rng.uniform(0.01, 30, (24, 1))).astype(F32)
+    x[0, 7], x[0, 9] = -20.0, 20.0
+    x[1, 7], x[1, 9] = 20.0, -20.0
+    x[2, :256] = 0.0
+    x[3, :256] = -0.0
+    x[4, :256] = 1e-42
+    x[5, 256:512] = 3.0
+    x[6, 256:512] = -3.0
+    x[7, 512:768] = rng.choice([-1.0, 1.0], 256)
+    x[8] *= 1e30
+    x[9, :256] = rng.choice([-2.0, -1.0, 0.0, 1.0, 2.0], 256)
+    wide = np.zeros((24, 2048), F32)
+    wide[:, ::2] = x
+    for xs in (x, wide[:, ::2]):
+        for ng in (0, 8, 24):
+            yq = np.empty((24, 1024), np.int8)
+            yd = np.empty((24, 4), F32)
+            bs = np.empty((24, 64), np.int16)
+            tk.quant_q8_k_rows(xs, yq, yd, bs, ng)
+            for rows, grp in ((slice(0, ng), True), (slice(ng, 24), False)):
+                q, d, b = q8k_act.quantize_q8_k_rows(x[rows], grp)
+                np.testing.assert_array_equal(yq[rows], q)
+                np.testing.assert_array_equal(yd[rows].view(np.int32), d.view(np.int32))
+                np.testing.assert_array_equal(bs[rows], b.reshape(-1, 64))
+
+
 # ---------------------------------------------------------------------------------------------
 # Q4_K (repacked order) and Q6_K
 
