@@ -17,10 +17,10 @@ __all__ = ["GEMM_SYMBOL", "Q4K_MIN_ROWS", "Q6K_MIN_ROWS", "MAX_CHUNK_ROWS", "chu
 #: the integer GEMM called by address from the compiled kernels (MKL, LP64 interface)
 GEMM_SYMBOL = "cblas_gemm_s16s16s32"
 #: Q4_K activation rows in groups of four (``ne11 - ne11 % 4``) from which the integer GEMMs run
-#: (below, the fixed cost of the weight tiles outweighs what the GEMMs save)
-Q4K_MIN_ROWS = 16
-#: Q6_K activation rows from which the integer GEMMs run (the tiled order's, >= 8)
-Q6K_MIN_ROWS = 32
+#: (below, the fixed cost of the weight tiles would outweigh what the GEMMs save)
+Q4K_MIN_ROWS = 8
+#: Q6_K activation rows from which the integer GEMMs run (the tiled order's, from 8)
+Q6K_MIN_ROWS = 8
 #: the most weight rows per chunk of a task on the integer GEMMs (the unit the threads claim;
 #: larger tiles make the GEMM calls more efficient)
 MAX_CHUNK_ROWS = 160

@@ -98,33 +98,52 @@ def widen_rows(yq, y16, n1):  # pragma: no cover - compiled
             y16[n, e] = yq[n, e]
 
 
+@intrinsic
+def q4k_pair_tile(typingctx, w, wo, s0, s1, wt, to):
+    """One pair of Q4_K sub-blocks into a tile: the 32 bytes ``w[wo:wo+32]`` (uint8; element
+    ``i`` low nibble, ``32 + i`` high) as ``wt[to + i] = s0 * (byte_i & 15)`` and ``wt[to + 32 +
+    i] = s1 * (byte_i >> 4)`` (int16; ``s0``, ``s1`` the sub-blocks' 6-bit scales)."""
+    sig = types.void(w, wo, s0, s1, wt, to)
+
+    def codegen(context, builder, signature, args):
+        f = _Flat(context, builder, signature.args, args)
+        v8, v16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(_I16, 32)
+        q = f.vec(0, args[1], v8)
+        lo = builder.zext(builder.and_(q, ir.Constant(v8, [15] * 32)), v16)
+        hi = builder.zext(builder.lshr(q, ir.Constant(v8, [4] * 32)), v16)
+        for k, (h, sc) in enumerate(((lo, args[2]), (hi, args[3]))):
+            sv = _splat(builder, builder.trunc(sc, _I16), v16)
+            dst = f.ptr(4, builder.add(args[5], ir.Constant(args[5].type, 32 * k)), v16)
+            builder.store(builder.mul(h, sv), dst, align=2)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @njit(**_OPTS)
 def q4k_tile(w, m0, m1, wt, dT, dmT, mnT, tbl):  # pragma: no cover - compiled
     """Weight rows ``m0 <= c < m1`` of a Q4_K weight (``w`` uint8 ``(M, nb*144)``) as int16
     ``wt[c - m0, e] = sc_j * q4_e`` (``(>= m1-m0, nb*256)``, ``j = e // 32``), and per block
     ``b``: ``dT[b, c - m0] = d``, ``dmT[b, c - m0] = dmin`` (float32), ``mnT[8b + j, c - m0]``
     the 6-bit mins (int32)."""
-    nb = w.shape[1] // 144
+    row = w.shape[1]
+    nb = row // 144
+    K = nb * 256
     sc = np.empty(8, np.int32)
     mn = np.empty(8, np.int32)
+    wf = w.reshape(-1)
+    tf = wt.reshape(-1)
     for c in range(m0, m1):
         r = c - m0
         for b in range(nb):
-            o = b * 144
-            scales_mins(w[c], o + 4, sc, mn)
-            dT[b, r] = tbl[np.int64(w[c, o]) | (np.int64(w[c, o + 1]) << 8)]
-            dmT[b, r] = tbl[np.int64(w[c, o + 2]) | (np.int64(w[c, o + 3]) << 8)]
+            o = c * row + b * 144
+            scales_mins(wf, o + 4, sc, mn)
+            dT[b, r] = tbl[np.int64(wf[o]) | (np.int64(wf[o + 1]) << 8)]
+            dmT[b, r] = tbl[np.int64(wf[o + 2]) | (np.int64(wf[o + 3]) << 8)]
             for j in range(8):
                 mnT[8 * b + j, r] = mn[j]
             for p in range(4):
-                s0 = np.int16(sc[2 * p])
-                s1 = np.int16(sc[2 * p + 1])
-                e0 = b * 256 + 64 * p
-                q0 = o + 16 + 32 * p
-                for i in range(32):
-                    q = np.int16(w[c, q0 + i])
-                    wt[r, e0 + i] = s0 * (q & 15)
-                    wt[r, e0 + 32 + i] = s1 * (q >> 4)
+                q4k_pair_tile(wf, o + 16 + 32 * p, sc[2 * p], sc[2 * p + 1], tf,
+                              r * K + b * 256 + 64 * p)
 
 
 def _fma(builder, a, b, c):
@@ -322,34 +341,63 @@ def q4k_scratch(mc, K):  # pragma: no cover - compiled
             np.empty(N_TILE * 4 * nb * mc + 8 * nb * mc + 2 * nb * mc + 4 * mc, np.int32))
 
 
+@intrinsic
+def q6k_block_tile(typingctx, w, wo, wt, to):
+    """One Q6_K super-block into a tile: its 210 bytes at ``w[wo]`` (uint8: ``ql[128]``,
+    ``qh[64]``, ``scales[16]`` int8, ``d``) as ``wt[to + e] = scale_{e // 16} * (q6_e - 32)``
+    (int16, element order; the 6-bit values unpacked as :func:`.vec_dot_q6k.decode_q6_k`)."""
+    sig = types.void(w, wo, wt, to)
+
+    def codegen(context, builder, signature, args):
+        f = _Flat(context, builder, signature.args, args)
+        v8, v16 = ir.VectorType(ir.IntType(8), 32), ir.VectorType(_I16, 32)
+        wo_, to_ = args[1], args[3]
+        i64 = wo_.type
+
+        def at(off):
+            return builder.add(wo_, ir.Constant(i64, off))
+
+        def c8(v):
+            return ir.Constant(v8, [v] * 32)
+        scales = builder.sext(f.vec(0, at(192), ir.VectorType(ir.IntType(8), 16)),
+                              ir.VectorType(_I16, 16))
+        for j in range(2):
+            l1 = f.vec(0, at(64 * j), v8)
+            l2 = f.vec(0, at(64 * j + 32), v8)
+            qh = f.vec(0, at(128 + 32 * j), v8)
+            qs = (builder.or_(builder.and_(l1, c8(15)), builder.shl(builder.and_(qh, c8(3)), c8(4))),
+                  builder.or_(builder.and_(l2, c8(15)),
+                              builder.shl(builder.and_(builder.lshr(qh, c8(2)), c8(3)), c8(4))),
+                  builder.or_(builder.lshr(l1, c8(4)),
+                              builder.shl(builder.and_(builder.lshr(qh, c8(4)), c8(3)), c8(4))),
+                  builder.or_(builder.lshr(l2, c8(4)), builder.shl(builder.lshr(qh, c8(6)), c8(4))))
+            for t in range(4):
+                k = 8 * j + 2 * t                   # the scales of elements 16k.. and 16(k+1)..
+                sv = builder.shuffle_vector(scales, ir.Constant(scales.type, ir.Undefined),
+                                            ir.Constant(ir.VectorType(_I32, 32),
+                                                        [k] * 16 + [k + 1] * 16))
+                v = builder.sub(builder.zext(qs[t], v16), ir.Constant(v16, [32] * 32))
+                dst = f.ptr(2, builder.add(to_, ir.Constant(i64, 128 * j + 32 * t)), v16)
+                builder.store(builder.mul(v, sv), dst, align=2)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @njit(**_OPTS)
 def q6k_tile(w, m0, m1, wt, dT, tbl):  # pragma: no cover - compiled
     """Weight rows ``m0 <= c < m1`` of a Q6_K weight (``w`` uint8 ``(M, nb*210)``) as int16
     ``wt[c - m0, e] = scale_{e // 16} * (q6_e - 32)`` and ``dT[b, c - m0] = d`` (float32)."""
-    nb = w.shape[1] // 210
+    row = w.shape[1]
+    nb = row // 210
+    K = nb * 256
+    wf = w.reshape(-1)
+    tf = wt.reshape(-1)
     for c in range(m0, m1):
         r = c - m0
         for b in range(nb):
-            o = b * 210
-            dT[b, r] = tbl[np.int64(w[c, o + 208]) | (np.int64(w[c, o + 209]) << 8)]
-            for j in range(2):
-                lo0 = o + 64 * j
-                h0 = o + 128 + 32 * j
-                e0 = b * 256 + 128 * j
-                for i in range(32):
-                    lo = np.int16(w[c, lo0 + i])
-                    hi = np.int16(w[c, lo0 + 32 + i])
-                    h = np.int16(w[c, h0 + i])
-                    # element 128 j + 32 t + i, scale of its 16: byte 192 + 8 j + 2 t + i // 16
-                    sb = o + 192 + 8 * j + i // 16
-                    wt[r, e0 + i] = (np.int16(np.int8(w[c, sb]))
-                                     * (((lo & 15) | ((h & 3) << 4)) - 32))
-                    wt[r, e0 + 32 + i] = (np.int16(np.int8(w[c, sb + 2]))
-                                          * (((hi & 15) | (((h >> 2) & 3) << 4)) - 32))
-                    wt[r, e0 + 64 + i] = (np.int16(np.int8(w[c, sb + 4]))
-                                          * (((lo >> 4) | (((h >> 4) & 3) << 4)) - 32))
-                    wt[r, e0 + 96 + i] = (np.int16(np.int8(w[c, sb + 6]))
-                                          * (((hi >> 4) | ((h >> 6) << 4)) - 32))
+            o = c * row + b * 210
+            dT[b, r] = tbl[np.int64(wf[o + 208]) | (np.int64(wf[o + 209]) << 8)]
+            q6k_block_tile(wf, o, tf, r * K + b * 256)
 
 
 @njit(**_OPTS)
