@@ -23,7 +23,7 @@ here than a float32 one and exact for Q6_K's ``2**27`` (float32 holds integers t
 
 Layout, per chunk of ``mc`` weight rows (the unit a thread claims): the tile ``(mc, K)``
 int16, and for each tile of at most :data:`N_TILE` activation rows one GEMM per step writing
-``cb[y, s, r]`` (int32 ``(N_TILE, S, mc)``, ``ldc = S * mc``), so that one activation row's
+``cb[y, s, r]`` (int32 ``(min(N_TILE, N), S, mc)``, ``ldc = S * mc``), so that one activation row's
 steps for the chunk lie together. The combining pass then runs ggml's float32 steps per output
 in ggml's order: sixteen weight rows at a time in LLVM vector IR (:func:`q4k_out16`,
 :func:`q6k_out16`: ``llvm.fma.v16f32``, one rounding per lane as
@@ -306,8 +306,9 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
     S = 4 * nb
     wt = scratch16[:mc * K].reshape(mc, K)
     o = 0
-    cb = scratch32[o:o + N_TILE * S * mc].reshape(N_TILE, S, mc)
-    o += N_TILE * S * mc
+    ntile = max(1, min(N_TILE, ng))
+    cb = scratch32[o:o + ntile * S * mc].reshape(ntile, S, mc)
+    o += ntile * S * mc
     mnT = scratch32[o:o + 8 * nb * mc].reshape(8 * nb, mc)
     o += 8 * nb * mc
     fs = scratch32[o:].view(np.float32)
@@ -320,8 +321,8 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
     if ng > 0:
         q4k_tile(w, m0, m1, wt, dT, dmT, mnT, tbl)
         cbf = cb.reshape(-1)
-        for n0 in range(0, ng, N_TILE):
-            nt = min(N_TILE, ng - n0)
+        for n0 in range(0, ng, ntile):
+            nt = min(ntile, ng - n0)
             for s in range(S):
                 gemm_s16(gemm, nt, mc, 64, y16, n0 * K + 64 * s, K, wt, 64 * s, K,
                          cbf, s * mc, S * mc, zero)
@@ -332,13 +333,14 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
 
 
 @njit(**_OPTS)
-def q4k_scratch(mc, K):  # pragma: no cover - compiled
+def q4k_scratch(mc, K, n):  # pragma: no cover - compiled
     """The scratch of :func:`q4k_rows_igemm` for chunks of ``mc`` weight rows of ``K``
-    elements: int16 ``(mc*K,)`` and int32 (the GEMM outputs, the mins, float32 scales and
-    accumulators)."""
+    elements and ``n`` grouped activation rows: int16 ``(mc*K,)`` and int32 (the GEMM outputs
+    of ``min(N_TILE, n)`` rows, the mins, float32 scales and accumulators)."""
     nb = K // 256
     return (np.empty(mc * K, np.int16),
-            np.empty(N_TILE * 4 * nb * mc + 8 * nb * mc + 2 * nb * mc + 4 * mc, np.int32))
+            np.empty(max(1, min(N_TILE, n)) * 4 * nb * mc + 8 * nb * mc + 2 * nb * mc + 4 * mc,
+                     np.int32))
 
 
 @intrinsic
@@ -437,15 +439,16 @@ def q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, scratch16,
     nb = K // 256
     mc = m1 - m0
     wt = scratch16[:mc * K].reshape(mc, K)
-    cb = scratch32[:N_TILE * nb * mc].reshape(N_TILE, nb, mc)
-    fs = scratch32[N_TILE * nb * mc:].view(np.float32)
+    ntile = max(1, min(N_TILE, N))
+    cb = scratch32[:ntile * nb * mc].reshape(ntile, nb, mc)
+    fs = scratch32[ntile * nb * mc:].view(np.float32)
     dT = fs[:nb * mc].reshape(nb, mc)
     acc = fs[nb * mc:nb * mc + mc]
     zero = np.zeros(1, np.int32)
     q6k_tile(w, m0, m1, wt, dT, tbl)
     cbf = cb.reshape(-1)
-    for n0 in range(0, N, N_TILE):
-        nt = min(N_TILE, N - n0)
+    for n0 in range(0, N, ntile):
+        nt = min(ntile, N - n0)
         for b in range(nb):
             gemm_s16(gemm, nt, mc, 256, y16, n0 * K + 256 * b, K, wt, 256 * b, K,
                      cbf, b * mc, nb * mc, zero)
@@ -453,9 +456,10 @@ def q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, scratch16,
 
 
 @njit(**_OPTS)
-def q6k_scratch(mc, K):  # pragma: no cover - compiled
+def q6k_scratch(mc, K, n):  # pragma: no cover - compiled
     """The scratch of :func:`q6k_rows_igemm` for chunks of ``mc`` weight rows of ``K``
-    elements: int16 ``(mc*K,)`` and int32 (the GEMM outputs, float32 scales and
-    accumulator)."""
+    elements and ``n`` activation rows: int16 ``(mc*K,)`` and int32 (the GEMM outputs of
+    ``min(N_TILE, n)`` rows, float32 scales and accumulator)."""
     nb = K // 256
-    return np.empty(mc * K, np.int16), np.empty(N_TILE * nb * mc + nb * mc + mc, np.int32)
+    nt = max(1, min(N_TILE, n))
+    return np.empty(mc * K, np.int16), np.empty(nt * nb * mc + nb * mc + mc, np.int32)

@@ -124,7 +124,7 @@ def q4k_chunks(gemm, w, y16, yq, yd, b32, out, ng, chunk, tbl, ctl,
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
-    s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
+    s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1], ng)
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
@@ -152,7 +152,7 @@ def q4k_main(desc, gemm, w, y16, yq, yd, b32, out, ng, chunk, tbl, ctl,
     chunks of weight rows, compute those it claims until none is left; returns 0."""
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
-    s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
+    s16, s32 = q4k_scratch(chunk if gemm != 0 else 0, yq.shape[1], ng)
     _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)
@@ -189,7 +189,7 @@ def q6k_chunks(gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
     tmp = np.empty((out.shape[0], chunk), F32)
-    s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
+    s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1], yq.shape[0])
     while True:
         c = claim(ctl, gen, nch)
         if c < 0:
@@ -214,7 +214,7 @@ def q6k_main(desc, gemm, w, y16, yq, yd, bs, out, tiled, chunk, tbl, ctl,
     """The caller's part of a Q6_K task (activations from :func:`q6k_quant`); returns 0."""
     M = w.shape[0]
     nch = (M + chunk - 1) // chunk
-    s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1])
+    s16, s32 = q6k_scratch(chunk if gemm != 0 else 0, yq.shape[1], yq.shape[0])
     _post(ctl, desc)
     publish(ctl, gen, nch)
     c = claim(ctl, gen, nch)

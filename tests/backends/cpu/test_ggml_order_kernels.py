@@ -587,7 +587,7 @@ def test_kquant_igemm_exact_at_the_bounds(t, N):
     if t == Type.Q4_K:
         ng = N - N % 4
         kk.q4k_rows_igemm(gemm, rows, y16, qs, xd, b32, out, ng, 0, C, 0, tbl,
-                          *kk.q4k_scratch(C, K))
+                          *kk.q4k_scratch(C, K, ng))
         want = np.concatenate([_q4k_ref_q(rows, qs[:ng], xd[:ng], bs[:ng], True),
                                _q4k_ref_q(rows, qs[ng:], xd[ng:], bs[ng:], False)])
         w4, sc, _, _, _ = repack_q4k.decode_q4_k(rows)
@@ -596,7 +596,7 @@ def test_kquant_igemm_exact_at_the_bounds(t, N):
                                .astype(np.int64), qs[:, :64].astype(np.int64))).max()
         assert big == 64 * 128 * 945
     else:
-        kk.q6k_rows_igemm(gemm, rows, y16, xd, out, 0, C, 0, tbl, *kk.q6k_scratch(C, K))
+        kk.q6k_rows_igemm(gemm, rows, y16, xd, out, 0, C, 0, tbl, *kk.q6k_scratch(C, K, N))
         want = _q6k_ref_q(rows, qs, xd, bs, True)
         q6, sc6, _ = vec_dot_q6k.decode_q6_k(rows)
         v = (q6.reshape(C, nb, 16, 16).astype(np.int64) - 32) * sc6[..., None]
