@@ -65,7 +65,8 @@ holding the others up. Calls are synchronous.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -79,7 +80,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "kquant_operands", "plane_tasks_step",
+__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "kquant_operands", "shared_scratch", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -168,14 +169,18 @@ def _bf16_value(x: np.ndarray) -> np.ndarray:
     return (fp32_to_bf16(x).view(np.uint16).astype(np.uint32) << 16).view(F32)
 
 
-def _alloc_act(kind: str, N: int, K: int) -> ActQ:
+def _act_shapes(kind: str, N: int, K: int) -> list[tuple[tuple[int, int], Any]]:
+    """``(shape, dtype)`` of an :class:`ActQ`'s ``q``, ``d`` and ``x`` for ``N`` rows of ``K``."""
     if kind in ("f16", "bf16"):
-        return ActQ(kind, np.empty((N, K), F32), _DUMMY, _DUMMY)
+        return [((N, K), F32), ((1, 1), F32), ((1, 1), F32)]
     bs = QK_K if kind == "q8_K" else 32
-    d = np.empty((N, K // bs), F32)
-    x = (np.empty((N, K // 16), np.int32) if kind == "q8_K"
-         else np.empty((N, K // 32), F32) if kind == "q8_1" else _DUMMY)
-    return ActQ(kind, np.empty((N, K), np.int8), d, x)
+    x = (((N, K // 16), np.int32) if kind == "q8_K"
+         else ((N, K // 32), F32) if kind == "q8_1" else ((1, 1), F32))
+    return [((N, K), np.int8), ((N, K // bs), F32), x]
+
+
+def _alloc_act(kind: str, N: int, K: int) -> ActQ:
+    return ActQ(kind, *(np.empty(sh, dt) for sh, dt in _act_shapes(kind, N, K)))
 
 
 def _quant_rows(act: ActQ, x: np.ndarray, n0: int, n1: int, jit: bool, form: str) -> None:
@@ -474,6 +479,27 @@ def kquant_operands(where: str, a: np.ndarray, b: np.ndarray, dst: np.ndarray,
     return C, nb, B3, B2, N
 
 
+_SCRATCH: dict[tuple[Any, ...], tuple[threading.Lock, tuple[np.ndarray, ...]]] = {}
+_SCRATCH_LOCK = threading.Lock()
+
+
+def shared_scratch(key: tuple[Any, ...],
+                   shapes: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[threading.Lock,
+                                                                         tuple[np.ndarray, ...]]:
+    """Activation buffers shared by every prepared step that asks with the same ``key`` (which
+    must determine ``shapes``: ``(shape, dtype)`` per array, elements), and the lock a step
+    holds while it uses them: a model's layers, whose steps run one at a time, then keep one
+    set of quantized-activation buffers per shape instead of one per layer (memory that stays
+    resident once written); two plans running at once on other threads wait for each other
+    instead of sharing the data."""
+    with _SCRATCH_LOCK:
+        got = _SCRATCH.get(key)
+        if got is None:
+            got = _SCRATCH[key] = (threading.Lock(),
+                                   tuple(np.empty(sh, dt) for sh, dt in shapes))
+        return got
+
+
 def plane_tasks_step(b: np.ndarray, dst: np.ndarray,
                      make: Callable[[np.ndarray, np.ndarray], tuple[Any, Any]],
                      run_dot: RunDot | None) -> Step:
@@ -557,7 +583,10 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     kind = VEC_DOT_TYPE[t]
     _validate_x(x, kind, "prepare")
     N, K = x.shape
-    act = _alloc_act(kind, N, K)
+    # the activation buffers of every step of this kind and shape (one set per shape, not per
+    # layer), held while a step runs
+    lock, arrs = shared_scratch(("act", kind, N, K), _act_shapes(kind, N, K))
+    act = ActQ(kind, *arrs)
     (part,) = mul_mat_parts(t, w, act, out, 1)
     jit = jit_available()
     k = _jit() if jit else None
@@ -597,18 +626,20 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
 
         def run() -> None:
             # the activations first, then the task (module docstring of qmatmul_tasks)
-            if quant():
-                go(main, worker)
-            else:
-                _exact(t, wv, x, out)
+            with lock:
+                if quant():
+                    go(main, worker)
+                    return
+            _exact(t, wv, x, out)
         return run
 
     def run_other() -> None:
-        _quant_rows(act, np.ascontiguousarray(x), 0, N, jit, form)
-        if _overflowed(act):
-            _exact(t, wv, x, out)
-            return
-        part()
+        with lock:
+            _quant_rows(act, np.ascontiguousarray(x), 0, N, jit, form)
+            if not _overflowed(act):
+                part()
+                return
+        _exact(t, wv, x, out)
     return run_other
 
 

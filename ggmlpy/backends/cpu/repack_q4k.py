@@ -35,6 +35,7 @@ pool's workers, woken when it starts, find the chunks published.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
@@ -135,10 +136,14 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     chunk = kquant_igemm.chunk_rows(C) if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
     quants = []                           # per plane: its activations' Q8_K arrays
+    locks = []                            # and the lock of those (shared) arrays
 
     def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        q = (np.empty((N, K), np.int8), np.empty((N, nb), _F32), np.empty((N, nb * 16), np.int16),
-             np.empty((N, nb * 8), np.int32), np.empty((ng if gemm else 0, K), np.int16))
+        lock, q = qmatmul.shared_scratch(
+            ("repack_q4k", len(quants), N, K, bool(gemm)),
+            [((N, K), np.int8), ((N, nb), _F32), ((N, nb * 16), np.int16),
+             ((N, nb * 8), np.int32), ((ng if gemm else 0, K), np.int16)])
+        locks.append(lock)
         yq, yd, _, b32, y16 = q
         quants.append(q)
         return (partial(tk.q4k_main, desc, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl),
@@ -149,9 +154,12 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     def step() -> None:
         # every plane quantized before the tasks: a task's workers, woken when it starts,
         # find its chunks published at once
-        for x, (yq, yd, bs, b32, y16) in zip(planes, quants):
-            tk.q4k_quant(x, yq, yd, bs, b32, y16, ng)
-        run()
+        with ExitStack() as held:  # the planes' shared activation buffers
+            for lk in locks:
+                held.enter_context(lk)
+            for x, (yq, yd, bs, b32, y16) in zip(planes, quants):
+                tk.q4k_quant(x, yq, yd, bs, b32, y16, ng)
+            run()
     return step
 
 

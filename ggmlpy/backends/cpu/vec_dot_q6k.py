@@ -29,6 +29,7 @@ N, C)``.
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
@@ -118,10 +119,14 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     chunk = kquant_igemm.chunk_rows(C) if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
     quants = []                           # per plane: its activations' Q8_K arrays
+    locks = []                            # and the lock of those (shared) arrays
 
     def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        q = (np.empty((N, K), np.int8), np.empty((N, nb), _F32), np.empty((N, nb * 16), np.int16),
-             np.empty((N if gemm else 0, K), np.int16))
+        lock, q = qmatmul.shared_scratch(
+            ("vec_dot_q6k", len(quants), N, K, bool(gemm)),
+            [((N, K), np.int8), ((N, nb), _F32), ((N, nb * 16), np.int16),
+             ((N if gemm else 0, K), np.int16)])
+        locks.append(lock)
         yq, yd, bs, y16 = q
         quants.append(q)
         return (partial(tk.q6k_main, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
@@ -131,9 +136,12 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
 
     def step() -> None:
         # every plane quantized before the tasks (see repack_q4k.mul_mat_q4k_step)
-        for x, (yq, yd, bs, y16) in zip(planes, quants):
-            tk.q6k_quant(x, yq, yd, bs, y16)
-        run()
+        with ExitStack() as held:  # the planes' shared activation buffers
+            for lk in locks:
+                held.enter_context(lk)
+            for x, (yq, yd, bs, y16) in zip(planes, quants):
+                tk.q6k_quant(x, yq, yd, bs, y16)
+            run()
     return step
 
 
