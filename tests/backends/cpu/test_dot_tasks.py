@@ -337,3 +337,41 @@ def test_warm_up_runs_every_kernel_and_task(monkeypatch) -> None:
     assert qmatmul.warm_up() is True
     monkeypatch.setenv("GGMLPY_JIT", "0")
     assert qmatmul.warm_up() is False
+
+
+@pytest.mark.parametrize("t", [Type.Q8_0, Type.Q4_K])
+def test_steps_of_one_shape_share_buffers_and_stay_correct(t) -> None:
+    """Prepared steps of one activation kind and shape share their quantized-activation buffers
+    (qmatmul.shared_scratch): steps run one after another in any order, and from two threads at
+    once, still give each its own product, bit for bit the one of a step run alone."""
+    rng = np.random.default_rng(int(t))
+    K, M, N = 512, 40, 9
+    ws = [quantize(rng.standard_normal((M, K)).astype(np.float32), t).reshape(M, -1)
+          for _ in range(3)]
+    xs = [rng.standard_normal((N, K)).astype(np.float32) for _ in range(3)]
+    want = []
+    for w, x in zip(ws, xs):
+        o = np.empty((N, M), np.float32)
+        qmatmul.prepare(t, w, x, o)()
+        want.append(o.copy())
+    outs = [np.empty((N, M), np.float32) for _ in range(3)]
+    steps = [qmatmul.prepare(t, w, x, o) for w, x, o in zip(ws, xs, outs)]
+    assert (qmatmul.shared_scratch(("act", qmatmul.VEC_DOT_TYPE[t], N, K), [])[1][0]
+            .shape == (N, K))
+    for i in (2, 0, 1, 0):
+        steps[i]()
+        np.testing.assert_array_equal(outs[i], want[i])
+    errors = []
+
+    def loop(i: int) -> None:
+        for _ in range(30):
+            steps[i]()
+            if not np.array_equal(outs[i], want[i]):
+                errors.append(i)
+
+    th = [threading.Thread(target=loop, args=(i,)) for i in range(3)]
+    for h in th:
+        h.start()
+    for h in th:
+        h.join()
+    assert errors == []
