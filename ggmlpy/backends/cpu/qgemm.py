@@ -61,7 +61,7 @@ from ggmlpy.core.types import Type
 from ggmlpy.quants import q8_arch
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE
 
-__all__ = ["BLOCK_TYPES", "SPLIT_MIN_TYPES", "DEQUANT_CHUNK_ELEMS", "dequantize_rows",
+__all__ = ["BLOCK_TYPES", "SPLIT_MIN_TYPES", "DEQUANT_CHUNK_ELEMS", "dequantize_rows", "warm_up",
            "gemm_numerics", "gemm_cols", "act_operand", "kernels_available"]
 
 F32 = np.float32
@@ -298,4 +298,23 @@ def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray, form: str) -> bo
         if np.isinf(s16).any():
             return False
         out[:, K:] = s16
+    return True
+
+
+def warm_up() -> bool:
+    """*Sync*: compile (or load from Numba's disk cache) the GEMM path's kernels for the types
+    plans pass (the dequantizers on weights read in place from a read-only file map, the
+    activation operands), so that a first prompt batch past the crossover does not pay for it;
+    returns :func:`kernels_available`."""
+    if not kernels_available():
+        return False
+    from ggmlpy.quants import quantize  # noqa: PLC0415
+
+    x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+    for t in BLOCK_TYPES:
+        w = quantize(x, t).reshape(2, -1).view(np.uint8)
+        w.flags.writeable = False
+        dequantize_rows(t, w, split=t in SPLIT_MIN_TYPES)
+        out = np.empty((2, gemm_cols(t, 256, "ggml")), np.float32)
+        act_operand(t, x, out)
     return True

@@ -80,7 +80,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "kquant_operands", "shared_scratch", "plane_tasks_step",
+__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -455,6 +455,17 @@ def run_alone(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
     Returns ``main``'s result."""
     del worker
     return main(np.zeros(_CTL_SOLO, np.int64), 1)
+
+
+def run_alone_compiling_worker(main: Callable[[np.ndarray, int], int], worker: Any) -> int:
+    """*Sync*: :func:`run_alone`, after compiling (or loading from Numba's disk cache) the task's
+    worker part for its arguments (``worker``: a ``functools.partial`` of a Numba dispatcher),
+    which a pool's threads would otherwise compile at their first task: for warm-ups."""
+    from numba import typeof  # noqa: PLC0415 - only with the compiled kernels
+
+    ctl = np.zeros(_CTL_SOLO, np.int64)
+    worker.func.compile(tuple(typeof(a) for a in (*worker.args, ctl, 1)))
+    return run_alone(main, worker)
 
 
 def kquant_operands(where: str, a: np.ndarray, b: np.ndarray, dst: np.ndarray,

@@ -164,8 +164,14 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
 
 
 def warm_up() -> None:
-    """*Sync*: compile (or load from Numba's disk cache) the kernel. Needs Numba."""
+    """*Sync*: compile (or load from Numba's disk cache) the kernels, the workers' part of the
+    tasks included, for the types a model's plans pass (a weight read in place from a read-only
+    file map), so that a first prompt batch does not pay for it. Needs Numba."""
     a = np.zeros((1, 1, 8, Q4K_BYTES), np.uint8)
+    a.flags.writeable = False
     b = np.zeros((1, 1, 1, 256), _F32)
-    mul_mat_q4k_step(a, b, np.empty((1, 1, 1, 8), _F32), 1)()
-    mul_mat_q4k_step(a, np.zeros((1, 1, 5, 256), _F32), np.empty((1, 1, 5, 8), _F32), 5)()
+    go = qmatmul.run_alone_compiling_worker
+    mul_mat_q4k_step(a, b, np.empty((1, 1, 1, 8), _F32), 1, go)()
+    for n in (5, kquant_igemm.Q4K_MIN_ROWS + 1):   # dot kernels, integer GEMMs
+        mul_mat_q4k_step(a, np.zeros((1, 1, n, 256), _F32), np.empty((1, 1, n, 8), _F32), n,
+                         go)()

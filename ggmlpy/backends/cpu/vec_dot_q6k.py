@@ -146,8 +146,12 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
 
 
 def warm_up() -> None:
-    """*Sync*: compile (or load from Numba's disk cache) the kernel. Needs Numba."""
+    """*Sync*: compile (or load from Numba's disk cache) the kernels, the workers' part of the
+    tasks included, for the types a model's plans pass (see :func:`.repack_q4k.warm_up`). Needs
+    Numba."""
     a = np.zeros((1, 1, 8, Q6K_BYTES), np.uint8)
-    b = np.zeros((1, 1, 1, 256), _F32)
-    mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), False)()
-    mul_mat_q6k_step(a, b, np.empty((1, 1, 1, 8), _F32), True)()
+    a.flags.writeable = False
+    go = qmatmul.run_alone_compiling_worker
+    for n, tiled in ((1, False), (1, True), (kquant_igemm.Q6K_MIN_ROWS, True)):
+        mul_mat_q6k_step(a, np.zeros((1, 1, n, 256), _F32), np.empty((1, 1, n, 8), _F32),
+                         tiled, go)()

@@ -56,7 +56,7 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ggmlpy.backends.cpu import jit as cpu_jit
-from ggmlpy.backends.cpu import rope_ggml
+from ggmlpy.backends.cpu import qgemm, repack_q4k, rope_ggml, vec_dot_q6k
 from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
@@ -272,6 +272,9 @@ class LLM(SchedModel):
             self._reserve()
             if cpu_jit.warm_up():  # compiled CPU kernels loaded now, not in the first eval
                 rope_ggml.warm_up()
+                repack_q4k.warm_up()   # the K-quant orders' tasks (prompt batches)
+                vec_dot_q6k.warm_up()
+                qgemm.warm_up()        # the GEMM path (long prompt batches)
             self._warm_up()
         except BaseException:
             self.close()
