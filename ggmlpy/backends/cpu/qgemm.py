@@ -50,6 +50,7 @@ compiled kernels release the GIL.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -301,17 +302,17 @@ def _act_jit(k: Any, kind: str, x: np.ndarray, out: np.ndarray, form: str) -> bo
     return True
 
 
-def warm_up() -> bool:
-    """*Sync*: compile (or load from Numba's disk cache) the GEMM path's kernels for the types
-    plans pass (the dequantizers on weights read in place from a read-only file map, the
-    activation operands), so that a first prompt batch past the crossover does not pay for it;
-    returns :func:`kernels_available`."""
+def warm_up(types: Iterable[Type] = BLOCK_TYPES) -> bool:
+    """*Sync*: compile (or load from Numba's disk cache) the GEMM path's kernels for weights of
+    ``types`` (others are ignored) with the array types plans pass (the dequantizers on weights
+    read in place from a read-only file map, the activation operands), so that a first prompt
+    batch past the crossover does not pay for it; returns :func:`kernels_available`."""
     if not kernels_available():
         return False
     from ggmlpy.quants import quantize  # noqa: PLC0415
 
     x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
-    for t in BLOCK_TYPES:
+    for t in sorted(set(types) & set(BLOCK_TYPES)):
         w = quantize(x, t).reshape(2, -1).view(np.uint8)
         w.flags.writeable = False
         dequantize_rows(t, w, split=t in SPLIT_MIN_TYPES)

@@ -272,9 +272,12 @@ class LLM(SchedModel):
             self._reserve()
             if cpu_jit.warm_up():  # compiled CPU kernels loaded now, not in the first eval
                 rope_ggml.warm_up()
-                repack_q4k.warm_up()   # the K-quant orders' tasks (prompt batches)
-                vec_dot_q6k.warm_up()
-                qgemm.warm_up()        # the GEMM path (long prompt batches)
+                wtypes = {w.type for w in tensors.values()}
+                if Type.Q4_K in wtypes:  # the K-quant orders' tasks (prompt batches)
+                    repack_q4k.warm_up()
+                if Type.Q6_K in wtypes:
+                    vec_dot_q6k.warm_up()
+                qgemm.warm_up(wtypes)   # the GEMM path (long prompt batches)
             self._warm_up()
         except BaseException:
             self.close()
