@@ -49,8 +49,7 @@ Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer acti
 For the block types the crossover is :data:`GGML_ORDER_ROWS`: token generation and prompt batches
 of up to 255 rows run ggml-cpu's summation orders (these kernels and the CPU's x86 ggml-order
 variants, so a model's results follow llama.cpp's bit for bit), larger batches the GEMM, whose
-float32 throughput is up to twice the integer dot products' there (docs/quant_matmul.md has the
-speed crossovers, 24-128 rows). The GEMM path keeps ggml's numerics but for the summation order
+float32 throughput wins there (docs/quant_matmul.md has the speed crossovers, 128-256 rows). The GEMM path keeps ggml's numerics but for the summation order
 (:mod:`ggmlpy.backends.cpu.qgemm`: the same activation quantization, the referee's result within
 float32 summation-order rounding).
 
@@ -93,9 +92,10 @@ _NP_CHUNK = 1 << 20
 #: activation rows (``src1``'s ``ne[1]``) below which the CPU computes a MUL_MAT in ggml-cpu's
 #: order: quantized weights on the dot kernels (or the CPU's ggml-order Q4_K/Q6_K variants), F16
 #: activation products (the attention's, ``cpu.jit.mul_mat_f16``) in llamafile's tinyBLAS order.
-#: A precision choice: from 24-128 rows on (the speed crossovers of ``scripts/bench_qmatmul.py
-#: --crossover``, per type) the BLAS GEMM would already be faster; from 256 rows (prompts
-#: processed in micro-batches of 256-512 tokens) its throughput is what prompt processing gets.
+#: About where the BLAS GEMM starts to win (``scripts/bench_qmatmul.py --crossover``: 128-256 rows
+#: for Q8_0, Q5_0, Q4_K; Q6_K's integer-GEMM order still wins at 256); from 256 rows (prompts
+#: processed in micro-batches of 256-512 tokens) the GEMM's throughput is what prompt processing
+#: gets, in another float32 summation order than llama.cpp's.
 GGML_ORDER_ROWS = 256
 
 #: activation rows from which a MUL_MAT with this weight type runs the GEMM path
