@@ -4,7 +4,8 @@
 fused multiply-add, ``llvm.fma.f32``, one rounding: what ``_mm*_fmadd_ps`` lanes compute) and
 LLVM IR helpers for intrinsics that hold ggml's AVX-512 registers as ``<16 x float>`` vectors
 (:func:`vtype`, :func:`vload`, :func:`reduce512` = ``_mm512_reduce_add_ps``, :func:`reduce2048`
-= ``GGML_F32x16_REDUCE``). Importing this module imports Numba.
+= ``GGML_F32x16_REDUCE``), and :func:`fma_lanes_dot`, one dot product in such lanes. Importing
+this module imports Numba.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["fma32", "vtype", "vload", "reduce512", "reduce2048"]
+__all__ = ["fma32", "vtype", "vload", "reduce512", "reduce2048", "fma_lanes_dot"]
 
 _F = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -70,3 +71,34 @@ def vload(context: Any, builder: ir.IRBuilder, aty: Any, arr: ir.Value, off: ir.
     a = context.make_array(aty)(context, builder, arr)
     p = builder.gep(a.data, [off])
     return builder.load(builder.bitcast(p, vtype(n).as_pointer()), align=4)
+
+
+def fma_lanes_dot(width: int) -> Any:
+    """An intrinsic ``dot(a, ao, b, bo, nv)``: ``width`` float32 lanes, lane ``l`` computing
+    ``acc = fma(a[ao + width*j + l], b[bo + width*j + l], acc)`` for ``j < nv`` in turn from 0;
+    returns the lanes reduced to one float32 (16 lanes: :func:`reduce512`, 64 lanes:
+    :func:`reduce2048`). ``a``, ``b``: 1-D float32 C-contiguous arrays; the caller guarantees
+    the bounds. (For f16 values widened to float32 the products are exact, so the fused and the
+    separate multiply-add round alike.)"""
+
+    @intrinsic
+    def dot(typingctx, a, ao, b, bo, nv):
+        sig = types.float32(a, ao, b, bo, nv)
+
+        def codegen(context, builder, signature, args):
+            aarr, ao_, barr, bo_, nv_ = args
+            aty, bty = signature.args[0], signature.args[2]
+            vt = vtype(width)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vt, [vt] * 3), f"llvm.fma.v{width}f32")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(vt, [0.0] * width))
+            w = ir.Constant(ir.IntType(64), width)
+            with cgutils.for_range(builder, nv_) as loop:
+                off = builder.mul(loop.index, w)
+                va = vload(context, builder, aty, aarr, builder.add(ao_, off), width)
+                vb = vload(context, builder, bty, barr, builder.add(bo_, off), width)
+                builder.store(builder.call(fma, [va, vb, builder.load(acc)]), acc)
+            v = builder.load(acc)
+            return reduce2048(builder, v) if width == 64 else reduce512(builder, v)
+        return sig, codegen
+    return dot

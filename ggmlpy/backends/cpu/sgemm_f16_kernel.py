@@ -1,16 +1,16 @@
 """The Numba kernels behind :mod:`ggmlpy.backends.cpu.sgemm_f16` (imported by it on first use
 only; importing this module imports Numba). Module-level functions, so that Numba's on-disk
-cache finds them again in a later process.
+cache finds them again in a later process. :func:`tinyblas` also computes the tinyBLAS order
+of :mod:`ggmlpy.backends.cpu.sgemm_f32` (its operands are float32 arrays either way).
 
 Each dot product (or register tile of them) is one intrinsic (LLVM vector IR) that keeps ggml's
 float32 lanes as LLVM vectors: ``<16 x float>`` for llamafile's tinyBLAS (one AVX-512 register
 per output, 4 x 4 outputs at a time) and ``<64 x float>`` for ``ggml_vec_dot_f16`` (its four
-registers of 16 lanes), each lane adding its products in turn, then the lanes reduced as
-``_mm512_reduce_add_ps`` (halves added: lanes ``i`` and ``i + 8``, then ``i + 4``, ``i + 2``,
-``i + 1``). The operands are f16 values widened to float32, so every product is exact: the
-tinyBLAS tiles' fused multiply-adds (``llvm.fma``, as ggml's ``madd``) and the ``vec_dot``
-loop's separate multiply and add round alike (no fast-math flags: LLVM keeps every addition
-where it is).
+registers of 16 lanes, :func:`ggmlpy.backends.cpu.fma_ir.fma_lanes_dot`), each lane adding its
+products in turn with ``llvm.fma`` (ggml's ``madd``/``_mm512_fmadd_ps``), then the lanes reduced
+as ``_mm512_reduce_add_ps`` (halves added: lanes ``i`` and ``i + 8``, then ``i + 4``, ``i + 2``,
+``i + 1``). For f16 values widened to float32 every product is exact, so a fused and a separate
+multiply-add round alike; no fast-math flags: LLVM keeps every addition where it is.
 """
 
 from __future__ import annotations
@@ -21,40 +21,13 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ggmlpy.backends.cpu.fma_ir import reduce512, reduce2048, vload, vtype
+from ggmlpy.backends.cpu.fma_ir import fma_lanes_dot, reduce512, vload, vtype
 
 F32, F64 = np.float32, np.float64
 _I64 = ir.IntType(64)
 
 
-def _lanes_dot(width: int):
-    """An intrinsic ``dot(a, ao, b, bo, nv)``: ``width`` float32 lanes, lane ``l`` adding
-    ``a[ao + width*j + l] * b[bo + width*j + l]`` for ``j < nv`` in turn; returns the lanes as a
-    float32 vector reduced: 16 lanes by :func:`reduce512`, 64 lanes as ``GGML_F32x16_REDUCE``
-    (registers 0+2 and 1+3, then 0+1, then :func:`reduce512`). ``a``, ``b``: 1-D float32
-    C-contiguous arrays; the caller guarantees the bounds."""
-
-    @intrinsic
-    def dot(typingctx, a, ao, b, bo, nv):
-        sig = types.float32(a, ao, b, bo, nv)
-
-        def codegen(context, builder, signature, args):
-            aarr, ao_, barr, bo_, nv_ = args
-            aty, bty = signature.args[0], signature.args[2]
-            acc = cgutils.alloca_once_value(builder, ir.Constant(vtype(width), [0.0] * width))
-            w = ir.Constant(_I64, width)
-            with cgutils.for_range(builder, nv_) as loop:
-                off = builder.mul(loop.index, w)
-                va = vload(context, builder, aty, aarr, builder.add(ao_, off), width)
-                vb = vload(context, builder, bty, barr, builder.add(bo_, off), width)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(va, vb)), acc)
-            v = builder.load(acc)
-            return reduce2048(builder, v) if width == 64 else reduce512(builder, v)
-        return sig, codegen
-    return dot
-
-
-_dot64 = _lanes_dot(64)
+_dot64 = fma_lanes_dot(64)
 
 
 def _fma16(builder: ir.IRBuilder, a: ir.Value, b: ir.Value, c: ir.Value) -> ir.Value:

@@ -110,7 +110,9 @@ def mul_mat_f32_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tinyblas: bo
             copyto(dst, out.reshape(dst.shape))
 
     if tinyblas:
-        kern = ks.tinyblas
+        from ggmlpy.backends.cpu import sgemm_f16_kernel  # noqa: PLC0415 - imports Numba
+
+        kern = sgemm_f16_kernel.tinyblas   # the one tinyBLAS kernel (float32 operands)
 
         def run() -> None:
             fill()

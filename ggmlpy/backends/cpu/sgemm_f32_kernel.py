@@ -3,11 +3,11 @@ only; importing this module imports Numba). Module-level functions, so that Numb
 cache finds them again in a later process.
 
 The float32 products are not exact, so ggml-cpu's fused multiply-adds are kept fused: the lane
-intrinsic :func:`_fma_lanes` is ``width`` float32 lanes of ``llvm.fma`` (``_mm512_fmadd_ps``),
-lane ``l`` adding the products ``k = width*j + l`` in turn; its 16 lanes are then reduced as
-``_mm512_reduce_add_ps`` and its 64 lanes (``ggml_vec_dot_f32``'s four registers) as
-``GGML_F32x16_REDUCE`` first (:func:`ggmlpy.backends.cpu.sgemm_f16_kernel.reduce512` and
-:func:`~ggmlpy.backends.cpu.sgemm_f16_kernel.reduce2048`). ``ggml_vec_dot_f32``'s scalar tail
+intrinsic :func:`ggmlpy.backends.cpu.fma_ir.fma_lanes_dot` is ``width`` float32 lanes of
+``llvm.fma`` (``_mm512_fmadd_ps``), lane ``l`` adding the products ``k = width*j + l`` in turn;
+its 64 lanes (``ggml_vec_dot_f32``'s four registers) are reduced as ``GGML_F32x16_REDUCE``.
+llamafile's tinyBLAS order is :func:`ggmlpy.backends.cpu.sgemm_f16_kernel.tinyblas` (fused
+16-lane tiles on float32 operands, which the F16 variant widens to first). ``ggml_vec_dot_f32``'s scalar tail
 (the products past the last full step of 64) is added one product at a time, each rounded before
 the addition, except the last ``(K - K64) % 4``, which are fused (:func:`fma32`): that is how
 GCC compiles the tail loop of vec.cpp with FMA enabled (groups of 8 and 4 multiplied as vectors,
@@ -24,44 +24,13 @@ from numba import njit
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from ggmlpy.backends.cpu.fma_ir import reduce512, reduce2048, vload, vtype
+from ggmlpy.backends.cpu.fma_ir import fma_lanes_dot, vload, vtype
 
 F32 = np.float32
 _I64 = ir.IntType(64)
 
 
-def _fma_lanes(width: int):
-    """An intrinsic ``dot(a, ao, b, bo, nv)``: ``width`` float32 lanes, lane ``l`` computing
-    ``acc = fma(a[ao + width*j + l], b[bo + width*j + l], acc)`` for ``j < nv`` in turn from 0;
-    returns the lanes reduced to one float32 (16 lanes: :func:`reduce512`, 64 lanes:
-    :func:`reduce2048`). ``a``, ``b``: 1-D float32 C-contiguous arrays; the caller guarantees
-    the bounds."""
-
-    @intrinsic
-    def dot(typingctx, a, ao, b, bo, nv):
-        sig = types.float32(a, ao, b, bo, nv)
-
-        def codegen(context, builder, signature, args):
-            aarr, ao_, barr, bo_, nv_ = args
-            aty, bty = signature.args[0], signature.args[2]
-            vt = vtype(width)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vt, [vt] * 3), f"llvm.fma.v{width}f32")
-            acc = cgutils.alloca_once_value(builder, ir.Constant(vt, [0.0] * width))
-            w = ir.Constant(_I64, width)
-            with cgutils.for_range(builder, nv_) as loop:
-                off = builder.mul(loop.index, w)
-                va = vload(context, builder, aty, aarr, builder.add(ao_, off), width)
-                vb = vload(context, builder, bty, barr, builder.add(bo_, off), width)
-                builder.store(builder.call(fma, [va, vb, builder.load(acc)]), acc)
-            v = builder.load(acc)
-            return reduce2048(builder, v) if width == 64 else reduce512(builder, v)
-        return sig, codegen
-    return dot
-
-
-_fma16 = _fma_lanes(16)
-_fma64 = _fma_lanes(64)
+_fma64 = fma_lanes_dot(64)
 
 
 def _tail_tile(rn: int, rm: int):
@@ -127,24 +96,6 @@ _tail_4x2 = _tail_tile(4, 2)
 _tail_4x1 = _tail_tile(4, 1)
 _tail_1x4 = _tail_tile(1, 4)
 _tail_1x1 = _tail_tile(1, 1)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def tinyblas(a, b, out, A2, A3, M, K, B2, B3, N):  # pragma: no cover - compiled
-    """``out[i3, i2, n, m] = sum_k a[i3/r3, i2/r2, m, k] * b[i3, i2, n, k]`` in llamafile
-    tinyBLAS's F32 order (16 fused lanes, ``K % 16 == 0``): ``a``, ``b``, ``out`` the 1-D
-    C-contiguous float32 data of ``(A3, A2, M, K)``, ``(B3, B2, N, K)``, ``(B3, B2, N, M)``
-    arrays."""
-    r2, r3 = B2 // A2, B3 // A3
-    nv = K // 16
-    for i3 in range(B3):
-        for i2 in range(B2):
-            a0 = ((i3 // r3) * A2 + i2 // r2) * M * K
-            b0 = (i3 * B2 + i2) * N * K
-            o0 = (i3 * B2 + i2) * N * M
-            for n in range(N):
-                for m in range(M):
-                    out[o0 + n * M + m] = _fma16(a, a0 + m * K, b, b0 + n * K, nv)
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
