@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -512,31 +513,38 @@ def shared_scratch(key: tuple[Any, ...],
 
 
 def plane_tasks_step(b: np.ndarray, dst: np.ndarray,
-                     make: Callable[[np.ndarray, np.ndarray], tuple[Any, Any]],
+                     make: Callable[[np.ndarray, np.ndarray, int],
+                                    tuple[Step, Any, Any, threading.Lock]],
                      run_dot: RunDot | None) -> Step:
     """A step running one dot task per plane ``(i3, i2)`` of ``b`` float32 ``(B3, B2, N, K)``
-    into ``dst`` float32 ``(B3, B2, N, C)``: ``make(x, out)`` gives the task's ``(main,
-    worker)`` for a C-contiguous ``x`` ``(N, K)`` and ``out`` ``(N, C)`` (a plane itself when it
-    is C-contiguous, else a buffer copied in before or out after the task), which ``run_dot``
-    (None: :func:`run_alone`) runs. Synchronous when run."""
+    into ``dst`` float32 ``(B3, B2, N, C)``. ``make(x, out, i)`` gives, for plane ``i`` (in
+    ``(i3, i2)`` order), ``x`` ``(N, K)`` as it lies and ``out`` ``(N, C)`` (the ``dst`` plane itself when it is C-contiguous,
+    else a buffer copied out after the task): ``prep`` (quantizes ``x`` into the task's
+    activation buffers), the task's ``(main, worker)``, which ``run_dot`` (None:
+    :func:`run_alone`) runs, and the lock of those buffers (:func:`shared_scratch`). A run holds
+    every plane's lock, quantizes every plane, then runs the tasks: a task's workers, woken when
+    it starts, find its chunks published at once. Synchronous when run."""
     go = run_dot or run_alone
     N, C = dst.shape[2], dst.shape[3]
     out = np.empty((N, C), F32)
     jobs = []
     for i3 in range(b.shape[0]):
         for i2 in range(b.shape[1]):
-            x, d = b[i3, i2], dst[i3, i2]
+            d = dst[i3, i2]
             o = d if d.flags.c_contiguous else out
-            xc = x if x.flags.c_contiguous else np.empty(x.shape, F32)
-            jobs.append((x, xc, d, o, *make(xc, o)))
+            jobs.append((d, o, *make(b[i3, i2], o, len(jobs))))
+    locks = list(dict.fromkeys(job[-1] for job in jobs))
 
     def run() -> None:
-        for x, xc, d, o, main, worker in jobs:
-            if xc is not x:
-                np.copyto(xc, x)
-            go(main, worker)
-            if o is not d:
-                np.copyto(d, o)
+        with ExitStack() as held:
+            for lk in locks:
+                held.enter_context(lk)
+            for job in jobs:
+                job[2]()
+            for d, o, _, main, worker, _ in jobs:
+                go(main, worker)
+                if o is not d:
+                    np.copyto(d, o)
     return run
 
 

@@ -35,7 +35,6 @@ pool's workers, woken when it starts, find the chunks published.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
@@ -135,32 +134,17 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     gemm = kquant_igemm.gemm_address(ng, kquant_igemm.Q4K_MIN_ROWS)
     chunk = kquant_igemm.chunk_rows(C) if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
-    quants = []                           # per plane: its activations' Q8_K arrays
-    locks = []                            # and the lock of those (shared) arrays
 
-    def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        lock, q = qmatmul.shared_scratch(
-            ("repack_q4k", len(quants), N, K, bool(gemm)),
+    def make(x: np.ndarray, o: np.ndarray, plane: int) -> tuple[Any, Any, Any, Any]:
+        # the activations' Q8_K arrays, shared with every step of this shape
+        lock, (yq, yd, bs, b32, y16) = qmatmul.shared_scratch(
+            ("repack_q4k", plane, N, K, bool(gemm)),
             [((N, K), np.int8), ((N, nb), _F32), ((N, nb * 16), np.int16),
              ((N, nb * 8), np.int32), ((ng if gemm else 0, K), np.int16)])
-        locks.append(lock)
-        yq, yd, _, b32, y16 = q
-        quants.append(q)
-        return (partial(tk.q4k_main, desc, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl),
-                partial(tk.q4k_chunks, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl))
-    run = qmatmul.plane_tasks_step(b, dst, make, run_dot)
-    planes = [b[i3, i2] for i3 in range(B3) for i2 in range(B2)]
-
-    def step() -> None:
-        # every plane quantized before the tasks: a task's workers, woken when it starts,
-        # find its chunks published at once
-        with ExitStack() as held:  # the planes' shared activation buffers
-            for lk in locks:
-                held.enter_context(lk)
-            for x, (yq, yd, bs, b32, y16) in zip(planes, quants):
-                tk.q4k_quant(x, yq, yd, bs, b32, y16, ng)
-            run()
-    return step
+        return (partial(tk.q4k_quant, x, yq, yd, bs, b32, y16, ng),
+                partial(tk.q4k_main, desc, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl),
+                partial(tk.q4k_chunks, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl), lock)
+    return qmatmul.plane_tasks_step(b, dst, make, run_dot)
 
 
 def warm_up() -> None:

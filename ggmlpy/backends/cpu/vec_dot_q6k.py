@@ -29,7 +29,6 @@ N, C)``.
 
 from __future__ import annotations
 
-from contextlib import ExitStack
 from functools import partial
 from typing import Any
 
@@ -118,31 +117,17 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     gemm = kquant_igemm.gemm_address(N, kquant_igemm.Q6K_MIN_ROWS) if tiled else 0
     chunk = kquant_igemm.chunk_rows(C) if gemm else max(8, -(-C // _CHUNKS))
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
-    quants = []                           # per plane: its activations' Q8_K arrays
-    locks = []                            # and the lock of those (shared) arrays
 
-    def make(x: np.ndarray, o: np.ndarray) -> tuple[Any, Any]:
-        lock, q = qmatmul.shared_scratch(
-            ("vec_dot_q6k", len(quants), N, K, bool(gemm)),
+    def make(x: np.ndarray, o: np.ndarray, plane: int) -> tuple[Any, Any, Any, Any]:
+        # the activations' Q8_K arrays, shared with every step of this shape
+        lock, (yq, yd, bs, y16) = qmatmul.shared_scratch(
+            ("vec_dot_q6k", plane, N, K, bool(gemm)),
             [((N, K), np.int8), ((N, nb), _F32), ((N, nb * 16), np.int16),
              ((N if gemm else 0, K), np.int16)])
-        locks.append(lock)
-        yq, yd, bs, y16 = q
-        quants.append(q)
-        return (partial(tk.q6k_main, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
-                partial(tk.q6k_chunks, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl))
-    run = qmatmul.plane_tasks_step(b, dst, make, run_dot)
-    planes = [b[i3, i2] for i3 in range(B3) for i2 in range(B2)]
-
-    def step() -> None:
-        # every plane quantized before the tasks (see repack_q4k.mul_mat_q4k_step)
-        with ExitStack() as held:  # the planes' shared activation buffers
-            for lk in locks:
-                held.enter_context(lk)
-            for x, (yq, yd, bs, y16) in zip(planes, quants):
-                tk.q6k_quant(x, yq, yd, bs, y16)
-            run()
-    return step
+        return (partial(tk.q6k_quant, x, yq, yd, bs, y16),
+                partial(tk.q6k_main, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
+                partial(tk.q6k_chunks, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl), lock)
+    return qmatmul.plane_tasks_step(b, dst, make, run_dot)
 
 
 def warm_up() -> None:
