@@ -13,6 +13,8 @@ variable                   accepted value
 ``GGMLPY_PRECISE_KERNELS``  0 or 1: the reference CPU kernels (GELU, NORM, RMS_NORM, ROPE in
                            float64) instead of the fast paths and ggml-cpu's roundings
 ``GGMLPY_JIT``             0 or 1: Numba-compiled CPU kernels when Numba is installed (default 1)
+``GGMLPY_CPU_ZMM``         0 or 1: the legacy quantized products' prompt-batch tiles in 512-bit
+                           registers where the CPU has AVX512-VNNI (default 1; same results)
 ``GGMLPY_BLAS``            ``auto``, ``numpy``, ``mkl`` or a CBLAS library's path: the CPU's
                            float32 GEMMs (default ``auto``: MKL when installed, else NumPy)
 ``GGMLPY_WEIGHT_CACHE_MB``  finite number >= 0: MiB of float32 weight copies kept by the
@@ -54,7 +56,7 @@ import re
 from ggmlpy.core.errors import GgmlpyError
 
 __all__ = ["EnvError", "KNOWN", "BACKENDS", "SIM_DEVICES", "SIM_LATENCY_US", "SIM_MEMORY_MB",
-           "SIM_PINNED_DIRECT", "sim_pinned_direct", "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "BLAS", "blas", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
+           "SIM_PINNED_DIRECT", "sim_pinned_direct", "SCHED_DEBUG", "PRECISE_KERNELS", "precise_kernels", "JIT", "jit_enabled", "CPU_ZMM", "cpu_zmm", "BLAS", "blas", "FIXTURES", "backends", "sim_devices", "sim_latency_us",
            "sim_memory_mb", "sched_debug", "validate", "unknown_variables", "MAX_SIM_DEVICES",
            "RAY_DEVICES", "RAY_ADDRESS", "RAY_TIMEOUT_S", "RAY_CPUS", "RAY_OBJECT_STORE_MB",
            "ray_devices", "ray_address", "ray_timeout_s", "ray_cpus", "ray_object_store_mb",
@@ -71,6 +73,7 @@ SIM_PINNED_DIRECT = "GGMLPY_SIM_PINNED_DIRECT"
 SCHED_DEBUG = "GGMLPY_SCHED_DEBUG"
 PRECISE_KERNELS = "GGMLPY_PRECISE_KERNELS"
 JIT = "GGMLPY_JIT"
+CPU_ZMM = "GGMLPY_CPU_ZMM"
 BLAS = "GGMLPY_BLAS"
 WEIGHT_CACHE_MB = "GGMLPY_WEIGHT_CACHE_MB"
 QUANT_MATMUL = "GGMLPY_QUANT_MATMUL"
@@ -88,7 +91,7 @@ RAY_OBJECT_STORE_MB = "GGMLPY_RAY_OBJECT_STORE_MB"
 
 #: Every variable ggmlpy reads.
 KNOWN = (BACKENDS, SIM_DEVICES, SIM_LATENCY_US, SIM_MEMORY_MB, SIM_PINNED_DIRECT, SCHED_DEBUG,
-         PRECISE_KERNELS, JIT, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, CPU_SPIN, Q8_ROUNDING,
+         PRECISE_KERNELS, JIT, CPU_ZMM, BLAS, WEIGHT_CACHE_MB, QUANT_MATMUL, CPU_SPIN, Q8_ROUNDING,
          FIXTURES, CACHE,
          GEMMA3_GGUF, REF_PYTHON,
          RAY_DEVICES, RAY_ADDRESS, RAY_TIMEOUT_S, RAY_CPUS, RAY_OBJECT_STORE_MB)
@@ -324,6 +327,20 @@ def jit_enabled() -> bool:
     return _flag(JIT, True)
 
 
+def cpu_zmm() -> bool:
+    """``GGMLPY_CPU_ZMM`` as a bool (True when unset): with Numba on a CPU with AVX512-F, -BW and
+    -VNNI, the Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 dot kernels compute batches of four or more activation
+    rows in 512-bit registers (:mod:`ggmlpy.backends.cpu.legacy_zmm_ir`: two outputs per
+    register, each output's operations unchanged, so the results are the same bits); False
+    keeps the 256-bit tiles (for CPUs whose 512-bit units are slower than two 256-bit ones).
+    Read when a plan is built.
+
+    Raises:
+        EnvError: a value other than 0 or 1.
+    """
+    return _flag(CPU_ZMM, True)
+
+
 def blas() -> str:
     """``GGMLPY_BLAS``: which BLAS the CPU backend's float32 GEMMs call
     (:mod:`ggmlpy.backends.cpu.blas`). ``"auto"`` when unset (MKL when its runtime library is
@@ -489,6 +506,7 @@ def validate() -> None:
     sched_debug()
     precise_kernels()
     jit_enabled()
+    cpu_zmm()
     blas()
     weight_cache_mb()
     quant_matmul()

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ggmlpy.sched",),
     ("ggmlpy.backends.cpu.fma_ir",),
     ("ggmlpy.backends.cpu.jit_kernels", "ggmlpy.backends.cpu.qmatmul_ir",
+     "ggmlpy.backends.cpu.legacy_zmm_ir",
      "ggmlpy.backends.cpu.rope_ggml_kernel", "ggmlpy.backends.cpu.spin",
      "ggmlpy.backends.cpu.sgemm_f16_kernel", "ggmlpy.backends.cpu.soft_max_ggml_kernel",
      "ggmlpy.backends.cpu.sgemm_f32_kernel",

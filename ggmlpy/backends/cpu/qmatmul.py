@@ -360,6 +360,14 @@ _LEGACY = {Type.Q4_0: 0, Type.Q4_1: 1, Type.Q5_0: 2, Type.Q5_1: 3, Type.Q8_0: 4}
 _KQUANT = {Type.Q4_K: 0, Type.Q5_K: 1, Type.Q6_K: 2}
 
 
+def _legacy_code(k: Any, t: Type) -> int:
+    """The legacy kernels' kind code of ``t`` (``k``: the kernels' module), with its
+    ``ZMM_FLAG`` where the CPU runs the 512-bit tiles and ``GGMLPY_CPU_ZMM`` allows them."""
+    from ggmlpy.backends.cpu.legacy_zmm_ir import ZMM  # noqa: PLC0415 - imports llvmlite
+
+    return _LEGACY[t] + (k.ZMM_FLAG if ZMM and env.cpu_zmm() else 0)
+
+
 def _f16_table() -> np.ndarray:
     """float32 value of every f16 bit pattern (256 KiB, made once; ggml's
     ``ggml_table_f32_f16``): the legacy kernels read each block's scale from it."""
@@ -376,7 +384,7 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
         return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, 0, _KQUANT[t],
                        _f16_table())
     ys = act.x if act.kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
-    return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, 0, _LEGACY[t],
+    return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, 0, _legacy_code(k, t),
                    _f16_table())
 
 
@@ -636,8 +644,9 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
             worker = partial(tk.kquant_chunks, *args)
         else:
             ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
-            args = (wv, act.q, act.d, ys, out, _LEGACY[t], _f16_table(), chunk)
-            desc = _desc(tk, 0, _LEGACY[t], wv, act, ys, out, chunk)
+            code = _legacy_code(k, t)
+            args = (wv, act.q, act.d, ys, out, code, _f16_table(), chunk)
+            desc = _desc(tk, 0, code, wv, act, ys, out, chunk)
             qkind = (1 if kind == "q8_1" else 0) + 2 * q8_arch.FORM_CODE[form]
             quant = partial(tk.quant_q8_f16, x, act.q, act.d, ys, qkind)
             main = partial(tk.legacy_main, desc, *args)

@@ -13,8 +13,8 @@ the scalar referee :mod:`ggmlpy.backends.cpu.qmatmul` states. Everything here is
 but for target intrinsics used where Numba compiles for a CPU that has them: AVX2's
 ``vpmaddubsw`` and ``vpmaddwd`` (:func:`_maddubs`, :func:`_mul_small`; elsewhere the same
 integer results in generic IR) and the spin-loop hint of :mod:`ggmlpy.backends.cpu.spin`. No
-vector is wider than 256 bits (on CPUs with 512-bit units a 512-bit instruction slows the
-vector work around it). The F16/BF16 helper (:func:`row_h16`) adds its float32 products to
+vector is wider than 256 bits here; the legacy rows' prompt-batch tiles also exist in 512-bit
+registers (:mod:`ggmlpy.backends.cpu.legacy_zmm_ir`, the same bits, ``GGMLPY_CPU_ZMM``). The F16/BF16 helper (:func:`row_h16`) adds its float32 products to
 4 x 16 float32 lanes with fused multiply-adds.
 
 Arguments named ``w``/``y`` are 1-D NumPy arrays (uint8/int8 bytes), ``i*``/``wo`` element

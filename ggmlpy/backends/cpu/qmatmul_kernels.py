@@ -22,6 +22,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ggmlpy.backends.cpu.legacy_zmm_ir import (
+    zrow44_q4_1,
+    zrow44_q5_1,
+    zrow84_q4_0,
+    zrow84_q5_0,
+    zrow84_q8_0,
+)
 from ggmlpy.backends.cpu.qmatmul_ir import (
     H16_STEP,
     VNNI,
@@ -60,17 +67,22 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
+#: added to a legacy kind code (0-4) for :func:`legacy_rows` to compute its prompt-batch tiles
+#: in 512-bit registers (:mod:`ggmlpy.backends.cpu.legacy_zmm_ir`, the same bits; only where
+#: its ``ZMM`` holds)
+ZMM_FLAG = 8
 
 
 @njit(**_OPTS)
 def legacy_offsets_for(yq, kind):
     """The int32 offset sums ``(N, nb * 8)`` the VNNI rows start from
     (:func:`ggmlpy.backends.cpu.qmatmul_ir.legacy_offsets`) for int8 activations ``yq`` ``(N,
-    K)``; a ``(1, 8)`` placeholder without VNNI."""
+    K)``; a ``(1, 8)`` placeholder without VNNI (``kind``: the legacy kind code, with or without
+    :data:`ZMM_FLAG`)."""
     N = yq.shape[0]
     yo = np.empty((N, (yq.shape[1] // 32) * 8) if VNNI else (1, 8), np.int32)
     if VNNI:
-        legacy_offsets(yq, yo, kind)
+        legacy_offsets(yq, yo, kind & 7)
     return yo
 
 
@@ -87,16 +99,35 @@ def legacy_rows(w, yq, yd, yx, yo, out, m0, m1, mo, kind, tbl):
     """Q4_0 (kind 0), Q4_1 (1), Q5_0 (2), Q5_1 (3), Q8_0 (4) rows ``m0 <= m < m1`` against
     Q8_0/Q8_1 activations (``yx``: Q8_1's sums, or any float32 ``(N, nb)`` for Q8_0; ``yo``:
     :func:`legacy_offsets_for` of ``yq`` and ``kind``), compiled row dots
-    (:mod:`ggmlpy.backends.cpu.qmatmul_ir`): tiles of four weight rows by four activation rows
-    (``row44_q4_0`` and the others), the weight rows left over four activation rows at a time
-    (``row4_*``), the activation rows left over two weight rows at a time (``row2w_*``, then
-    ``row_*``); row ``m``'s results go to column ``m - mo`` of ``out``. Every output's
-    operations are the same in each of these."""
+    (:mod:`ggmlpy.backends.cpu.qmatmul_ir`): with :data:`ZMM_FLAG` added to ``kind``, tiles of
+    eight (Q4_1/Q5_1: four) weight rows by four activation rows in 512-bit registers
+    (:mod:`ggmlpy.backends.cpu.legacy_zmm_ir`), then tiles of four weight rows by four
+    activation rows (``row44_q4_0`` and the others), the weight rows left over four activation
+    rows at a time (``row4_*``), the activation rows left over two weight rows at a time
+    (``row2w_*``, then ``row_*``); row ``m``'s results go to column ``m - mo`` of ``out``.
+    Every output's operations are the same in each of these."""
     N = yq.shape[0]
     nb = yq.shape[1] // 32
     N4 = N - N % 4
-    m4 = m1 - (m1 - m0) % 4
-    for m in range(m0, m4, 4):
+    mt = m0
+    if kind >= ZMM_FLAG:
+        kind = kind & 7
+        P = 4 if kind == 1 or kind == 3 else 8
+        mt = m1 - (m1 - m0) % P
+        for m in range(m0, mt, P):
+            for n in range(0, N4, 4):
+                if kind == 0:
+                    zrow84_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+                elif kind == 1:
+                    zrow44_q4_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+                elif kind == 2:
+                    zrow84_q5_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+                elif kind == 3:
+                    zrow44_q5_1(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+                else:
+                    zrow84_q8_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)
+    m4 = m1 - (m1 - mt) % 4
+    for m in range(mt, m4, 4):
         for n in range(0, N4, 4):
             if kind == 0:
                 row44_q4_0(w, m, yq, yd, yx, yo, n, out, m - mo, tbl, nb)

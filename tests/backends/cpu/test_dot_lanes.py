@@ -112,15 +112,21 @@ def test_q8_k_quantizer_picks_ggml_scale_value():
 
 @pytest.mark.parametrize("name", ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0"])
 @pytest.mark.parametrize("N", [1, 3, 4, 5, 8, 11])
-def test_legacy_tiles_give_every_output_the_one_row_bits(name, N):
-    """The legacy kernel's tiles (4 weight x 4 activation rows, 1 x 4, 2 x 1 and 1 x 1 for the
-    rows left over) compute each output with the same operations: the whole product over any
-    weight-row range (remainders of 0..3 in both directions) equals, bit for bit, the product
-    computed one activation row at a time over one weight row at a time (the 1 x 1 row dot that
-    the ggml reference test above pins to ggml-cpu's ``vec_dot`` bits)."""
+@pytest.mark.parametrize("zmm", [False, True])
+def test_legacy_tiles_give_every_output_the_one_row_bits(name, N, zmm):
+    """The legacy kernel's tiles (with ``zmm``: 8 x 4 or 4 x 4 in 512-bit registers first; then
+    4 weight x 4 activation rows, 1 x 4, 2 x 1 and 1 x 1 for the rows left over) compute each
+    output with the same operations: the whole product over any weight-row range (remainders of
+    0..7 in both directions) equals, bit for bit, the product computed one activation row at a
+    time over one weight row at a time (the 1 x 1 row dot that the ggml reference test above
+    pins to ggml-cpu's ``vec_dot`` bits)."""
+    from ggmlpy.backends.cpu.legacy_zmm_ir import ZMM
+
+    if zmm and not ZMM:
+        pytest.skip("this CPU has no AVX512-VNNI (the 512-bit tiles are not compiled)")
     t = Type[name.upper()]
     rng = np.random.default_rng(N)
-    K, M = 320, 13
+    K, M = 320, 29
     w = np.frombuffer(quantize(rng.standard_normal((M, K)).astype(np.float32), t),
                       np.uint8).reshape(M, -1)
     x = rng.standard_normal((N, K)).astype(np.float32)
@@ -131,9 +137,10 @@ def test_legacy_tiles_give_every_output_the_one_row_bits(name, N):
     tbl = dk._f16_table()
     ys = act.x if kind == "q8_1" else act.d
     code = dk._LEGACY[t]
-    for m0, m1 in [(0, M), (1, M), (2, 11), (3, 10), (0, 4)]:
+    for m0, m1 in [(0, M), (1, M), (2, 27), (3, 26), (0, 4), (0, 8), (5, 22), (1, 16)]:
         out = np.full((N, M), np.nan, np.float32)
-        k.legacy_lanes(w, act.q, act.d, ys, out, m0, m1, 0, code, tbl)
+        k.legacy_lanes(w, act.q, act.d, ys, out, m0, m1, 0, code + (k.ZMM_FLAG if zmm else 0),
+                       tbl)
         one = np.full((N, M), np.nan, np.float32)
         for n in range(N):
             for m in range(m0, m1):
@@ -141,3 +148,19 @@ def test_legacy_tiles_give_every_output_the_one_row_bits(name, N):
                                one[n:n + 1], m, m + 1, 0, code, tbl)
         np.testing.assert_array_equal(out[:, m0:m1], one[:, m0:m1])
         assert np.isnan(out[:, :m0]).all() and np.isnan(out[:, m1:]).all()
+
+
+def test_zmm_flag_follows_the_host_and_the_variable(monkeypatch):
+    """``GGMLPY_CPU_ZMM`` (default 1) turns the 512-bit tiles on where the CPU has them and off
+    everywhere when 0; a malformed value raises at once."""
+    from ggmlpy.backends.cpu.legacy_zmm_ir import ZMM
+    from ggmlpy.core.env import EnvError
+
+    k = dk._jit()
+    monkeypatch.delenv("GGMLPY_CPU_ZMM", raising=False)
+    assert dk._legacy_code(k, Type.Q5_0) == 2 + (k.ZMM_FLAG if ZMM else 0)
+    monkeypatch.setenv("GGMLPY_CPU_ZMM", "0")
+    assert dk._legacy_code(k, Type.Q8_0) == 4
+    monkeypatch.setenv("GGMLPY_CPU_ZMM", "yes")
+    with pytest.raises(EnvError, match="GGMLPY_CPU_ZMM"):
+        dk._legacy_code(k, Type.Q4_0)
