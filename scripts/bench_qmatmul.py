@@ -27,8 +27,10 @@ the weight bandwidth both reach, as JSON on stdout.
   written). ``bw_frac`` = weight_gbps / read_gbps (matrix-vector targets: >= 0.6).
 * ``--crossover``: ggmlpy alone, per type (shapes :data:`XCASES`), the dot kernels (forced at
   any batch) against the GEMM path (forced at any batch: dequantized tiles and the activations
-  in the ``vec_dot_type``, :mod:`ggmlpy.backends.cpu.qgemm`) for 1..256 tokens, the two plans
-  timed in alternating rounds; ``crossover`` is the first batch where the GEMM path wins.
+  in the ``vec_dot_type``, :mod:`ggmlpy.backends.cpu.qgemm`) for 1..512 tokens, the two plans
+  timed in alternating rounds (``GGMLPY_QUANT_MATMUL=fast``, the mode that picks the path by
+  :data:`~ggmlpy.backends.cpu.qmatmul.CROSSOVER`); ``crossover`` is the first batch where the
+  GEMM path wins.
 """
 
 from __future__ import annotations
@@ -257,6 +259,8 @@ def bench(args, cpu) -> dict:
 
 def crossover(args, cpu) -> dict:
     from ggmlpy.backends.cpu import qmatmul
+    from ggmlpy.core import env
+    os.environ[env.QUANT_MATMUL] = "fast"  # the mode in which CROSSOVER picks the path
     out = {}
     for tname, K, M in XCASES:
         if args.types and tname not in args.types:
@@ -265,7 +269,7 @@ def crossover(args, cpu) -> dict:
         wq = _weights(tname, K, M, 7)
         res = []
         first = None
-        for N in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256):
+        for N in (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256, 384, 512):
             cases = {}
             saved = qmatmul.CROSSOVER[t]
             try:

@@ -48,7 +48,6 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     _prefetch,
     _shuf,
     _splat,
-    _tree_sum,
     _vec,
 )
 
@@ -177,19 +176,88 @@ def _codegen(kind: int, R: int, PZ: int):
                     if has_min:
                         builder.store(_fma(builder, mw, sy, builder.load(accm[z, r])),
                                       accm[z, r])
-        for z in range(PZ):
-            for r, n in enumerate(rows):
-                a = builder.load(acc[z, r])
-                for h in range(2):
-                    v = _tree_sum(builder, _shuf(builder, a, a, list(range(8 * h, 8 * h + 8))),
-                                  8)
-                    if has_min:
-                        v = builder.fadd(v, builder.extract_element(builder.load(accm[z, r]),
-                                                                    ir.Constant(I32, h)))
-                    col = builder.add(mc, ir.Constant(mc.type, 2 * z + h))
-                    builder.store(v, _at(context, builder, aout, out, n, col))
+        regs = [(builder.load(acc[z, r]), [((2 * z + i // 8, r), i % 8) for i in range(16)])
+                for z in range(PZ) for r in range(R)]
+        # the final registers in the order of _tree_regs: PZ = 4: rows (0, 1), then (2, 3), each
+        # row's 8 weight rows in order; PZ = 2: rows 0..3, each row's 4 weight rows
+        sums = _tree_regs(builder, regs, PZ, R)
+        if has_min:
+            mins = [builder.load(accm[z, r]) for z in range(PZ) for r in range(R)]
+            idx = {(2 * z + h, r): 2 * (z * R + r) + h for z in range(PZ) for r in range(R)
+                   for h in range(2)}
+            flat = _concat(builder, mins)
+            sums = [(builder.fadd(v, _shuf(builder, flat, flat,
+                                           [idx[o] for o, _ in lanes])), lanes)
+                    for v, lanes in sums]
+        for v, lanes in sums:
+            _store_sums(context, builder, aout, out, v, lanes, rows, mc)
         return context.get_dummy_value()
     return codegen
+
+
+def _concat(builder: ir.IRBuilder, vs: list[ir.Value]) -> ir.Value:
+    """The vectors ``vs`` (equal types, a power of two of them) end to end as one vector."""
+    while len(vs) > 1:
+        n = vs[0].type.count
+        vs = [_shuf(builder, vs[i], vs[i + 1], list(range(2 * n))) for i in range(0, len(vs), 2)]
+    return vs[0]
+
+
+def _tree_regs(builder: ir.IRBuilder, regs: list, PZ: int, R: int) -> list:
+    """Every output's 8 lanes added as ggml's ``hsum_float_8`` tree (lane ``j`` plus lane ``j +
+    4``, then ``j`` plus ``j + 2``, then 0 plus 1: the additions of ``qmatmul_ir._tree_sum``
+    for each output), for all the tile's accumulators at once: at each level two registers'
+    partial sums are paired by two two-source shuffles and one addition (instead of three
+    shuffles and three additions per output). ``regs``: ``(value, lanes)`` with ``lanes[i] =
+    (output, tree position)`` of lane ``i`` (<16 x float> each, an output's 8 positions in one
+    register). Returns ``(value, lanes)`` with one position (0) per lane, grouped so that each
+    register holds whole rows of the tile: registers of the same activation row are combined
+    first."""
+    half = 4
+    while half >= 1:
+        # the registers paired at this level: same activation row first, then neighbouring rows
+        regs = sorted(regs, key=lambda rl: (rl[1][0][0][1] // (2 if len(regs) <= R else 1),
+                                            rl[1][0][0][1], rl[1][0][0][0]))
+        nxt = []
+        for a, b in zip(regs[0::2], regs[1::2]):
+            pos = {lane: i for i, lane in enumerate(a[1])}
+            pos.update({lane: 16 + i for i, lane in enumerate(b[1])})
+            pairs = sorted({(o, j % half) for o, j in pos if j % (2 * half) < half},
+                           key=lambda oj: (oj[0][1], oj[0][0], oj[1]))
+            x = _shuf(builder, a[0], b[0], [pos[o, j] for o, j in pairs])
+            y = _shuf(builder, a[0], b[0], [pos[o, j + half] for o, j in pairs])
+            nxt.append((builder.fadd(x, y), pairs))
+        regs = nxt
+        half //= 2
+    return regs
+
+
+def _store_sums(context, builder, aout, out, v: ir.Value, lanes: list, rows: list,
+                mc: ir.Value) -> None:
+    """Store lane ``i`` of ``v`` (``lanes[i] = ((weight row p, activation row r), 0)``) to
+    ``out[rows[r], mc + p]``: one vector store per activation row where ``out``'s rows are
+    contiguous and the row's outputs consecutive, else element by element."""
+    a = context.make_array(aout)(context, builder, out)
+    stride1 = cgutils.unpack_tuple(builder, a.strides, 2)[1]
+    contiguous = builder.icmp_signed("==", stride1, ir.Constant(stride1.type, 4))
+    by_row: dict[int, list[tuple[int, int]]] = {}
+    for i, ((p, r), _) in enumerate(lanes):
+        by_row.setdefault(r, []).append((p, i))
+    with builder.if_else(contiguous) as (then, otherwise):
+        with then:
+            for r, ps in by_row.items():
+                p0 = ps[0][0]
+                if [p for p, _ in ps] != list(range(p0, p0 + len(ps))):
+                    raise AssertionError("a row's outputs are not consecutive")
+                seg = _shuf(builder, v, v, [i for _, i in ps])
+                ptr = _at(context, builder, aout, out, rows[r],
+                          builder.add(mc, ir.Constant(mc.type, p0)))
+                builder.store(seg, builder.bitcast(ptr, seg.type.as_pointer()), align=4)
+        with otherwise:
+            for i, ((p, r), _) in enumerate(lanes):
+                builder.store(builder.extract_element(v, ir.Constant(I32, i)),
+                              _at(context, builder, aout, out, rows[r],
+                                  builder.add(mc, ir.Constant(mc.type, p))))
 
 
 def _nothing(context, builder, sig, args):

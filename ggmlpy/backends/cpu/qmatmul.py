@@ -44,14 +44,15 @@ are less precise on this kind of CPU: its F16 dot with AVX512-FP16 accumulates i
 (ggml-cpu/simd-mappings.h), ``|y - y_ggml| <= (K/32 + 5) * 2**-10 * sum_k |x_k w_k|``, and its BF16
 dot with AVX512-BF16 flushes subnormal products to zero (up to ``K * 2**-126`` more).
 
-Which path a MUL_MAT takes (:func:`chooses_dot`): the dot kernels for fewer activation rows than
-:data:`CROSSOVER` ``[type]``, dequantized row blocks of the weight and a BLAS GEMM from it on.
-For the block types the crossover is :data:`GGML_ORDER_ROWS`: token generation and prompt batches
-of up to 255 rows run ggml-cpu's summation orders (these kernels and the CPU's x86 ggml-order
-variants, so a model's results follow llama.cpp's bit for bit), larger batches the GEMM, whose
-float32 throughput wins there (docs/quant_matmul.md has the speed crossovers, 128-256 rows). The GEMM path keeps ggml's numerics but for the summation order
-(:mod:`ggmlpy.backends.cpu.qgemm`: the same activation quantization, the referee's result within
-float32 summation-order rounding).
+Which path a MUL_MAT takes (:func:`chooses_dot`, ``GGMLPY_QUANT_MATMUL``): by default (``ggml``)
+the block types run these kernels (and the CPU's x86 ggml-order variants) at every batch size,
+so that token generation and prompt micro-batches alike follow ggml-cpu's summation orders and a
+model's results follow llama.cpp's bit for bit; F16/BF16 weights take the GEMM path from
+:data:`CROSSOVER` rows (2 and 4). ``fast`` takes, per shape, whichever is faster: the dot kernels
+below :data:`CROSSOVER` ``[type]`` rows, dequantized row blocks of the weight and a BLAS GEMM
+from it on (docs/quant_matmul.md has the measured crossovers). The GEMM path keeps ggml's
+numerics but for the summation order (:mod:`ggmlpy.backends.cpu.qgemm`: the same activation
+quantization, the referee's result within float32 summation-order rounding).
 
 Threads: :func:`mul_mat` splits the weight rows into ``n_threads`` contiguous ranges (ggml splits
 ``src0``'s rows among its threads the same way when ``src1`` has few rows), each computed by one
@@ -90,32 +91,36 @@ DOT_TYPES = frozenset(VEC_DOT_TYPE)
 #: weight elements per chunk of the NumPy fallback's int32 temporaries
 _NP_CHUNK = 1 << 20
 
-#: activation rows (``src1``'s ``ne[1]``) below which the CPU computes a MUL_MAT in ggml-cpu's
-#: order: quantized weights on the dot kernels (or the CPU's ggml-order Q4_K/Q6_K variants), F16
-#: activation products (the attention's, ``cpu.jit.mul_mat_f16``) in llamafile's tinyBLAS order.
-#: About where the BLAS GEMM starts to win (``scripts/bench_qmatmul.py --crossover``: 128-256 rows
-#: for Q8_0, Q5_0, Q4_K; Q6_K's integer-GEMM order still wins at 256); from 256 rows (prompts
-#: processed in micro-batches of 256-512 tokens) the GEMM's throughput is what prompt processing
-#: gets, in another float32 summation order than llama.cpp's.
+#: activation rows (``src1``'s ``ne[1]``) below which the F16 activation products (the
+#: attention's, ``cpu.jit.mul_mat_f16``) run llamafile's tinyBLAS order in the default mode
+#: (larger ones, long prompt micro-batches without flash attention, the BLAS GEMM of float32
+#: copies: faster, in another order); also the prompt batch from which the GEMM path wins for
+#: most block types (:data:`CROSSOVER`)
 GGML_ORDER_ROWS = 256
 
 #: activation rows from which a MUL_MAT with this weight type runs the GEMM path
 #: (:mod:`ggmlpy.backends.cpu.qgemm`: dequantized tiles of the weight, the activations in the
-#: ``vec_dot_type``, a BLAS GEMM) instead of the dot kernel: :data:`GGML_ORDER_ROWS` for the
-#: block types. F16/BF16 weights take it from 2 and 4 rows: there the float32 GEMM wins as soon
-#: as the batch is more than a matrix-vector product (which reads half the bytes on the dot
-#: kernel), and llama.cpp's own F16 order for them is not the dot kernel's either.
+#: ``vec_dot_type``, a BLAS GEMM) instead of the dot kernel when ``GGMLPY_QUANT_MATMUL=fast``:
+#: about where the GEMM starts to win on a 2-core AVX512 Xeon with the 512-bit legacy tiles
+#: (``scripts/bench_qmatmul.py --crossover``, docs/quant_matmul.md). F16/BF16 weights take it
+#: from 2 and 4 rows in the default mode too: there the float32 GEMM wins as soon as the batch
+#: is more than a matrix-vector product (which reads half the bytes on the dot kernel), and
+#: llama.cpp's own F16 order for them is not the dot kernel's either.
 CROSSOVER = {**dict.fromkeys((Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0,
                               Type.Q4_K, Type.Q5_K, Type.Q6_K), GGML_ORDER_ROWS),
              Type.F16: 2, Type.BF16: 4}
+#: weight types whose batches take the GEMM path from :data:`CROSSOVER` rows in the default
+#: ``ggml`` mode as well
+_GEMM_IN_GGML_MODE = frozenset((Type.F16, Type.BF16))
 
 
 def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
     """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` activation rows of type
     ``src1_type`` runs the dot kernels: ``t`` has a kernel, the activations are F32, and
-    ``GGMLPY_QUANT_MATMUL`` is ``dot`` or ``ggml`` (the default) with ``n_rows < CROSSOVER[t]``
-    (larger batches: the dequantized GEMM, faster). Depends on nothing else (not on buffers, caches or Numba), so one
-    graph always takes one numeric path.
+    ``GGMLPY_QUANT_MATMUL`` is ``ggml`` (the default: every batch for the block types, below
+    :data:`CROSSOVER` for F16/BF16), ``dot`` (every batch) or ``fast`` with
+    ``n_rows < CROSSOVER[t]`` (larger batches: the dequantized GEMM, faster). Depends on nothing
+    else (not on buffers, caches or Numba), so one graph always takes one numeric path.
 
     Raises:
         EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
@@ -123,7 +128,9 @@ def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
     if t not in DOT_TYPES or src1_type != Type.F32:
         return False
     mode = env.quant_matmul()
-    return mode == "dot" or (mode == "ggml" and n_rows < CROSSOVER[t])
+    if mode == "ggml" and t not in _GEMM_IN_GGML_MODE:
+        return True
+    return mode == "dot" or (mode in ("ggml", "fast") and n_rows < CROSSOVER[t])
 
 
 def _jit() -> Any:

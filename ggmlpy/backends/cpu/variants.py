@@ -32,12 +32,13 @@ name                        op          applies when
 ``cpu.jit.norm``            NORM        NumPy, Numba, not precise, C-contiguous float32
 ``fast.norm``               NORM        not precise (any array module): float32 sums
 ``cpu.jit.mul_mat_f16``     MUL_MAT     F16 ``src0`` (not in a WEIGHTS buffer) and ``src1``,
-                                        F32 result, NumPy, Numba, not precise, ``src1`` of
+                                        F32 result, NumPy, Numba, not precise; with
+                                        ``GGMLPY_QUANT_MATMUL=fast`` only a ``src1`` of
                                         fewer rows than :data:`qmatmul.GGML_ORDER_ROWS
                                         <ggmlpy.backends.cpu.qmatmul.GGML_ORDER_ROWS>` or at
                                         most :data:`sgemm_f16.MAX_MACS
                                         <ggmlpy.backends.cpu.sgemm_f16.MAX_MACS>`
-                                        multiply-adds (any with ``GGMLPY_QUANT_MATMUL=dot``): ggml-cpu's x86 AVX-512 orders (llamafile
+                                        multiply-adds: ggml-cpu's x86 AVX-512 orders (llamafile
                                         tinyBLAS for two rows or more, else ``ggml_vec_dot_f16``;
                                         :mod:`ggmlpy.backends.cpu.sgemm_f16`)
 ``cpu.jit.mul_mat_f32``     MUL_MAT     F32 ``src0`` with batch dims (``ne[2] * ne[3] > 1``:
@@ -52,8 +53,8 @@ name                        op          applies when
                                         ``ggml_vec_dot_f32``; :mod:`ggmlpy.backends.cpu.sgemm_f32`)
 ``cpu.jit.mul_mat_q4k``     MUL_MAT     a 2-D Q4_K weight of ``8k`` rows, F32 ``src1``, NumPy,
                                         Numba, not precise, ``GGMLPY_QUANT_MATMUL`` not
-                                        ``dequant``, on the dot kernels' batches (below
-                                        the crossover; all with ``GGMLPY_QUANT_MATMUL=dot``):
+                                        ``dequant``, on the dot kernels' batches (every
+                                        batch but with ``fast``, below the crossover there):
                                         llama.cpp's repacked Q4_K order
                                         (:mod:`ggmlpy.backends.cpu.repack_q4k`)
 ``cpu.jit.mul_mat_q6k``     MUL_MAT     a 2-D Q6_K weight, F32 ``src1`` of 8 rows or more, the
@@ -280,12 +281,13 @@ def _sup_mul_mat_f16(node: Tensor, xp: Any) -> bool:
     base = a.view_src if a.view_src is not None else a
     if base.buffer is not None and base.buffer.usage == BufferUsage.WEIGHTS:
         return False      # a weight: the weight cache's float32 copy and BLAS (faster)
-    # ggml's order below the rows of qmatmul.GGML_ORDER_ROWS (and small products), as the
-    # quantized weights' products of the same batch
+    # ggml's order at every size as the quantized weights' products (GGMLPY_QUANT_MATMUL=ggml,
+    # the default, and dot); with fast below the rows of qmatmul.GGML_ORDER_ROWS (and small
+    # products) only
     return (a.ne[0] == b.ne[0] and b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0
             and (b.ne[1] < qmatmul.GGML_ORDER_ROWS
                  or node.ne[0] * node.ne[1] * node.ne[2] * node.ne[3] * a.ne[0]
-                 <= sgemm_f16.MAX_MACS or env.quant_matmul() == "dot"))
+                 <= sgemm_f16.MAX_MACS or env.quant_matmul() != "fast"))
 
 
 def _sup_mul_mat_f32(node: Tensor, xp: Any) -> bool:

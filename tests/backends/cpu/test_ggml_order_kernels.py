@@ -473,9 +473,10 @@ def test_kquant_node_takes_the_variant(t, N, n_threads):
 
 @needs_jit
 def test_kquant_variant_leaves_activation_row_cuts_to_the_gemm_path(monkeypatch):
-    # a batch on the GEMM path (from the crossover) with 8 * N > M: a threaded plan would cut
-    # the activation rows (Q4_K's groups of four); with GGMLPY_QUANT_MATMUL=dot every batch runs
-    # on the dot kernels, cut along weight rows
+    # a batch on the GEMM path (GGMLPY_QUANT_MATMUL=fast, from the crossover) with 8 * N > M: a
+    # threaded plan would cut the activation rows (Q4_K's groups of four); by default and with
+    # GGMLPY_QUANT_MATMUL=dot every batch runs on the dot kernels, cut along weight rows
+    monkeypatch.setenv(env.QUANT_MATMUL, "fast")
     ctx = Context()
     node = ops.mul_mat(ctx, ctx.new_tensor(Type.Q4_K, (256, 64)),
                        ctx.new_tensor(Type.F32, (256, qmatmul.CROSSOVER[Type.Q4_K])))
@@ -483,6 +484,9 @@ def test_kquant_variant_leaves_activation_row_cuts_to_the_gemm_path(monkeypatch)
                       ctx.new_tensor(Type.F16, (256, 512, 4)))
     assert REGISTRY.select(node, np).name != "cpu.jit.mul_mat_q4k"
     assert REGISTRY.select(f16, np).name != "cpu.jit.mul_mat_f16"      # past MAX_MACS
+    monkeypatch.delenv(env.QUANT_MATMUL)  # the default: ggml's orders at every size
+    assert REGISTRY.select(node, np).name == "cpu.jit.mul_mat_q4k"
+    assert REGISTRY.select(f16, np).name == "cpu.jit.mul_mat_f16"
     monkeypatch.setenv(env.QUANT_MATMUL, "dot")
     assert REGISTRY.select(node, np).name == "cpu.jit.mul_mat_q4k"
     assert REGISTRY.select(f16, np).name == "cpu.jit.mul_mat_f16"

@@ -46,6 +46,13 @@ F16_FIELDS = {Type.Q4_0: (0,), Type.Q4_1: (0, 2), Type.Q5_0: (0,), Type.Q5_1: (0
               Type.Q8_0: (0,), Type.Q4_K: (0, 2), Type.Q5_K: (0, 2), Type.Q6_K: (208,)}
 
 
+@pytest.fixture(autouse=True)
+def _fast_mode(monkeypatch):
+    """The GEMM path of the block types runs from their crossover in the ``fast`` mode (the
+    default ``ggml`` keeps them on ggml's orders at every batch); a test may set another."""
+    monkeypatch.setenv(env.QUANT_MATMUL, "fast")
+
+
 def _jit() -> bool:
     return qgemm.kernels_available()
 

@@ -53,7 +53,7 @@ def test_same_bits_from_weights_and_plain_buffers(t, n):
             for r in _evaluate(t, raw, x, K, M, usage, nt):
                 np.testing.assert_array_equal(r, plain1[0])
     np.testing.assert_array_equal(plain1[1], plain1[0])
-    if n < qmatmul.CROSSOVER[t] and t in BLOCK:
+    if qmatmul.chooses_dot(t, Type.F32, n) and t in BLOCK:
         act = qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x)
         yb = qmatmul.act_bytes(act)
         want = vec_dot.vec_dot(t, raw.reshape(M, -1), yb)
@@ -107,13 +107,21 @@ def test_quant_matmul_env_selects_the_path(monkeypatch):
     assert uses_dot_kernel(node)
     monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dequant")
     assert not uses_dot_kernel(node)
-    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "fast")
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "fastest")
     with pytest.raises(ValueError, match="GGMLPY_QUANT_MATMUL"):
         uses_dot_kernel(node)
     monkeypatch.delenv("GGMLPY_QUANT_MATMUL")
     big = ops.mul_mat(ctx, ctx.new_tensor(Type.Q4_K, (256, 4)),
                       ctx.new_tensor(Type.F32, (256, qmatmul.CROSSOVER[Type.Q4_K])))
-    assert not uses_dot_kernel(big)
+    assert uses_dot_kernel(big)  # the default: ggml's orders at every batch
+    f16_big = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (256, 4)),
+                          ctx.new_tensor(Type.F32, (256, qmatmul.CROSSOVER[Type.F16])))
+    assert not uses_dot_kernel(f16_big)  # F16/BF16 weights: the GEMM path from their crossover
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "fast")
+    assert uses_dot_kernel(node) and not uses_dot_kernel(big) and not uses_dot_kernel(f16_big)
+    monkeypatch.setenv("GGMLPY_QUANT_MATMUL", "dot")
+    assert uses_dot_kernel(big) and uses_dot_kernel(f16_big)
+    monkeypatch.delenv("GGMLPY_QUANT_MATMUL")
     f16_act = ops.mul_mat(ctx, ctx.new_tensor(Type.F16, (256, 4)), ctx.new_tensor(Type.F16, (256, 1)))
     assert not uses_dot_kernel(f16_act)
 

@@ -130,11 +130,11 @@ def _check_mm(t: Type, got: np.ndarray, raw: np.ndarray, ne_a, B: np.ndarray, do
                                atol=2e-6 * np.sqrt(ne_a[0]) * np.abs(W).max())
 
 
-@pytest.mark.parametrize("mode", ["ggml", "dot", "dequant"])
+@pytest.mark.parametrize("mode", ["ggml", "fast", "dot", "dequant"])
 @pytest.mark.parametrize("t", WTYPES)
 @pytest.mark.parametrize("m,n,bs,nr", [(7, 1, (1, 1), (1, 1)), (300, 5, (1, 1), (1, 1)),
                                        (5, 3, (2, 3), (2, 1)), (9, 40, (1, 1), (1, 1)),
-                                       (9, 70, (1, 1), (1, 1))])
+                                       (9, 70, (1, 1), (1, 1)), (9, 300, (1, 1), (1, 1))])
 def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr, mode, monkeypatch):
     monkeypatch.setenv(env.QUANT_MATMUL, mode)
     k = 512 if t.blck_size == 256 else 96
@@ -148,9 +148,12 @@ def test_mul_mat_converted_weight_matches_float64(t, m, n, bs, nr, mode, monkeyp
     raw = _encode(t, w)
     B = rng.uniform(-1, 1, b.ne[::-1]).astype(np.float32)
     (r,) = _run(ctx, [out], {a: raw, b: B})
-    # dot: the block dot products at every batch (n = 70 is past every type's crossover)
-    dot = mode == "dot" or (mode == "ggml" and n < qmatmul.CROSSOVER[t])
-    if mode == "ggml" and not dot:
+    # dot: the block dot products (ggml: at every batch for the block types; fast: below the
+    # type's crossover, n = 300 is past every one)
+    dot = qmatmul.chooses_dot(t, Type.F32, n)
+    assert dot == (mode == "dot" or (mode == "ggml" and t not in (Type.F16, Type.BF16))
+                   or (mode in ("ggml", "fast") and n < qmatmul.CROSSOVER[t]))
+    if mode in ("ggml", "fast") and not dot:
         _check_gemm_ggml(t, _f32(r).reshape(out.ne[::-1]), raw, a.ne, B)
         return
     _check_mm(t, _f32(r).reshape(out.ne[::-1]), raw, a.ne, B, dot)
