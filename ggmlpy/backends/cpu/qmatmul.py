@@ -94,8 +94,7 @@ _NP_CHUNK = 1 << 20
 #: activation rows (``src1``'s ``ne[1]``) below which the F16 activation products (the
 #: attention's, ``cpu.jit.mul_mat_f16``) run llamafile's tinyBLAS order in the default mode
 #: (larger ones, long prompt micro-batches without flash attention, the BLAS GEMM of float32
-#: copies: faster, in another order); also the prompt batch from which the GEMM path wins for
-#: most block types (:data:`CROSSOVER`)
+#: copies: faster, in another order) with ``GGMLPY_QUANT_MATMUL=fast``
 GGML_ORDER_ROWS = 256
 
 #: activation rows from which a MUL_MAT with this weight type runs the GEMM path
@@ -106,8 +105,8 @@ GGML_ORDER_ROWS = 256
 #: from 2 and 4 rows in the default mode too: there the float32 GEMM wins as soon as the batch
 #: is more than a matrix-vector product (which reads half the bytes on the dot kernel), and
 #: llama.cpp's own F16 order for them is not the dot kernel's either.
-CROSSOVER = {**dict.fromkeys((Type.Q4_0, Type.Q4_1, Type.Q5_0, Type.Q5_1, Type.Q8_0,
-                              Type.Q4_K, Type.Q5_K, Type.Q6_K), GGML_ORDER_ROWS),
+CROSSOVER = {Type.Q4_0: 512, Type.Q4_1: 256, Type.Q5_0: 384, Type.Q5_1: 256, Type.Q8_0: 512,
+             Type.Q4_K: 512, Type.Q5_K: 128, Type.Q6_K: 1024,  # (Q6_K: none up to 512 rows)
              Type.F16: 2, Type.BF16: 4}
 #: weight types whose batches take the GEMM path from :data:`CROSSOVER` rows in the default
 #: ``ggml`` mode as well
