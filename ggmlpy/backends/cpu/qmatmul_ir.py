@@ -293,6 +293,69 @@ def block_first_abs(typingctx, x, n, p, a):
     return types.int64(x, n, p, a), codegen
 
 
+def _maxps(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """x86 ``maxps(a, b)``: ``a > b ? a : b`` lane-wise (a NaN in either gives ``b``)."""
+    return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+
+_CVTPS2DQ = "llvm.x86.avx.cvt.ps2dq.256" if _host_has("avx") else None
+
+
+@intrinsic
+def q8_block_x86(typingctx, x, n, p, yq, yd, ys, b, q81):
+    """One block of ggml-cpu's x86 ``quantize_row_q8_0`` / ``_q8_1`` (the AVX2 branch of
+    ggml-cpu/arch/x86/quants.c) in its vector shape: ``amax`` of ``|x[n, p:p + 32]|`` as its four
+    8-lane ``maxps`` then the ``hsum``-shaped ``maxps`` tree, ``d = amax / 127``, ``id = 127 /
+    amax`` (0 when amax is 0), each ``x * id`` rounded to nearest even and converted
+    (``cvtps2dq``: 0x80000000 for NaN and out of range) then saturated to int8 (the packs): the
+    quants go to ``yq[n, p:p + 32]``, ``d`` to ``yd[n, b]`` and, where ``q81``, ``d * (the int32
+    sum of the converted values, wrapping)`` to ``ys[n, b]``. The bits of
+    :func:`ggmlpy.backends.cpu.qmatmul_kernels.quant_q8`'s x86 form; float32 ``x`` rows and int8
+    ``yq`` rows contiguous (callers check). Only where the CPU has AVX (elsewhere it compiles
+    to nothing)."""
+    def codegen(context, builder, sig, args):
+        if _CVTPS2DQ is None:
+            return context.get_dummy_value()
+        ax, an, ap, ayq, ayd, ays, ab, aq81 = args
+        v8, i8x8 = _vec(F32T, 8), _vec(I32, 8)
+        xs = _f32_vectors(context, builder, sig.args[0], ax, an, ap, 4)
+        m = _fabs8(builder, xs[0])
+        for v in xs[1:]:
+            m = _maxps(builder, m, _fabs8(builder, v))
+        t = _maxps(builder, _shuf(builder, m, m, [4, 5, 6, 7]), _shuf(builder, m, m, [0, 1, 2, 3]))
+        u = _maxps(builder, t, _shuf(builder, t, t, [2, 3, 2, 3]))
+        amax = builder.extract_element(
+            _maxps(builder, u, _shuf(builder, u, u, [1, 1, 3, 3])), ir.Constant(I32, 0))
+        c127 = ir.Constant(F32T, 127.0)
+        d = builder.fdiv(amax, c127)
+        idv = builder.select(builder.fcmp_unordered("!=", amax, ir.Constant(F32T, 0.0)),
+                             builder.fdiv(c127, amax), ir.Constant(F32T, 0.0))
+        idv8 = _splat(builder, idv, 8)
+        rnd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8]),
+                                             "llvm.roundeven.v8f32")
+        cvt = cgutils.get_or_insert_function(builder.module, ir.FunctionType(i8x8, [v8]),
+                                             _CVTPS2DQ)
+        ivs = [builder.call(cvt, [builder.call(rnd, [builder.fmul(v, idv8)])]) for v in xs]
+        lo, hi = ir.Constant(i8x8, [-128] * 8), ir.Constant(i8x8, [127] * 8)
+        qs = []
+        for iv in ivs:
+            c = builder.select(builder.icmp_signed(">", iv, hi), hi, iv)
+            c = builder.select(builder.icmp_signed("<", c, lo), lo, c)
+            qs.append(builder.trunc(c, _vec(I8, 8)))
+        q32 = _shuf(builder, _shuf(builder, qs[0], qs[1], list(range(16))),
+                    _shuf(builder, qs[2], qs[3], list(range(16))), list(range(32)))
+        qp = _at(context, builder, sig.args[3], ayq, an, ap)
+        builder.store(q32, builder.bitcast(qp, _vec(I8, 32).as_pointer()), align=1)
+        builder.store(d, _at(context, builder, sig.args[4], ayd, an, ab))
+        with builder.if_then(builder.icmp_signed("!=", aq81, ir.Constant(aq81.type, 0))):
+            tot = builder.add(builder.add(ivs[0], ivs[1]), builder.add(ivs[2], ivs[3]))
+            sm = _reduce_add(builder, tot, 8)
+            builder.store(builder.fmul(d, builder.sitofp(sm, F32T)),
+                          _at(context, builder, sig.args[5], ays, an, ab))
+        return context.get_dummy_value()
+    return types.none(x, n, p, yq, yd, ys, b, q81), codegen
+
+
 @intrinsic
 def f16_round(typingctx, x):
     """float32 ``x`` rounded to the nearest float16 (ties to even; overflow to inf, NaN kept),

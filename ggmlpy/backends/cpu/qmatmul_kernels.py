@@ -30,11 +30,13 @@ from ggmlpy.backends.cpu.legacy_zmm_ir import (
     zrow84_q8_0,
 )
 from ggmlpy.backends.cpu.qmatmul_ir import (
+    _CVTPS2DQ,
     H16_STEP,
     VNNI,
     block_absmax,
     block_first_abs,
     legacy_offsets,
+    q8_block_x86,
     row2w_q4_0,
     row2w_q4_1,
     row2w_q5_0,
@@ -71,6 +73,8 @@ F32 = np.float32
 #: in 512-bit registers (:mod:`ggmlpy.backends.cpu.legacy_zmm_ir`, the same bits; only where
 #: its ``ZMM`` holds)
 ZMM_FLAG = 8
+#: whether :func:`quant_q8` runs its x86 form in vector code (qmatmul_ir.q8_block_x86)
+HAS_AVX = _CVTPS2DQ is not None
 
 
 @njit(**_OPTS)
@@ -285,9 +289,14 @@ def quant_q8(x, yq, yd, ys, kind):
     q81 = kind & 1
     form = kind >> 1
     m = np.empty(8, np.float32)
+    # the x86 form in vector code where the rows are contiguous (the same bits)
+    vec = form == 1 and HAS_AVX and x.strides[1] == 4 and yq.strides[1] == 1
     for n in range(N):
         for b in range(K // 32):
             p = b * 32
+            if vec:
+                q8_block_x86(x, n, p, yq, yd, ys, b, q81)
+                continue
             if form != 0:
                 if form == 1:
                     amax = _amax_x86(x, n, p, m)

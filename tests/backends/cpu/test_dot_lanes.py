@@ -164,3 +164,34 @@ def test_zmm_flag_follows_the_host_and_the_variable(monkeypatch):
     monkeypatch.setenv("GGMLPY_CPU_ZMM", "yes")
     with pytest.raises(EnvError, match="GGMLPY_CPU_ZMM"):
         dk._legacy_code(k, Type.Q4_0)
+
+
+@pytest.mark.parametrize("form", ["x86", "ref", "arm"])
+@pytest.mark.parametrize("kind", ["q8_0", "q8_1"])
+def test_compiled_activation_quantizer_has_each_forms_bits(form, kind):
+    """The compiled Q8_0/Q8_1 quantizer (the x86 form in vector code where the rows are
+    contiguous, the scalar loop otherwise) gives :func:`ggmlpy.quants.q8_arch.quantize_row_q8`'s
+    bytes (ggml-cpu's own for x86, tests/quants/test_q8_arch.py) on the x86 edge-case blob
+    (ties, 127/amax scales, 1/amax overflow, zero blocks) and on random rows with NaN, inf,
+    huge, tiny and all-zero blocks, for C-contiguous and strided activations."""
+    from ggmlpy.quants import q8_arch
+
+    blob = np.load(os.path.join(os.path.dirname(__file__), "..", "..", "data",
+                                "ggml_q8_x86_reference.npz"))["x"].astype(np.float32)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((12, 256)).astype(np.float32)
+    x[0, 3], x[1, 40], x[2, 70] = np.nan, np.inf, -np.inf
+    x[3, :32] = 0.0
+    x[4, 32:64] *= 1e-40                    # subnormal block
+    x[5, 64:96] *= 3e38 / np.abs(x[5, 64:96]).max()
+    x[6, 100] = 1e30
+    x[7, :] = np.round(x[7, :] * 4) / 4     # many exact ties after scaling
+    for rows in (blob, x):
+        with np.errstate(all="ignore"):  # (the f16 casts of the huge blocks' scales overflow)
+            want = q8_arch.quantize_row_q8(kind, rows, form)
+        for xs in (rows, np.repeat(rows, 2, axis=1)[:, ::2]):   # contiguous, strided
+            assert xs.strides[1] == (4 if xs is rows else 8)
+            act = dk._alloc_act(kind, rows.shape[0], rows.shape[1])
+            with np.errstate(all="ignore"):
+                dk._quant_rows(act, xs, 0, rows.shape[0], True, form)
+                np.testing.assert_array_equal(dk.act_bytes(act), want)
