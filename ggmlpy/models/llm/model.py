@@ -56,7 +56,7 @@ from ggmlpy.alloc.tallocr import alloc_ctx_tensors_from_buft
 from ggmlpy.backend.interface import Backend, Buffer, BufferUsage, Device, DeviceType, Status
 from ggmlpy.backend.tensor_data import backend_tensor_get, backend_tensor_get_async, backend_tensor_set
 from ggmlpy.backends.cpu import jit as cpu_jit
-from ggmlpy.backends.cpu import qgemm, repack_q4k, rope_ggml, vec_dot_q6k
+from ggmlpy.backends.cpu import qgemm, qmatmul, repack_q4k, rope_ggml, vec_dot_q6k
 from ggmlpy.core.check import ArgumentValueError, check_bool, check_int, check_optional, check_type
 from ggmlpy.core.errors import ComputeError
 from ggmlpy.core.graph import Graph
@@ -277,7 +277,10 @@ class LLM(SchedModel):
                     repack_q4k.warm_up()
                 if Type.Q6_K in wtypes:
                     vec_dot_q6k.warm_up()
-                qgemm.warm_up(wtypes)   # the GEMM path (long prompt batches)
+                # the GEMM path, for the weight types whose micro-batches take it (none of the
+                # block types by default: ggml's orders at every batch)
+                qgemm.warm_up({t for t in wtypes if not qmatmul.chooses_dot(
+                    t, Type.F32, min(self.n_ubatch, self.kv.n_ctx))})
             self._warm_up()
         except BaseException:
             self.close()
