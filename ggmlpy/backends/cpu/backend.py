@@ -40,6 +40,7 @@ from ggmlpy.backends.cpu import variants as cpu_variants
 from ggmlpy.backends.plan import Plan, PlanCache, build_plan
 from ggmlpy.core.errors import OutOfMemoryError
 from ggmlpy.core.graph import Graph
+from ggmlpy.core.opcodes import Op
 from ggmlpy.core.tensor import Tensor
 
 __all__ = ["HostBuffer", "ReadOnlyHostBuffer", "CPUBufferType", "CPUBackend", "CPUDevice",
@@ -249,6 +250,13 @@ def cpu_buffer_from_mapped(array: np.ndarray) -> HostBuffer:
     return ReadOnlyHostBuffer(_mapped_buffer_type(), array, owner=array)
 
 
+def _batched(graph: Graph) -> bool:
+    """Whether a MUL_MAT or FLASH_ATTN_EXT of ``graph`` has more than one activation (query)
+    row: a prompt batch rather than one generated token."""
+    return any(n.op in (Op.MUL_MAT, Op.FLASH_ATTN_EXT) and len(n.src) > 1
+               and n.src[1 if n.op == Op.MUL_MAT else 0].ne[1] > 1 for n in graph.nodes)
+
+
 class CPUBackend(Backend):
     """The NumPy CPU backend: synchronous ``graph_compute`` over cached plans (mirrors ``ggml_backend_cpu``).
 
@@ -348,13 +356,19 @@ class CPUBackend(Backend):
                 plan.steps, plan.nodes = cpu_threads.fuse_chains(plan.steps, plan.nodes)
                 cpu_threads.compile_pending(plan.steps)
                 # BLAS is held at one thread while a plan with split steps runs (their slices
-                # call BLAS from several threads at once). Dot tasks call no BLAS: a plan whose
-                # only threaded steps are dot tasks leaves BLAS as it is, which spares every
-                # evaluation two thread-count changes of the BLAS library (on OpenBLAS each one
-                # costs more than a small matrix-vector product). (A step the plan builder
-                # wrapped keeps the wrapped one as ``step``.)
-                plan.threaded = any(isinstance(getattr(s, "step", s), cpu_threads.Split)
-                                    for s in plan.steps)
+                # call BLAS from several threads at once), and while one with dot tasks runs a
+                # batch of several rows: its unsplit steps (a flash attention's products of
+                # query chunks) may call NumPy's BLAS with operands large enough for a
+                # multithreaded OpenBLAS, whose worker then spins for a while after each call,
+                # on the core the dot tasks' worker needs (a 128-token prompt ran slower on two
+                # threads than on one). Dot tasks call no BLAS: a plan of one-row products
+                # (token generation) keeps BLAS as it is, which spares every evaluation two
+                # thread-count changes of the BLAS library (on OpenBLAS each one costs more than
+                # a small matrix-vector product). (A step the plan builder wrapped keeps the
+                # wrapped one as ``step``.)
+                kinds = {type(getattr(s, "step", s)) for s in plan.steps}
+                plan.threaded = cpu_threads.Split in kinds or (
+                    cpu_threads.DotStep in kinds and _batched(graph))
         return plan
 
     def _run(self, plan: Plan) -> None:

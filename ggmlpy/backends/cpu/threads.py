@@ -10,8 +10,9 @@ Numba kernels release the GIL, so the slices really run at once).
 
 BLAS threads. While a plan with :class:`Split` steps runs, the BLAS libraries NumPy loaded
 (OpenBLAS, MKL, BLIS, found by ``threadpoolctl``) are held at one thread and MUL_MAT is split like
-the other ops (a plan whose only threaded steps are compiled dot tasks, :class:`DotStep`, calls no
-BLAS and leaves it as it is): a
+the other ops; so while a plan whose threaded steps are compiled dot tasks (:class:`DotStep`)
+runs a batch of several rows (its unsplit steps may call BLAS; a plan of one-row products, token
+generation, calls none and leaves it as it is): a
 2-thread OpenBLAS leaves its worker spinning after each GEMM, and that spinning thread then
 competes with the slices of the next node for the cores (a cheap node right after a threaded
 GEMM then runs many times slower). The BLAS setting

@@ -140,19 +140,23 @@ def test_graph_without_numba_gives_the_same_bits(t, monkeypatch):
     np.testing.assert_array_equal(got, vec_dot.vec_dot(t, raw.reshape(M, -1), qmatmul.act_bytes(act)))
 
 
+@pytest.mark.parametrize("rows", [1, 8])
 @pytest.mark.parametrize("usage", [BufferUsage.COMPUTE, BufferUsage.ANY])
-def test_plan_with_only_dot_tasks_keeps_blas(usage):
+def test_plan_with_only_dot_tasks_keeps_blas(usage, rows):
     """A 2-thread plan whose only threaded step is a dot product shared through the pool (a
-    compiled task that calls no BLAS) does not hold BLAS at one thread (``plan.threaded`` False:
-    no thread-count changes of the BLAS library per evaluation); the product is still shared,
-    whether the plan builder wraps the step (a destination outside a COMPUTE buffer) or not."""
+    compiled task that calls no BLAS) of one activation row (token generation) does not hold
+    BLAS at one thread (``plan.threaded`` False: no thread-count changes of the BLAS library
+    per evaluation); one of several rows (a prompt batch, whose other steps may call NumPy's
+    BLAS, e.g. a flash attention's query chunks) does, so that no multithreaded OpenBLAS worker
+    spins on the core the dot task's worker needs. The product is shared either way, whether the
+    plan builder wraps the step (a destination outside a COMPUTE buffer) or not."""
     if not qmatmul.jit_available():
         pytest.skip("numba not installed")
     cpu = backend_cpu_init()
     cpu.set_n_threads(2)
     ctx = Context(no_alloc=True)
     a = ctx.new_tensor(Type.Q8_0, (640, 2048))
-    b = ctx.new_tensor(Type.F32, (640, 1))
+    b = ctx.new_tensor(Type.F32, (640, rows))
     out = ops.mul_mat(ctx, a, b)
     buf = alloc_ctx_tensors(ctx, cpu)
     buf.set_usage(usage)
@@ -163,6 +167,6 @@ def test_plan_with_only_dot_tasks_keeps_blas(usage):
         (step,) = plan.steps
         assert isinstance(step, threads.DotStep) == (usage == BufferUsage.COMPUTE)
         assert isinstance(getattr(step, "step", step), threads.DotStep)
-        assert not plan.threaded
+        assert plan.threaded == (rows > 1)
     finally:
         buf.free()
