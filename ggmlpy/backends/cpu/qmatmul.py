@@ -630,7 +630,9 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
 
         go = run_dot or run_alone
         M = wv.shape[0]
-        chunk = max(8, -(-M // _CHUNKS))
+        # whole 8-row tiles per chunk (the legacy kernels' 512-bit tiles; a chunk of 12 rows
+        # ran a third of them on the 4-row tiles), about _CHUNKS chunks
+        chunk = 8 * max(1, -(-M // (8 * _CHUNKS)))
         if t in (Type.F16, Type.BF16):
             bf = t == Type.BF16
             desc = _desc(tk, 2, int(bf), wv, act, act.q, out, chunk)
