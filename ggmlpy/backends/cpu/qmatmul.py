@@ -457,7 +457,7 @@ def mul_mat_parts(t: Type, w: np.ndarray, act: ActQ, out: np.ndarray,
 
 #: a dot task's rows per chunk: about this many chunks per product (at least 8 rows each), so
 #: that the threads' shares even out when one of them starts late
-_CHUNKS = 32
+_CHUNKS = 64
 #: words of a control block (:mod:`ggmlpy.backends.cpu.spin`) for a task without workers
 _CTL_SOLO = 96
 #: runs a dot task: ``run_dot(main, worker)`` (:meth:`ggmlpy.backends.cpu.threads.Pool.run_dot`)
