@@ -66,6 +66,7 @@ holding the others up. Calls are synchronous.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "plane_tasks_step",
+__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "ScratchLock", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -505,25 +506,44 @@ def kquant_operands(where: str, a: np.ndarray, b: np.ndarray, dst: np.ndarray,
     return C, nb, B3, B2, N
 
 
-_SCRATCH: dict[tuple[Any, ...], tuple[threading.Lock, tuple[np.ndarray, ...]]] = {}
+class ScratchLock:
+    """The lock of a set of shared activation buffers (:func:`shared_scratch`), a context
+    manager as ``threading.Lock``; it holds the buffers, so that a step keeping it keeps them."""
+
+    __slots__ = ("_lock", "arrays", "__weakref__")
+
+    def __init__(self, arrays: tuple[np.ndarray, ...]) -> None:
+        self._lock = threading.Lock()
+        self.arrays = arrays
+
+    def __enter__(self) -> bool:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._lock.__exit__(*exc)
+
+
+#: the live buffer sets by key, held weakly: a set is freed with the last step (plan) using it
+_SCRATCH: weakref.WeakValueDictionary[tuple[Any, ...], ScratchLock] = weakref.WeakValueDictionary()
 _SCRATCH_LOCK = threading.Lock()
 
 
 def shared_scratch(key: tuple[Any, ...],
-                   shapes: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[threading.Lock,
+                   shapes: Sequence[tuple[tuple[int, ...], Any]]) -> tuple[ScratchLock,
                                                                          tuple[np.ndarray, ...]]:
     """Activation buffers shared by every prepared step that asks with the same ``key`` (which
     must determine ``shapes``: ``(shape, dtype)`` per array, elements), and the lock a step
     holds while it uses them: a model's layers, whose steps run one at a time, then keep one
     set of quantized-activation buffers per shape instead of one per layer (memory that stays
     resident once written); two plans running at once on other threads wait for each other
-    instead of sharing the data."""
+    instead of sharing the data. The set lives as long as a step keeps its lock (the steps of
+    :func:`prepare` and the ggml-order variants do): closing a model frees it."""
     with _SCRATCH_LOCK:
         got = _SCRATCH.get(key)
         if got is None:
-            got = _SCRATCH[key] = (threading.Lock(),
-                                   tuple(np.empty(sh, dt) for sh, dt in shapes))
-        return got
+            got = ScratchLock(tuple(np.empty(sh, dt) for sh, dt in shapes))
+            _SCRATCH[key] = got
+        return got, got.arrays
 
 
 def plane_tasks_step(b: np.ndarray, dst: np.ndarray,

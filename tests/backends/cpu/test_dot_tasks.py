@@ -375,3 +375,30 @@ def test_steps_of_one_shape_share_buffers_and_stay_correct(t) -> None:
     for h in th:
         h.join()
     assert errors == []
+
+
+def test_shared_buffers_are_freed_with_the_last_step() -> None:
+    """The shared activation buffers live as long as a prepared step that uses them (its lock
+    holds them): after the last such step is dropped, e.g. when a model closes, the set is freed
+    and a new step of that shape gets fresh buffers, not ones kept for the process's life."""
+    import gc
+    import weakref
+
+    rng = np.random.default_rng(3)
+    K, M, N = 512, 24, 7
+    w = quantize(rng.standard_normal((M, K)).astype(np.float32), Type.Q8_0).reshape(M, -1)
+    x = rng.standard_normal((N, K)).astype(np.float32)
+    out = np.empty((N, M), np.float32)
+    key = ("act", "q8_0", N, K)
+    steps = [qmatmul.prepare(Type.Q8_0, w, x, out) for _ in range(2)]
+    lock, arrays = qmatmul.shared_scratch(key, [])
+    alive = weakref.ref(arrays[0].base if arrays[0].base is not None else arrays[0])
+    del lock, arrays
+    steps[0]()
+    del steps[0]
+    gc.collect()
+    assert key in qmatmul._SCRATCH and alive() is not None   # the other step still holds it
+    steps[0]()
+    del steps
+    gc.collect()
+    assert key not in qmatmul._SCRATCH and alive() is None
