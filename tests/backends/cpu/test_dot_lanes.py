@@ -148,6 +148,13 @@ def test_legacy_tiles_give_every_output_the_one_row_bits(name, N, zmm):
                                one[n:n + 1], m, m + 1, 0, code, tbl)
         np.testing.assert_array_equal(out[:, m0:m1], one[:, m0:m1])
         assert np.isnan(out[:, :m0]).all() and np.isnan(out[:, m1:]).all()
+        # an output whose rows are strided (every other column of a wider array): the tiles
+        # store element by element there
+        wide = np.full((N, 2 * M), np.nan, np.float32)
+        k.legacy_lanes(w, act.q, act.d, ys, wide[:, ::2], m0, m1, 0,
+                       code + (k.ZMM_FLAG if zmm else 0), tbl)
+        np.testing.assert_array_equal(wide[:, ::2][:, m0:m1], one[:, m0:m1])
+        assert np.isnan(wide[:, 1::2]).all()
 
 
 def test_zmm_flag_follows_the_host_and_the_variable(monkeypatch):
