@@ -49,6 +49,8 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     _shuf,
     _splat,
     _vec,
+    legacy_array_types,
+    legacy_value_kind,
 )
 
 __all__ = ["ZMM", "zrow84_q4_0", "zrow44_q4_1", "zrow84_q5_0", "zrow44_q5_1", "zrow84_q8_0"]
@@ -98,13 +100,11 @@ def _fifth_bits2(builder: ir.IRBuilder, q0: ir.Value, q1: ir.Value) -> ir.Value:
 
 def _codegen(kind: int, R: int, PZ: int):
     bsz, qo, qhs, _sub, has_min = _LEGACY_LAYOUT[kind]
-    vkind = 0 if kind == 4 else 2 if kind in (2, 3) else 1
+    vkind = legacy_value_kind(kind)
 
     def codegen(context, builder, sig, args):
         w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb = args
-        aw, ayq, ayd, ayx, ayo, aout, atbl = (sig.args[0], sig.args[2], sig.args[3],
-                                              sig.args[4], sig.args[5], sig.args[7],
-                                              sig.args[9])
+        aw, ayq, ayd, ayx, ayo, aout, atbl = legacy_array_types(sig)
         i64 = nb.type
         v16, v2 = _vec(F32T, 16), _vec(F32T, 2)
 

@@ -526,15 +526,25 @@ def legacy_offsets(typingctx, yq, off, kind):
 LEGACY_PREFETCH_ROWS = 4
 
 
+def legacy_value_kind(kind: int) -> int:
+    """How a legacy kind's quants decode: 0 Q8_0's signed bytes, 1 nibbles (Q4_0/Q4_1),
+    2 nibbles plus fifth bits (Q5_0/Q5_1)."""
+    return 0 if kind == 4 else 2 if kind in (2, 3) else 1
+
+
+def legacy_array_types(sig) -> tuple:
+    """The Numba array types of a legacy row intrinsic's arrays ``(w, yq, yd, yx, yo, out,
+    tbl)``, from its signature ``(w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb)``."""
+    return tuple(sig.args[i] for i in (0, 2, 3, 4, 5, 7, 9))
+
+
 def _row_legacy_codegen(kind: int, R: int, P: int):
     bsz, qo, qhs, sub, has_min = _LEGACY_LAYOUT[kind]
-    vkind = 0 if kind == 4 else 2 if kind in (2, 3) else 1
+    vkind = legacy_value_kind(kind)
 
     def codegen(context, builder, sig, args):
         w, m, yq, yd, yx, yo, n0, out, mc, tbl, nb = args
-        aw, ayq, ayd, ayx, ayo, aout, atbl = (sig.args[0], sig.args[2], sig.args[3],
-                                              sig.args[4], sig.args[5], sig.args[7],
-                                              sig.args[9])
+        aw, ayq, ayd, ayx, ayo, aout, atbl = legacy_array_types(sig)
         i64 = nb.type
         v8 = _vec(F32T, 8)
 
