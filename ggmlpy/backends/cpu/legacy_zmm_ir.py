@@ -9,9 +9,11 @@ multiply-add by the block's scale ``d_w * d_y``; the lanes are added as a fixed 
 same activation row against two weight rows (lanes 0-7: the first weight row, 8-15: the
 second), so every vector instruction does the work of two 256-bit ones while each output keeps
 its own 8 lanes and its own operations in ggml's order: the results are bit for bit those of
-the 256-bit tiles (``qmatmul_ir.row44_*``; tested). On CPUs with two 512-bit multiply-add units
-(Intel server cores) the prompt-batch products are about 1.25-1.45x faster
-(docs/quant_matmul.md); elsewhere ``GGMLPY_CPU_ZMM=0`` keeps the 256-bit tiles.
+the 256-bit tiles (``qmatmul_ir.row44_*``; tested). At the end each output's 8 lanes are added
+as ggml's ``hsum_float_8`` tree for all the tile's outputs at once (:func:`_tree_regs`). On CPUs
+with two 512-bit multiply-add units (Intel server cores) the legacy products of prompt batches
+are 1.3x (Q4_0/Q5_0/Q8_0) to 1.5-1.9x (Q4_1/Q5_1) faster at 512 rows, 1.2-1.4x at 100-364
+(one thread; docs/quant_matmul.md); elsewhere ``GGMLPY_CPU_ZMM=0`` keeps the 256-bit tiles.
 
 A tile is ``2 * PZ`` weight rows by ``R`` activation rows (``2 PZ x R / 2`` accumulator
 registers): each weight block pair decoded once for the ``R`` activation rows (Q4/Q5 nibbles

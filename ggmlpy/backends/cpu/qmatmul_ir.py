@@ -299,6 +299,8 @@ def _maxps(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 _CVTPS2DQ = "llvm.x86.avx.cvt.ps2dq.256" if _host_has("avx") else None
+#: whether :func:`q8_block_x86` compiles (Numba compiles for this CPU and it has AVX)
+Q8_X86_VECTOR = _CVTPS2DQ is not None
 
 
 @intrinsic

@@ -30,8 +30,8 @@ from ggmlpy.backends.cpu.legacy_zmm_ir import (
     zrow84_q8_0,
 )
 from ggmlpy.backends.cpu.qmatmul_ir import (
-    _CVTPS2DQ,
     H16_STEP,
+    Q8_X86_VECTOR,
     VNNI,
     block_absmax,
     block_first_abs,
@@ -74,7 +74,7 @@ F32 = np.float32
 #: its ``ZMM`` holds)
 ZMM_FLAG = 8
 #: whether :func:`quant_q8` runs its x86 form in vector code (qmatmul_ir.q8_block_x86)
-HAS_AVX = _CVTPS2DQ is not None
+HAS_AVX = Q8_X86_VECTOR
 
 
 @njit(**_OPTS)
