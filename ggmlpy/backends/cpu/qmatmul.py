@@ -82,7 +82,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "ScratchLock", "plane_tasks_step",
+__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "ScratchLock", "q8k_scratch", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -544,6 +544,19 @@ def shared_scratch(key: tuple[Any, ...],
             got = ScratchLock(tuple(np.empty(sh, dt) for sh, dt in shapes))
             _SCRATCH[key] = got
         return got, got.arrays
+
+
+def q8k_scratch(plane: int, N: int, K: int, gemm: bool) -> tuple[ScratchLock,
+                                                                tuple[np.ndarray, ...]]:
+    """The Q8_K activation buffers of the K-quant ggml-order variants (Q4_K's
+    ``repack_q4k``, Q6_K's ``vec_dot_q6k``), shared by both (:func:`shared_scratch`; a model's
+    Q4_K and Q6_K ``ffn_down`` products of one batch use one set): ``yq`` int8 ``(N, K)``,
+    ``yd`` float32 ``(N, K/256)``, ``bsums`` int16 ``(N, K/16)``, the sums of 32 int32 ``(N,
+    K/32)`` and the int16 widening for the integer GEMMs ``(N if gemm else 0, K)``."""
+    nb = K // QK_K
+    return shared_scratch(("q8_K", plane, N, K, bool(gemm)),
+                          [((N, K), np.int8), ((N, nb), F32), ((N, nb * 16), np.int16),
+                           ((N, nb * 8), np.int32), ((N if gemm else 0, K), np.int16)])
 
 
 def plane_tasks_step(b: np.ndarray, dst: np.ndarray,

@@ -136,11 +136,9 @@ def mul_mat_q4k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, n_rows: int,
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
 
     def make(x: np.ndarray, o: np.ndarray, plane: int) -> tuple[Any, Any, Any, Any]:
-        # the activations' Q8_K arrays, shared with every step of this shape
-        lock, (yq, yd, bs, b32, y16) = qmatmul.shared_scratch(
-            ("repack_q4k", plane, N, K, bool(gemm)),
-            [((N, K), np.int8), ((N, nb), _F32), ((N, nb * 16), np.int16),
-             ((N, nb * 8), np.int32), ((ng if gemm else 0, K), np.int16)])
+        # the activations' Q8_K arrays, shared with every K-quant step of this shape
+        lock, (yq, yd, bs, b32, y16) = qmatmul.q8k_scratch(plane, N, K, bool(gemm))
+        y16 = y16[:ng]  # (the rows grouped by four)
         return (partial(tk.q4k_quant, x, yq, yd, bs, b32, y16, ng),
                 partial(tk.q4k_main, desc, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl),
                 partial(tk.q4k_chunks, gemm, w, y16, yq, yd, b32, o, ng, chunk, tbl), lock)

@@ -119,11 +119,8 @@ def mul_mat_q6k_step(a: np.ndarray, b: np.ndarray, dst: np.ndarray, tiled: bool,
     desc = np.full(16, -1, np.int64)      # no native descriptor: a worker calls `worker`
 
     def make(x: np.ndarray, o: np.ndarray, plane: int) -> tuple[Any, Any, Any, Any]:
-        # the activations' Q8_K arrays, shared with every step of this shape
-        lock, (yq, yd, bs, y16) = qmatmul.shared_scratch(
-            ("vec_dot_q6k", plane, N, K, bool(gemm)),
-            [((N, K), np.int8), ((N, nb), _F32), ((N, nb * 16), np.int16),
-             ((N if gemm else 0, K), np.int16)])
+        # the activations' Q8_K arrays, shared with every K-quant step of this shape
+        lock, (yq, yd, bs, _, y16) = qmatmul.q8k_scratch(plane, N, K, bool(gemm))
         return (partial(tk.q6k_quant, x, yq, yd, bs, y16),
                 partial(tk.q6k_main, desc, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl),
                 partial(tk.q6k_chunks, gemm, w, y16, yq, yd, bs, o, tiled, chunk, tbl), lock)
