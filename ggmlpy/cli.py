@@ -114,10 +114,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_str_sequence("argv", argv, "main")
     from ggmlpy.core import sigint
 
-    sigint.restore_default()  # Ctrl-C is a KeyboardInterrupt again (the start-up handler is off)
+    # Ctrl-C is a KeyboardInterrupt again (the start-up handler is off), held while Numba compiles
+    sigint.restore_default()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        return _main(argv)
+        with sigint.defer_in_compiler():
+            return _main(argv)
     except KeyboardInterrupt:
         print(f"ggmlpy {argv[0] if argv else ''}: interrupted".replace("  ", " "), file=sys.stderr)
         return 130

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,6 +122,34 @@ def test_real_sigint_to_a_running_embed(model_dir, tmp_path):
     assert proc.returncode == 130
     assert len(err.strip().splitlines()) == 1 and err.strip().endswith("interrupted"), err
     assert not out.exists() and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("delay", [3.0, 4.5])
+def test_real_sigint_while_the_kernels_first_compile(model_dir, tmp_path, delay):
+    # a copy of the package without its Numba cache: the signal lands in the first compilation
+    # (a KeyboardInterrupt in llvmlite's object-cache callback used to be swallowed: the job ran
+    # on, or failed with "no compiled object yet"); ggmlpy.core.sigint holds it until the
+    # compiler returns
+    pytest.importorskip("numba")
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "ggmlpy", copy / "ggmlpy",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    inp = tmp_path / "many.txt"
+    inp.write_text("\n".join(f"sentence number {i} about nothing much" for i in range(20000)))
+    out = tmp_path / "out.json"
+    env = _env()
+    env["PYTHONPATH"] = str(copy) + os.pathsep + env["PYTHONPATH"]
+    env.pop("NUMBA_CACHE_DIR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ggmlpy", "embed", "--json", "--no-progress",
+                             "--input", str(inp), "-o", str(out)], cwd=copy, env=env,
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["ggmlpy embed: interrupted"], err
+    assert not out.exists()
 
 
 def test_sigint_while_the_package_imports():
