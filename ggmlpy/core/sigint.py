@@ -103,11 +103,8 @@ def defer_in_compiler() -> Iterator[None]:
     """Context manager for programs: :func:`deferring_handler` handles SIGINT inside the block
     (when SIGINT has Python's default handler and this is the main thread; otherwise nothing
     changes), the previous handler afterwards. *Sync*; nothing else is altered."""
-    try:
-        installed = signal.getsignal(signal.SIGINT) is signal.default_int_handler and \
-            threading.current_thread() is threading.main_thread()
-    except ValueError:
-        installed = False
+    installed = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
     if installed:
         signal.signal(signal.SIGINT, deferring_handler)
     try:
