@@ -367,8 +367,10 @@ class CPUBackend(Backend):
                 # a small matrix-vector product). (A step the plan builder wrapped keeps the
                 # wrapped one as ``step``.)
                 kinds = {type(getattr(s, "step", s)) for s in plan.steps}
-                plan.threaded = cpu_threads.Split in kinds or (
-                    cpu_threads.DotStep in kinds and _batched(graph))
+                # Any batched plan holds it, whatever its step kinds: OpenBLAS's bits depend on
+                # its thread count, so a hold that came and went with the kinds (which differ
+                # with where the tensors lie) changed the products' bits with the placement.
+                plan.threaded = cpu_threads.Split in kinds or _batched(graph)
         return plan
 
     def _run(self, plan: Plan) -> None:

@@ -256,7 +256,8 @@ def test_batched_mul_mat_with_transposed_views(L, pattern, blas_one, blas, monke
     """NumPy's matmul: copy + NN when it pays (BLAS multi-threaded); with BLAS at one thread (a
     threaded CPU plan's hold, or the environment) the transposed view goes to BLAS as it is. MKL
     (``GGMLPY_BLAS=mkl``): one ``cblas_sgemm_batch`` over the views as they lie, never a copy.
-    Same results every way."""
+    Same results every way. On a one-thread backend (a batched plan on more threads always
+    holds BLAS at one thread: tests/backends/cpu/test_placement_bits.py)."""
     from ggmlpy.backends.cpu import blas as cpu_blas
     from ggmlpy.backends.kernels import matmul
 
@@ -287,7 +288,15 @@ def test_batched_mul_mat_with_transposed_views(L, pattern, blas_one, blas, monke
         K = uniform(rng, kq_in.ne[::-1], 0, 1)
         ref = K.astype(np.float64) @ xn
         inputs = {qkv: X, kq_in: K}
-    (got,) = run_graph(ctx, [out], inputs)
+    from helpers import _backend
+
+    be = _backend()
+    n0 = be.n_threads
+    be.set_n_threads(1)
+    try:
+        (got,) = run_graph(ctx, [out], inputs)
+    finally:
+        be.set_n_threads(n0)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * L)
     assert bool(calls) == (blas == "numpy" and L >= matmul.NN_MIN_ROWS and not blas_one)
 
