@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 
 from ggmlpy.backends.cpu.fma_ir import fma32
 from ggmlpy.backends.cpu.repack_q4k_kernel import gemm_q4k, scales_mins
+from ggmlpy.backends.cpu.s16_vnni_ir import gemm16, interleave_tile
 
 F32 = np.float32
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
@@ -49,6 +50,9 @@ _I16, _I32 = ir.IntType(16), ir.IntType(32)
 _ROW_MAJOR, _NO_TRANS, _TRANS, _FIX_OFFSET = 101, 111, 112, 173
 #: activation rows per tile of the integer products (one GEMM call per step and tile)
 N_TILE = 256
+#: the ``gemm`` address that selects the compiled AVX512-VNNI int16 GEMM
+#: (:func:`.s16_vnni_ir.gemm16`) instead of a CBLAS function
+VNNI_GEMM = -1
 
 
 @intrinsic
@@ -305,6 +309,7 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
     mc = m1 - m0
     S = 4 * nb
     wt = scratch16[:mc * K].reshape(mc, K)
+    wi = scratch16[mc * K:]
     o = 0
     ntile = max(1, min(N_TILE, ng))
     cb = scratch32[o:o + ntile * S * mc].reshape(ntile, S, mc)
@@ -320,12 +325,19 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
     zero = np.zeros(1, np.int32)
     if ng > 0:
         q4k_tile(w, m0, m1, wt, dT, dmT, mnT, tbl)
+        if gemm == VNNI_GEMM:
+            interleave_tile(wt, mc, K, wi)
         cbf = cb.reshape(-1)
+        yf = y16.reshape(-1)
         for n0 in range(0, ng, ntile):
             nt = min(ntile, ng - n0)
             for s in range(S):
-                gemm_s16(gemm, nt, mc, 64, y16, n0 * K + 64 * s, K, wt, 64 * s, K,
-                         cbf, s * mc, S * mc, zero)
+                if gemm == VNNI_GEMM:
+                    gemm16(nt, mc, 64, yf, n0 * K + 64 * s, K, wi, K, 64 * s, cbf, s * mc,
+                           S * mc)
+                else:
+                    gemm_s16(gemm, nt, mc, 64, y16, n0 * K + 64 * s, K, wt, 64 * s, K,
+                             cbf, s * mc, S * mc, zero)
             q4k_combine(cb, yd, b32, dT, dmT, mnT, out, n0, nt, mc, m0 - o0, acc, accm, ds,
                         dms)
     if ng < N:
@@ -335,10 +347,11 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
 @njit(**_OPTS)
 def q4k_scratch(mc, K, n):  # pragma: no cover - compiled
     """The scratch of :func:`q4k_rows_igemm` for chunks of ``mc`` weight rows of ``K``
-    elements and ``n`` grouped activation rows: int16 ``(mc*K,)`` and int32 (the GEMM outputs
+    elements and ``n`` grouped activation rows: int16 (the tile, then its interleaved form for
+    :data:`VNNI_GEMM`) and int32 (the GEMM outputs
     of ``min(N_TILE, n)`` rows, the mins, float32 scales and accumulators)."""
     nb = K // 256
-    return (np.empty(mc * K, np.int16),
+    return (np.empty(mc * K + 16 * ((mc + 15) // 16) * K, np.int16),
             np.empty(max(1, min(N_TILE, n)) * 4 * nb * mc + 8 * nb * mc + 2 * nb * mc + 4 * mc,
                      np.int32))
 
@@ -439,6 +452,7 @@ def q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, scratch16,
     nb = K // 256
     mc = m1 - m0
     wt = scratch16[:mc * K].reshape(mc, K)
+    wi = scratch16[mc * K:]
     ntile = max(1, min(N_TILE, N))
     cb = scratch32[:ntile * nb * mc].reshape(ntile, nb, mc)
     fs = scratch32[ntile * nb * mc:].view(np.float32)
@@ -446,20 +460,29 @@ def q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, scratch16,
     acc = fs[nb * mc:nb * mc + mc]
     zero = np.zeros(1, np.int32)
     q6k_tile(w, m0, m1, wt, dT, tbl)
+    if gemm == VNNI_GEMM:
+        interleave_tile(wt, mc, K, wi)
     cbf = cb.reshape(-1)
+    yf = y16.reshape(-1)
     for n0 in range(0, N, ntile):
         nt = min(ntile, N - n0)
         for b in range(nb):
-            gemm_s16(gemm, nt, mc, 256, y16, n0 * K + 256 * b, K, wt, 256 * b, K,
-                     cbf, b * mc, nb * mc, zero)
+            if gemm == VNNI_GEMM:
+                gemm16(nt, mc, 256, yf, n0 * K + 256 * b, K, wi, K, 256 * b, cbf, b * mc,
+                       nb * mc)
+            else:
+                gemm_s16(gemm, nt, mc, 256, y16, n0 * K + 256 * b, K, wt, 256 * b, K,
+                         cbf, b * mc, nb * mc, zero)
         q6k_combine(cb, yd, dT, out, n0, nt, mc, m0 - o0, acc)
 
 
 @njit(**_OPTS)
 def q6k_scratch(mc, K, n):  # pragma: no cover - compiled
     """The scratch of :func:`q6k_rows_igemm` for chunks of ``mc`` weight rows of ``K``
-    elements and ``n`` activation rows: int16 ``(mc*K,)`` and int32 (the GEMM outputs of
+    elements and ``n`` activation rows: int16 (the tile, then its interleaved form for
+    :data:`VNNI_GEMM`) and int32 (the GEMM outputs of
     ``min(N_TILE, n)`` rows, float32 scales and accumulator)."""
     nb = K // 256
     nt = max(1, min(N_TILE, n))
-    return np.empty(mc * K, np.int16), np.empty(nt * nb * mc + nb * mc + mc, np.int32)
+    return (np.empty(mc * K + 16 * ((mc + 15) // 16) * K, np.int16),
+            np.empty(nt * nb * mc + nb * mc + mc, np.int32))

@@ -504,7 +504,24 @@ def _igemm_address():
 
 
 needs_igemm = pytest.mark.skipif(not cpu_jit.available() or not _igemm_address(),
-                                 reason="the integer GEMMs need Numba and MKL (the mkl extra)")
+                                 reason="the integer GEMMs need Numba and AVX512-VNNI or MKL "
+                                        "(the mkl extra)")
+
+
+@pytest.fixture(params=["vnni", "mkl"])
+def gemm_source(request, monkeypatch):
+    """Both sources of the exact step sums: the compiled AVX512-VNNI int16 GEMM and MKL's
+    ``cblas_gemm_s16s16s32`` (each where this machine has it)."""
+    from ggmlpy.backends.cpu import kquant_igemm  # noqa: PLC0415
+
+    if request.param == "vnni":
+        if not kquant_igemm.vnni_gemm():
+            pytest.skip("no AVX512-VNNI int16 GEMM on this CPU (or GGMLPY_CPU_ZMM=0)")
+    else:
+        monkeypatch.setattr(kquant_igemm, "vnni_gemm", lambda: False)
+        if not kquant_igemm.gemm_address(1 << 30, 0):
+            pytest.skip("MKL (the mkl extra) is not installed")
+    return request.param
 
 
 def _kquant_step(t, rows, x, gemm):
@@ -531,7 +548,7 @@ def _kquant_step(t, rows, x, gemm):
 
 @needs_igemm
 @pytest.mark.parametrize("t", [Type.Q4_K, Type.Q6_K])
-def test_kquant_igemm_is_ggml_loop_over_random_shapes(t):
+def test_kquant_igemm_is_ggml_loop_over_random_shapes(t, gemm_source):
     # row counts 1..600 (n % 4 of every kind, the gemv rows after the groups), K of 1..8
     # super-blocks, M multiples of 8 (chunk tails of 8 beside the 16-lane groups)
     rng = np.random.default_rng(7 if t == Type.Q4_K else 8)
@@ -569,7 +586,7 @@ def _extreme_rows(t, C, nb, rng):
 @needs_igemm
 @pytest.mark.parametrize("t", [Type.Q4_K, Type.Q6_K])
 @pytest.mark.parametrize("N", [12, 33])
-def test_kquant_igemm_exact_at_the_bounds(t, N):
+def test_kquant_igemm_exact_at_the_bounds(t, N, gemm_source):
     # all -128 (and all +127) activation quants against the largest weight values: Q4_K |iacc|
     # up to 64 * 128 * 945, Q6_K |S| = 256 * 128 * 4096 = 2**27, exact in the GEMM's int32
     from ggmlpy.backends.cpu import kquant_igemm_kernel as kk  # noqa: PLC0415
@@ -612,7 +629,7 @@ def test_kquant_igemm_exact_at_the_bounds(t, N):
 
 @needs_igemm
 @pytest.mark.parametrize("t,N", [(Type.Q4_K, 37), (Type.Q4_K, 70), (Type.Q6_K, 41)])
-def test_kquant_igemm_threads_cut_weight_rows(t, N, monkeypatch):
+def test_kquant_igemm_threads_cut_weight_rows(t, N, monkeypatch, gemm_source):
     # a CPU backend of two threads, the variant at a prompt batch (GGMLPY_QUANT_MATMUL=dot):
     # the chunks of 144 weight rows go to both threads; same bits as the dot kernels and as
     # the loops, every run
