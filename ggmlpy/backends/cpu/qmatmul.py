@@ -82,7 +82,7 @@ from ggmlpy.quants import q8_arch
 from ggmlpy.quants.q8 import Q8_0_BYTES, Q8_1_BYTES, Q8_K_BYTES, QK_K
 from ggmlpy.quants.vec_dot import VEC_DOT_TYPE, dot_unpacked, unpack_weight
 
-__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "ScratchLock", "q8k_scratch", "plane_tasks_step",
+__all__ = ["DOT_TYPES", "GGML_ORDER_ROWS", "CROSSOVER", "IGEMM_ROWS", "igemm_applies", "VEC_DOT_TYPE", "chooses_dot", "ActQ", "jit_available", "run_alone", "run_alone_compiling_worker", "kquant_operands", "shared_scratch", "ScratchLock", "q8k_scratch", "plane_tasks_step",
            "quantize_act", "act_bytes", "mul_mat", "mul_mat_parts", "prepare", "warm_up"]
 
 F32 = np.float32
@@ -114,13 +114,43 @@ CROSSOVER = {Type.Q4_0: 512, Type.Q4_1: 256, Type.Q5_0: 384, Type.Q5_1: 256, Typ
 _GEMM_IN_GGML_MODE = frozenset((Type.F16, Type.BF16))
 
 
+#: activation rows from which a Q8_0 product runs the integer GEMM in the ``fast`` mode
+#: (:mod:`ggmlpy.backends.cpu.igemm_q8_0_ir`, :func:`igemm_applies`); below them its 16-row lane
+#: groups would be mostly padding and the 8-lane dot tiles are faster (docs/quant_matmul.md)
+IGEMM_ROWS = 16
+
+
+def igemm_applies(t: Type, n_rows: int) -> bool:
+    """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` F32 activation rows runs
+    the Q8_0 integer GEMM (each output in ggml's scalar ``vec_dot`` order, bit for bit; 1.2-1.7x
+    the 8-lane tiles' speed): ``GGMLPY_QUANT_MATMUL=fast``, ``t`` Q8_0, ``n_rows >=
+    IGEMM_ROWS``, and Numba compiling for a CPU with AVX512-F, -BW and -VNNI with
+    ``GGMLPY_CPU_ZMM`` on (default). Not in the default ``ggml`` mode: its 8-lane tiles give
+    llama.cpp's bits on x86, and a model that quantizes each layer's activations again
+    amplifies the last-bit differences of another order (all-MiniLM-L6-v2 from a q8_0 GGUF:
+    2.1e-3 from llama.cpp's embeddings instead of 2.7e-5).
+
+    Raises:
+        EnvError: ``GGMLPY_QUANT_MATMUL`` or ``GGMLPY_CPU_ZMM`` is malformed.
+    """
+    if t != Type.Q8_0 or n_rows < IGEMM_ROWS or env.quant_matmul() != "fast":
+        return False
+    if not env.cpu_zmm() or not jit_available():
+        return False
+    from ggmlpy.backends.cpu.legacy_zmm_ir import ZMM  # noqa: PLC0415 - imports llvmlite
+
+    return bool(ZMM)
+
+
 def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
     """Whether a CPU MUL_MAT with a weight of type ``t`` and ``n_rows`` activation rows of type
     ``src1_type`` runs the dot kernels: ``t`` has a kernel, the activations are F32, and
     ``GGMLPY_QUANT_MATMUL`` is ``ggml`` (the default: every batch for the block types, below
     :data:`CROSSOVER` for F16/BF16), ``dot`` (every batch) or ``fast`` with
-    ``n_rows < CROSSOVER[t]`` (larger batches: the dequantized GEMM, faster). Depends on nothing
-    else (not on buffers, caches or Numba), so one graph always takes one numeric path.
+    ``n_rows < CROSSOVER[t]`` (larger batches: the dequantized GEMM, faster; Q8_0 where
+    :func:`igemm_applies`: the integer GEMM at every batch, faster than both). Depends on nothing
+    else (not on buffers or caches; on Numba and the CPU only through :func:`igemm_applies`),
+    so one graph always takes one numeric path.
 
     Raises:
         EnvError: ``GGMLPY_QUANT_MATMUL`` is malformed.
@@ -130,6 +160,8 @@ def chooses_dot(t: Type, src1_type: Type, n_rows: int) -> bool:
     mode = env.quant_matmul()
     if mode == "ggml" and t not in _GEMM_IN_GGML_MODE:
         return True
+    if mode == "fast" and igemm_applies(t, n_rows):
+        return True  # the integer GEMM outruns the dequantized one at every batch
     return mode == "dot" or (mode in ("ggml", "fast") and n_rows < CROSSOVER[t])
 
 
@@ -390,6 +422,10 @@ def _jit_part(k: Any, t: Type, w: np.ndarray, act: ActQ, out: np.ndarray, m0: in
     if t in _KQUANT:
         return partial(k.kquant_lanes, w, act.q, act.d, act.x, out, m0, m1, 0, _KQUANT[t],
                        _f16_table())
+    if igemm_applies(t, act.q.shape[0]):
+        from ggmlpy.backends.cpu import igemm_q8_0  # noqa: PLC0415 - imports Numba
+
+        return partial(igemm_q8_0.lanes, w, act.q, act.d, out, m0, m1, 0, _f16_table())
     ys = act.x if act.kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
     return partial(k.legacy_lanes, w, act.q, act.d, ys, out, m0, m1, 0, _legacy_code(k, t),
                    _f16_table())
@@ -651,10 +687,15 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
     N, K = x.shape
     # the activation buffers of every step of this kind and shape (one set per shape, not per
     # layer), held while a step runs
-    lock, arrs = shared_scratch(("act", kind, N, K), _act_shapes(kind, N, K))
-    act = ActQ(kind, *arrs)
-    (part,) = mul_mat_parts(t, w, act, out, 1)
     jit = jit_available()
+    use_igemm = jit and igemm_applies(t, N)
+    shapes, key = _act_shapes(kind, N, K), ("act", kind, N, K)
+    if use_igemm:  # + the integer GEMM's interleaved activations (igemm_q8_0)
+        G = -(-N // 16)
+        shapes, key = shapes + [((G, K * 16), np.uint8), ((G, K // 2), F32)], key + ("igemm",)
+    lock, arrs = shared_scratch(key, shapes)
+    act = ActQ(kind, *arrs[:3])
+    (part,) = mul_mat_parts(t, w, act, out, 1)
     k = _jit() if jit else None
     wv = _w_rows(t, w, K)
     form = q8_arch.env_form()
@@ -683,6 +724,17 @@ def prepare(t: Type, w: np.ndarray, x: np.ndarray, out: np.ndarray,
                 return True
             main = partial(tk.kquant_main, desc, *args)
             worker = partial(tk.kquant_chunks, *args)
+        elif use_igemm:
+            arep, drep = arrs[3:]
+            tbl = _f16_table()
+            desc = _desc(tk, 3, 0, wv, act, act.d, out, chunk)
+            if desc[tk.D_FAMILY] == 3:
+                desc[tk.D_YQ], desc[tk.D_YD] = arep.ctypes.data, drep.ctypes.data
+                desc[tk.D_NX] = G
+            qkind = 2 * q8_arch.FORM_CODE[form]
+            quant = partial(tk.quant_q8_0_igemm, x, act.q, act.d, act.d, qkind, arep, drep)
+            main = partial(tk.igemm_main, desc, wv, arep, drep, out, tbl, chunk)
+            worker = partial(tk.igemm_chunks, wv, arep, drep, out, tbl, chunk)
         else:
             ys = act.x if kind == "q8_1" else act.d  # (Q8_0: read by no kernel)
             code = _legacy_code(k, t)

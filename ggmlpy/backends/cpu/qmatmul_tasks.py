@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
+from ggmlpy.backends.cpu import igemm_q8_0 as ig
 from ggmlpy.backends.cpu.qmatmul_ir import f16_round
 from ggmlpy.backends.cpu.qmatmul_kernels import (
     F32,
@@ -72,6 +73,16 @@ def quant_q8_f16(x, yq, yd, ys, kind):
                 ys[n, b] = s
                 ok = ok and not (abs(s) == F32(np.inf))
     return ok
+
+
+@njit(**_OPTS)
+def quant_q8_0_igemm(x, yq, yd, ys, kind, arep, drep):
+    """:func:`quant_q8_f16` (Q8_0), then the integer GEMM's interleaved form of the quants and
+    scales (:func:`ggmlpy.backends.cpu.igemm_q8_0.interleave`); False as :func:`quant_q8_f16`."""
+    if not quant_q8_f16(x, yq, yd, ys, kind):
+        return False
+    ig.interleave(yq, yd, arep, drep)
+    return True
 
 
 @njit(inline="always", **_OPTS)
@@ -151,6 +162,40 @@ def legacy_main(desc, w, yq, yd, yx, out, kind, tbl, chunk, ctl, gen):
     c = _rescue(ctl, nch, gen)
     while c >= 0:
         legacy_rows(w, yq, yd, yx, yo, out, c * chunk, min(M, c * chunk + chunk), 0, kind, tbl)
+        aadd(ctl, DONE, 1)
+        c = _rescue(ctl, nch, gen)
+    wait_workers_back(ctl)  # (a task without a native descriptor ran Python on the workers)
+    return 0
+
+
+@njit(**_OPTS)
+def igemm_chunks(w, arep, drep, out, tbl, chunk, ctl, gen):
+    M = w.shape[0]
+    nch = (M + chunk - 1) // chunk
+    tmp = np.empty((out.shape[0], chunk), F32)
+    while True:
+        c = claim(ctl, gen, nch)
+        if c < 0:
+            return
+        m0, m1 = c * chunk, min(M, c * chunk + chunk)
+        ig.rows(w, arep, drep, tmp, m0, m1, m0, out.shape[0], tbl)
+        _commit(ctl, c, gen, tmp, out, m0, m1)
+
+
+@njit(**_OPTS)
+def igemm_main(desc, w, arep, drep, out, tbl, chunk, ctl, gen):
+    M, N = w.shape[0], out.shape[0]
+    nch = (M + chunk - 1) // chunk
+    _post(ctl, desc)
+    publish(ctl, gen, nch)
+    c = claim(ctl, gen, nch)
+    while c >= 0:
+        ig.rows(w, arep, drep, out, c * chunk, min(M, c * chunk + chunk), 0, N, tbl)
+        _own(ctl, c, gen)
+        c = claim(ctl, gen, nch)
+    c = _rescue(ctl, nch, gen)
+    while c >= 0:
+        ig.rows(w, arep, drep, out, c * chunk, min(M, c * chunk + chunk), 0, N, tbl)
         aadd(ctl, DONE, 1)
         c = _rescue(ctl, nch, gen)
     wait_workers_back(ctl)  # (a task without a native descriptor ran Python on the workers)
@@ -251,7 +296,10 @@ def half_main(desc, w, y, out, bf, chunk, ctl, gen):
 
 # descriptor words (int64) of a dot task, ``ctl[DESC + i]``: what a polling worker needs to run
 # the task's ``*_chunks`` without Python (:func:`serve`); built once per prepared step
-# (ggmlpy.backends.cpu.qmatmul.prepare) from C-contiguous arrays only (family -1 otherwise)
+# (ggmlpy.backends.cpu.qmatmul.prepare) from C-contiguous arrays only (family -1 otherwise).
+# Family 0 legacy blocks, 1 K-quants, 2 F16/BF16, 3 the Q8_0 integer GEMM (whose interleaved
+# activations ``arep`` uint8 (D_NX, D_K * 16) and ``drep`` float32 (D_NX, D_NB * 16) are in the
+# D_YQ and D_YD words)
 D_FAMILY, D_W, D_M, D_ROW, D_YQ, D_N, D_K, D_YD, D_NB, D_YX, D_NX, D_OUT, D_TBL, D_CHUNK, D_KIND = \
     range(15)
 
@@ -267,9 +315,15 @@ def _run_desc(ctl, gen, d, u8, i8, u16, i32, f32):
         half_chunks(w, y, out, d[D_KIND] != 0, d[D_CHUNK], ctl, gen)
         return
     w8 = carray(as_ptr(d[D_W], u8), (M, d[D_ROW]))
+    tbl = carray(as_ptr(d[D_TBL], f32), (65536,))
+    if fam == 3:
+        G = d[D_NX]
+        arep = carray(as_ptr(d[D_YQ], u8), (G, d[D_K] * 16))
+        drep = carray(as_ptr(d[D_YD], f32), (G, d[D_NB] * 16))
+        igemm_chunks(w8, arep, drep, out, tbl, d[D_CHUNK], ctl, gen)
+        return
     yq = carray(as_ptr(d[D_YQ], i8), (N, d[D_K]))
     yd = carray(as_ptr(d[D_YD], f32), (N, d[D_NB]))
-    tbl = carray(as_ptr(d[D_TBL], f32), (65536,))
     if fam == 1:
         bs = carray(as_ptr(d[D_YX], i32), (N, d[D_NX]))
         kquant_chunks(w8, yq, yd, bs, out, d[D_KIND], tbl, d[D_CHUNK], ctl, gen)

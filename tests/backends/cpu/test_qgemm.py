@@ -195,8 +195,14 @@ def _mul_mat(t: Type, raw: np.ndarray, x: np.ndarray, K: int, M: int, n_threads:
              weights: bool, times: int = 1) -> list[np.ndarray]:
     res, dot = eval_mul_mat(t, raw, x, K, M, BufferUsage.WEIGHTS if weights else None,
                             n_threads, times)
-    assert dot == (x.shape[0] < qmatmul.CROSSOVER[t])
+    assert dot == (not _gemm_path(t, x.shape[0]))
     return res
+
+
+def _gemm_path(t: Type, n: int) -> bool:
+    """Whether the fast mode takes the GEMM path: from the crossover, but for Q8_0 where its
+    integer GEMM runs (a dot-kernel path at every batch, ggml's scalar order)."""
+    return n >= qmatmul.CROSSOVER[t] and not qmatmul.igemm_applies(t, n)
 
 
 def _batches(t: Type) -> list[int]:
@@ -216,8 +222,10 @@ def test_mul_mat_tracks_the_vec_dot_referee(t, n, monkeypatch):
     x = rng.standard_normal((n, K)).astype(np.float32)
     want, bound = ggml_gemm_expected(t, raw.reshape(M, -1), x)
     off = _mul_mat(t, raw, x, K, M, 1, False)[0]
-    if n < qmatmul.CROSSOVER[t] and t in BLOCK and not qmatmul.jit_available():
-        np.testing.assert_array_equal(off, want)   # the NumPy dot path: the referee's operations
+    if qmatmul.igemm_applies(t, n) or (n < qmatmul.CROSSOVER[t] and t in BLOCK
+                                       and not qmatmul.jit_available()):
+        # the NumPy dot path and the Q8_0 integer GEMM: the referee's operations
+        np.testing.assert_array_equal(off, want)
     elif n < qmatmul.CROSSOVER[t] and t in BLOCK:  # the compiled dot kernels: their lanes bound
         yb = qmatmul.act_bytes(qmatmul.quantize_act(vec_dot.VEC_DOT_TYPE[t], x))
         lb = lanes_bound(t, K, dot_abs_terms(t, raw.reshape(M, -1), yb))
@@ -229,7 +237,7 @@ def test_mul_mat_tracks_the_vec_dot_referee(t, n, monkeypatch):
     for nt in (1, 2):
         for r in _mul_mat(t, raw, x, K, M, nt, True, times=2):
             np.testing.assert_array_equal(r, off)  # cache on/off, first/second call, threads
-    assert (CACHE.stats()["hits"] > hits) == (n >= qmatmul.CROSSOVER[t])  # the copy served
+    assert (CACHE.stats()["hits"] > hits) == _gemm_path(t, n)  # the copy served
 
 
 def _cuts_weight_rows(t: Type, K: int, M: int, n: int) -> bool:
@@ -239,10 +247,12 @@ def _cuts_weight_rows(t: Type, K: int, M: int, n: int) -> bool:
 
 
 @pytest.mark.parametrize("t", [Type.Q4_1, Type.Q4_K, Type.Q8_0])
-def test_activation_row_split_tracks_the_referee(t):
+def test_activation_row_split_tracks_the_referee(t, monkeypatch):
     """A batch of more than M / 8 rows is cut along the activation rows on 2 threads (each part
     quantizes its rows and dequantizes the whole weight): the referee within the bound, and the
     same bits as one thread."""
+    # (Q8_0 takes the GEMM path only where its integer GEMM does not run: 256-bit tiles)
+    monkeypatch.setenv(env.CPU_ZMM, "0")
     K, M, n = 512, 600, qmatmul.CROSSOVER[t] + 44   # on the GEMM path
     assert not _cuts_weight_rows(t, K, M, n) and _cuts_weight_rows(t, K, 8 * n, n)
     rng = np.random.default_rng(int(t) + 1)
