@@ -225,12 +225,13 @@ def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     numpy = is_numpy(xp)
 
     def chunk(kk: Any, vv: Any, mk_all: Any, q0: int, q1: int) -> None:
-        lo, hi = 0, NKV
+        nkv = kk.shape[-2]
+        lo, hi = 0, nkv
         mk = None
         if mk_all is not None:
             mk = mk_all[..., q0:q1, :]
             if numpy:  # cells no query row of the chunk sees (-inf everywhere) are skipped
-                live = np.flatnonzero((mk != -np.inf).reshape(-1, NKV).any(axis=0))
+                live = np.flatnonzero((mk != -np.inf).reshape(-1, nkv).any(axis=0))
                 if live.size == 0:
                     d5[..., q0:q1, :] = 0  # fully masked rows: exp(-inf) = 0 -> output 0
                     return
@@ -253,12 +254,24 @@ def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         copyto(d5[..., q0:q1, :], o, casting="unsafe")
 
     def run() -> None:
-        kk = as_f32(xp, k5)
-        vv = as_f32(xp, v5)
         mk_all = as_f32(xp, mask_fn()) if mask_fn is not None else None
         if not numpy:
-            chunk(kk, vv, mk_all, 0, NQ)
+            chunk(as_f32(xp, k5), as_f32(xp, v5), mk_all, 0, NQ)
             return
+        k_, v_ = k5, v5
+        if mk_all is not None:
+            # only the cells some query row sees are converted to float32 (a KV cache's view
+            # during generation: its used cells, not all of them; each chunk then skips the
+            # cells its rows do not see, as before: the same cells, the same bits)
+            live = np.flatnonzero((mk_all != -np.inf).reshape(-1, NKV).any(axis=0))
+            if live.size == 0:
+                d5[...] = 0  # every row fully masked: exp(-inf) = 0 -> output 0
+                return
+            lo, hi = int(live[0]), int(live[-1]) + 1
+            if hi - lo < NKV:
+                k_, v_, mk_all = k5[..., lo:hi, :], v5[..., lo:hi, :], mk_all[..., lo:hi]
+        kk = as_f32(xp, k_)
+        vv = as_f32(xp, v_)
         for q0 in range(0, NQ, qc):
             chunk(kk, vv, mk_all, q0, min(NQ, q0 + qc))
     return run

@@ -194,6 +194,45 @@ def test_flash_attn_ext_chunks_skip_hidden_cells(kv_t, monkeypatch):
     assert np.all(r[:, 4:6] == 0)
 
 
+@pytest.mark.parametrize("kv_t", [Type.F32, Type.F16])
+@pytest.mark.parametrize("NQ", [1, 5])
+def test_flash_attn_ext_reads_only_cells_some_row_sees(kv_t, NQ, monkeypatch):
+    """A KV cache's view (cells before and after the used ones hidden from every row, NaN in
+    K and V there): only the visible cells are converted and read, and the result is bit for
+    bit the same graph over those cells alone; every row hidden: zeros."""
+    D, H, NKV, lo, hi = 16, 4, 40, 7, 29
+    rng = np.random.default_rng(NQ)
+
+    def fa(Q, K, V, M):
+        ctx = Context()
+        q = ctx.new_tensor(Type.F32, (D, NQ, H, 1))
+        k = ctx.new_tensor(kv_t, (D, K.shape[2], 1, 1))
+        v = ctx.new_tensor(kv_t, (D, K.shape[2], 1, 1))
+        m = ctx.new_tensor(Type.F32, (K.shape[2], NQ, 1, 1))
+        out = ops.flash_attn_ext(ctx, q, k, v, m, 0.25, 0.0, 0.0)
+        return run_graph(ctx, [out], {q: Q, k: K, v: V, m: M})[0]
+
+    Q = uniform(rng, (1, H, NQ, D))
+    K = uniform(rng, (1, 1, NKV, D), dtype=kv_t.dtype)
+    V = uniform(rng, (1, 1, NKV, D), dtype=kv_t.dtype)
+    M = np.full((1, 1, NQ, NKV), -np.inf, np.float32)
+    M[..., lo:hi] = 0.0
+    M[..., 0, hi - 3:hi] = -np.inf                   # (rows see different cells)
+    K[..., :lo, :] = np.nan
+    V[..., hi:, :] = np.nan
+    seen = []
+    conv = attention.as_f32
+    monkeypatch.setattr(attention, "as_f32", lambda xp, x: (seen.append(x.shape), conv(xp, x))[1])
+    got = fa(Q, K, V, M)
+    width = hi - lo - (3 if NQ == 1 else 0)         # the cells some row sees
+    assert (1, 1, 1, width, D) in seen and not any(D in sh and NKV in sh for sh in seen)
+    want = fa(Q, np.ascontiguousarray(K[..., lo:hi, :]), np.ascontiguousarray(V[..., lo:hi, :]),
+              np.ascontiguousarray(M[..., lo:hi]))
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+    assert np.all(fa(Q, K, V, np.full_like(M, -np.inf)) == 0)
+
+
 # ---------------------------------------------------------------------------------------------
 # SOFT_MAX flushes results below float32's smallest normal number on every path (mask type,
 # GGMLPY_JIT, ALiBi): the compiled kernel always did, the NumPy paths (an F16 mask, GGMLPY_JIT=0,
