@@ -45,6 +45,9 @@ the calling thread and release the GIL.
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -73,7 +76,9 @@ def kernel_module(name: str) -> Any:
     m = _state.get(key)
     if m is None:
         try:
-            m = importlib.import_module(f"ggmlpy.backends.cpu.{name}")
+            with _numba_import_without_scipy_probe():
+                m = importlib.import_module(f"ggmlpy.backends.cpu.{name}")
+                importlib.import_module("numba.np.arraymath")  # (the probe: on first use)
         except Exception as e:  # noqa: BLE001 - ImportError, or a broken Numba install
             m = f"numba is not importable ({type(e).__name__}: {e})"
         _state[key] = m
@@ -90,10 +95,34 @@ def f16_table() -> np.ndarray:
     return tbl
 
 
+@contextmanager
+def _numba_import_without_scipy_probe() -> Iterator[None]:
+    """While Numba is first imported, ``scipy.linalg.cython_blas`` reads as not installed.
+
+    Numba's import probes for SciPy's BLAS (``numba.np.arraymath._HAVE_BLAS``) by importing
+    ``scipy.linalg``: 28 MiB of resident memory in a process that never calls SciPy (ggmlpy's
+    kernels use no BLAS inside compiled code). The probe only chooses how ``np.convolve`` and
+    ``np.correlate`` compute inside ``@njit`` functions (a loop instead of BLAS); ``np.dot`` and
+    ``np.linalg`` in compiled code import SciPy themselves when first compiled, after this. A
+    process that imported Numba or SciPy's BLAS before is left as it is."""
+    name = "scipy.linalg.cython_blas"
+    if "numba" in sys.modules or name in sys.modules:
+        yield
+        return
+    sys.modules[name] = None  # type: ignore[assignment] - ImportError for the probe
+    try:
+        yield
+    finally:
+        if sys.modules.get(name, 0) is None:
+            del sys.modules[name]
+
+
 def _build() -> dict[str, Any]:
     """Compile-on-first-call dispatchers for every kernel, or the reason Numba is unusable."""
     try:
-        from ggmlpy.backends.cpu import jit_kernels as kj
+        with _numba_import_without_scipy_probe():
+            from ggmlpy.backends.cpu import jit_kernels as kj
+            importlib.import_module("numba.np.arraymath")  # (the probe: on first use)
     except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
         return {"reason": f"numba is not importable ({type(e).__name__}: {e})"}
     return {name: getattr(kj, name + "_body") for name in _NAMES}
