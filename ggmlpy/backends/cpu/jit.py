@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -128,7 +129,7 @@ def _build() -> dict[str, Any]:
     return {name: getattr(kj, name + "_body") for name in _NAMES}
 
 
-_NAMES = ("gelu", "gelu_inplace", "softmax", "softmax_inplace", "norm", "norm_inplace",
+_NAMES = ("gelu", "gelu_inplace", "softmax", "softmax_inplace", "norm", "norm_inplace", "rms_norm",
           "binary", "binary_inplace", "gelu_table", "gelu_table_inplace", "geglu_table")
 
 
@@ -288,6 +289,45 @@ def soft_max(x: np.ndarray, mask: np.ndarray | None, scale: float, out: np.ndarr
         _call("softmax", x.size, x.reshape(-1), m, has, dims, np.float32(scale),
               out.reshape(-1))
     return out
+
+
+def rms_norm(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
+    """*Sync*: ``x / sqrt(mean(x^2) + eps)`` per row (``ggml_rms_norm``) in ggml-cpu's order:
+    the squares (float32) summed in float64 in element order, the mean rounded to float32, the
+    scale and the products in float32 (ggml's ``ggml_compute_forward_rms_norm_f32``).
+
+    Args:
+        x: float32 C-contiguous ``(R, n)`` (ggml ``ne = [n, R]``).
+        eps: added to the mean square.
+        out: float32 C-contiguous ``(R, n)`` (may be ``x``).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: layouts, dtypes or shapes violated.
+    """
+    _check_f32_c("rms_norm", x=x, out=out)
+    if x.ndim != 2 or out.shape != x.shape:
+        raise ValueError(f"cpu_jit.rms_norm: x must be 2-D and out of its shape, got {x.shape} "
+                         f"and {out.shape}")
+    _call("rms_norm", x.size, x, float(eps), out)
+    return out
+
+
+def rms_norm_step(x: np.ndarray, eps: float, out: np.ndarray) -> Callable[[], None]:
+    """:func:`rms_norm`'s arguments checked now and bound to the compiled kernel, for a plan
+    step called per evaluation (no per-call checks: a decoder runs about a hundred small ones
+    per token). Nothing is computed until the step is called.
+
+    Raises:
+        ValueError: as :func:`rms_norm`.
+    """
+    _check_f32_c("rms_norm", x=x, out=out)
+    if x.ndim != 2 or out.shape != x.shape:
+        raise ValueError(f"cpu_jit.rms_norm: x must be 2-D and out of its shape, got {x.shape} "
+                         f"and {out.shape}")
+    return partial(_kernels()["rms_norm"], x, float(eps), out)
 
 
 def norm(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:

@@ -215,6 +215,25 @@ def _norm_rows_ggml(x, out, eps):
 
 
 @njit(**_EXACT)
+def rms_norm_body(x, eps, out):
+    # ggml-cpu ggml_compute_forward_rms_norm_f32: sum += (double)(x*x) in element order (no
+    # fastmath: no reassociation); mean = (float)(sum/n); scale = 1.0f/sqrtf(mean + eps);
+    # y = x*scale in float32. out may be x (each row is read whole before it is written)
+    R, n = x.shape
+    e = F32(eps)
+    for r in range(R):
+        xr = x[r]
+        s = 0.0
+        for j in range(n):
+            v = xr[j]
+            s += np.float64(v * v)
+        scale = F32(1.0) / np.sqrt(F32(s / n) + e)
+        orow = out[r]
+        for j in range(n):
+            orow[j] = xr[j] * scale
+
+
+@njit(**_EXACT)
 def norm_body(x, eps, out):
     _norm_rows_ggml(x, out, eps)
 

@@ -420,6 +420,10 @@ def _k_rms_norm(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     a = srcs[0]
     eps = F32(node.op_params[0])
     n = a.shape[-1]
+    if jit_ready() and jit_arrays(a, dst) and a.shape == dst.shape:
+        # one compiled pass, the sum in ggml's element order (NumPy's below sums pairwise:
+        # the same float64 sum but for the last bits, which the float32 mean rounds away)
+        return cpu_jit.rms_norm_step(a.reshape(-1, n), float(eps), dst.reshape(-1, n))
     multiply, sqrt = np.multiply, np.sqrt
     f64 = np.float64
 

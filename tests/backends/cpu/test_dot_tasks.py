@@ -6,7 +6,8 @@ the row chunks of one compiled product claimed by several threads from an atomic
 * A prepared product (:func:`ggmlpy.backends.cpu.qmatmul.prepare`) gives the same bits whatever
   threads take part and whichever chunks they take: solo, through pools of 2 and 3 threads, and
   with a second thread started on the worker side by hand (so that it really claims chunks),
-  for every dot type and batches of 1 and 5 rows. Expected values: the solo run, itself held
+  for every dot type and batches of 1 and 5 rows, with many small chunks and with the default
+  chunks (at least ``qmatmul.CHUNK_WORK`` weight bytes times rows each). Expected values: the solo run, itself held
   to the vec_dot referee by tests/quants/test_quant_dot.py.
 """
 
@@ -108,9 +109,15 @@ def _by_hand(main, worker) -> int:
     return r
 
 
+@pytest.mark.parametrize("chunk_work", [1, None], ids=["64-chunks", "default-chunks"])
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("N", [1, 5])
-def test_prepared_product_same_bits_for_any_threads(t: Type, N: int) -> None:
+def test_prepared_product_same_bits_for_any_threads(t: Type, N: int, chunk_work,
+                                                     monkeypatch) -> None:
+    # chunk_work 1: chunks by count only (about qmatmul._CHUNKS of 8 rows), so that the
+    # threads share many; the default: at least qmatmul.CHUNK_WORK bytes x rows per chunk
+    if chunk_work is not None:
+        monkeypatch.setattr(qmatmul, "CHUNK_WORK", chunk_work)
     w, x = _product(t, N)
     M = w.shape[0]
     solo = np.full((N, M), np.nan, np.float32)

@@ -9,6 +9,7 @@ an ulp of ``scale`` on some rows.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from helpers import run_graph
 
 from ggmlpy import ops
@@ -36,6 +37,28 @@ def _run(x: np.ndarray, eps: float) -> np.ndarray:
     a = ctx.new_tensor(Type.F32, (x.shape[1], x.shape[0]))
     (y,) = run_graph(ctx, [ops.rms_norm(ctx, a, eps)], {a: x})
     return y.reshape(x.shape)
+
+
+def _run_inplace(x: np.ndarray, eps: float) -> np.ndarray:
+    ctx = Context()
+    a = ctx.new_tensor(Type.F32, (x.shape[1], x.shape[0]))
+    (y,) = run_graph(ctx, [ops.rms_norm_inplace(ctx, a, eps)], {a: x})
+    return y.reshape(x.shape)
+
+
+@pytest.mark.parametrize("jit", ["1", "0"], ids=["compiled", "numpy"])
+@pytest.mark.parametrize("n", [1, 7, 256, 640, 2048])
+def test_rms_norm_forms_round_as_ggml_cpu(monkeypatch, jit, n):
+    """The compiled pass (the sum in element order) and the NumPy form (its float64 sum pairwise:
+    the same float32 mean on these rows) against the C loop; in place too; rows of every
+    size the models use (head dims 64-256, hidden 384-2048) and odd ones."""
+    monkeypatch.setenv(env.JIT, jit)
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((9, n)) * np.exp(rng.uniform(-20, 20, (9, 1)))).astype(F32)
+    x[0] = 0.0                                            # a zero row: scale 1/sqrt(eps)
+    want = _ggml_rms_norm(x, 1e-6)
+    np.testing.assert_array_equal(_run(x, 1e-6), want)
+    np.testing.assert_array_equal(_run_inplace(x, 1e-6), want)
 
 
 def test_rms_norm_rounds_as_ggml_cpu(monkeypatch):
