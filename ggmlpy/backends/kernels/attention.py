@@ -20,6 +20,8 @@ not depend on the mask's type, the layout or ``GGMLPY_JIT``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -179,6 +181,19 @@ def fa_query_chunk(B: int, H: int, NKV: int) -> int:
     return max(1, FA_CHUNK_ELEMS // max(1, B * H * NKV))
 
 
+def _kv_f32(dtype: Any) -> Callable[[np.ndarray], np.ndarray]:
+    """How a NumPy FLASH_ATTN_EXT's K or V of ``dtype`` becomes float32, chosen when the step is
+    built: an F16 cache through the CPU's vector conversion when the compiled kernels are used
+    (:func:`ggmlpy.backends.cpu.jit.f16_converter`: the same values, 10-20x NumPy's
+    ``astype``), else ``astype`` (no copy for float32)."""
+    if dtype == np.float16:
+        from ggmlpy.backends.cpu import jit as cpu_jit  # noqa: PLC0415 - the CPU's kernels
+
+        if cpu_jit.available():
+            return cpu_jit.f16_converter()
+    return partial(as_f32, np)
+
+
 @kernel(Op.FLASH_ATTN_EXT, supports=_sup_fa)
 def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     p = node.op_params
@@ -223,6 +238,8 @@ def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
     # query rows per chunk: the chunk's scores (Hkv * g rows of NKV per query) stay in cache
     qc = fa_query_chunk(B, H, NKV)
     numpy = is_numpy(xp)
+    if numpy:
+        k_conv, v_conv = _kv_f32(k.dtype), _kv_f32(v.dtype)
 
     def chunk(kk: Any, vv: Any, mk_all: Any, q0: int, q1: int) -> None:
         nkv = kk.shape[-2]
@@ -270,8 +287,8 @@ def _k_flash_attn_ext(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
             lo, hi = int(live[0]), int(live[-1]) + 1
             if hi - lo < NKV:
                 k_, v_, mk_all = k5[..., lo:hi, :], v5[..., lo:hi, :], mk_all[..., lo:hi]
-        kk = as_f32(xp, k_)
-        vv = as_f32(xp, v_)
+        kk = k_conv(k_)
+        vv = v_conv(v_)
         for q0 in range(0, NQ, qc):
             chunk(kk, vv, mk_all, q0, min(NQ, q0 + qc))
     return run

@@ -221,8 +221,12 @@ def test_flash_attn_ext_reads_only_cells_some_row_sees(kv_t, NQ, monkeypatch):
     K[..., :lo, :] = np.nan
     V[..., hi:, :] = np.nan
     seen = []
-    conv = attention.as_f32
-    monkeypatch.setattr(attention, "as_f32", lambda xp, x: (seen.append(x.shape), conv(xp, x))[1])
+    pick = attention._kv_f32
+
+    def recording(dtype):
+        conv = pick(dtype)
+        return lambda x: (seen.append(x.shape), conv(x))[1]
+    monkeypatch.setattr(attention, "_kv_f32", recording)
     got = fa(Q, K, V, M)
     width = hi - lo - (3 if NQ == 1 else 0)         # the cells some row sees
     assert (1, 1, 1, width, D) in seen and not any(D in sh and NKV in sh for sh in seen)
