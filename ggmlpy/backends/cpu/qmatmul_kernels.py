@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ggmlpy.backends.cpu.legacy_zmm_ir import ZMM as _ZMM
 from ggmlpy.backends.cpu.legacy_zmm_ir import (
     zrow44_q4_1,
     zrow44_q5_1,
@@ -56,6 +57,7 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
     row44_q5_1,
     row44_q8_0,
     row_h16,
+    row_h16z,
     row_q4_0,
     row_q4_1,
     row_q4_K,
@@ -69,10 +71,14 @@ from ggmlpy.backends.cpu.qmatmul_ir import (
 
 _OPTS = dict(cache=True, nogil=True, error_model="numpy", boundscheck=False)
 F32 = np.float32
+
 #: added to a legacy kind code (0-4) for :func:`legacy_rows` to compute its prompt-batch tiles
 #: in 512-bit registers (:mod:`ggmlpy.backends.cpu.legacy_zmm_ir`, the same bits; only where
 #: its ``ZMM`` holds)
 ZMM_FLAG = 8
+#: whether :func:`half_dot` runs its 16-lane accumulators in 512-bit registers (row_h16z, the
+#: same bits; where the CPU has AVX512-F, -BW and -VNNI: a constant of the compiled code)
+H16_ZMM = _ZMM
 #: whether :func:`quant_q8` runs its x86 form in vector code (qmatmul_ir.q8_block_x86)
 HAS_AVX = Q8_X86_VECTOR
 
@@ -242,7 +248,10 @@ def half_dot(w, y, out, m0, m1, mo, bf):
         wr = w[m]
         for n in range(N):
             yr = y[n]
-            s = np.float64(row_h16(wr, yr, K64 // H16_STEP, bf))
+            if H16_ZMM:  # (a compile-time constant: the other branch is not compiled)
+                s = np.float64(row_h16z(wr, yr, K64 // H16_STEP, bf))
+            else:
+                s = np.float64(row_h16(wr, yr, K64 // H16_STEP, bf))
             for k in range(K64, K):
                 h = np.int32(wr[k])
                 v = np.int32(h << 16).view(np.float32) if bf else _f16v(h)
