@@ -202,3 +202,33 @@ def test_compiled_activation_quantizer_has_each_forms_bits(form, kind):
             with np.errstate(all="ignore"):
                 dk._quant_rows(act, xs, 0, rows.shape[0], True, form)
                 np.testing.assert_array_equal(dk.act_bytes(act), want)
+
+
+@pytest.mark.parametrize("bf", [False, True])
+def test_512_bit_half_rows_have_the_256_bit_bits(bf):
+    """row_h16z (one 512-bit register per 16-lane accumulator) against row_h16 (pairs of 8-lane
+    vectors): the same lanes and operations, the same bits, on rows of 1..39 steps with values
+    of every magnitude."""
+    from ggmlpy.backends.cpu.legacy_zmm_ir import ZMM
+
+    if not ZMM:
+        pytest.skip("row_h16z needs AVX512-F/BW/VNNI")
+    from numba import njit
+
+    from ggmlpy.backends.cpu.qmatmul_ir import row_h16, row_h16z
+
+    both = njit(lambda w, y, f: (row_h16(w, y, w.shape[0] // 64, f),
+                                 row_h16z(w, y, w.shape[0] // 64, f)))
+    rng = np.random.default_rng(int(bf))
+    for _ in range(300):
+        K = 64 * int(rng.integers(1, 40))
+        wf = (rng.standard_normal(K) * np.exp(rng.uniform(-8, 8, K))).astype(np.float32)
+        yf = rng.standard_normal(K).astype(np.float32)
+        if bf:
+            w = (wf.view(np.uint32) >> 16).astype(np.uint16)
+            y = ((yf.view(np.uint32) >> 16) << 16).view(np.float32)
+        else:
+            w = wf.astype(np.float16).view(np.uint16)
+            y = yf.astype(np.float16).astype(np.float32)
+        a, b = both(w, y, bf)
+        assert np.float32(a).view(np.uint32) == np.float32(b).view(np.uint32)
