@@ -20,14 +20,21 @@ backend next to F32, and MiniLM sentences/s per GGUF type scheme, as JSON on std
   buffer bytes and the weight cache's bytes;
   non-F32 schemes with the cache on and off. ``--no-minilm`` skips it (needs the model package).
 
+* ``vs_ggml`` (``--vs-ggml``): the per-type table against ggml's own CPU MUL_MAT on the Gemma 3
+  shapes at 1 and 512 tokens (ggmlpy ms, ggml ms, ratio, weight GB/s of each, fraction of the
+  bandwidth measured in the run), from ``scripts/bench_qmatmul.py`` run in its own process.
+
     python scripts/bench_quant.py [--rows 1024] [--cols 1024] [--repeat 3] [--no-minilm]
         [--no-quant] [--mm-types F16,BF16,Q8_0,Q4_0] [--schemes safetensors,f32,f16,...]
+        [--vs-ggml [--ggml-python $GGMLPY_REF_PYTHON]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -216,6 +223,11 @@ def main() -> None:
                     help="comma-separated weight types for the mul_mat table (F32 always runs)")
     ap.add_argument("--schemes", default="safetensors,f32,f16,q8_0,q4_0,q4_k,q4_0_m,q4_k_m",
                     help="MiniLM schemes (the first is the time_vs_ base)")
+    ap.add_argument("--vs-ggml", action="store_true",
+                    help="add the per-type table against ggml's own MUL_MAT on the Gemma 3 "
+                         "shapes (scripts/bench_qmatmul.py; needs --ggml-python)")
+    ap.add_argument("--ggml-python", default=os.environ.get("GGMLPY_REF_PYTHON"),
+                    help="an interpreter with ggml-python (default $GGMLPY_REF_PYTHON)")
     a = ap.parse_args()
     mm_types = [Type[n.strip().upper()] for n in a.mm_types.split(",") if n.strip()]
     res = {"bench": "quant"}
@@ -236,7 +248,27 @@ def main() -> None:
     if not a.no_minilm:
         res["minilm"] = bench_minilm(a.repeat, a.sentences,
                                      [s.strip() for s in a.schemes.split(",") if s.strip()])
+    if a.vs_ggml:
+        res["vs_ggml"] = bench_vs_ggml(a.repeat, a.ggml_python)
     print(json.dumps(res, indent=1))
+
+
+def bench_vs_ggml(repeat: int, ggml_python: str | None) -> dict:
+    """``vs_ggml``: scripts/bench_qmatmul.py's run at 1 and 512 tokens (its ``cases``: per type
+    and Gemma 3 shape ggmlpy's and ggml's milliseconds, their ratio, the weight GB/s of both and
+    the fraction of the bandwidth measured in the same run), in a process of its own."""
+    if not ggml_python:
+        raise SystemExit("bench_quant: --vs-ggml needs --ggml-python or $GGMLPY_REF_PYTHON")
+    cmd = [sys.executable, str(Path(__file__).with_name("bench_qmatmul.py")), "--tokens", "1,512",
+           "--repeat", str(repeat), "--ggml-python", ggml_python]
+    r = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"bench_quant: bench_qmatmul.py failed: {r.stderr.strip()[-500:]}")
+    d = json.loads(r.stdout)
+    keys = ("type", "K", "M", "tokens", "ggmlpy_ms", "ggml_ms", "ratio", "ggmlpy_weight_gbps",
+            "ggml_weight_gbps", "bw_frac")
+    return {"bandwidth": d.get("bandwidth"),
+            "cases": [{k: c.get(k) for k in keys} for c in d.get("cases", [])]}
 
 
 if __name__ == "__main__":
