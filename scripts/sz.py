@@ -27,10 +27,10 @@ BUDGET: dict[str, int] = {
     "ggmlpy/alloc": 860,  # 763
     "ggmlpy/backend": 1020,  # 909
     "ggmlpy/backends": 780,  # 693
-    "ggmlpy/backends/cpu": 6250,  # 6231 (1418 + the dot kernels of qmatmul*.py with their VNNI/GFNI legacy rows, 4x4 register tiles, two-weight-row passes and Q8_K amax passes + the ROPE kernel + the GEMM path: dequant_kernels.py, qgemm.py + the dot tasks shared by the threads: spin.py, qmatmul_tasks.py + ggml-cpu's x86 orders: sgemm_f16*, soft_max_ggml*, repack_q4k*, vec_dot_q6k*, kquant_order_tasks, q8k_act, fma_ir + the legacy tiles in 512-bit registers: legacy_zmm_ir, the vector x86 Q8_0/Q8_1 activation quantizer + the F32 x F32 MUL_MAT orders sgemm_f32* and NORM in ggml-cpu's order + the K-quant orders' prompt batches on integer GEMMs: kquant_igemm* + the fast mode's Q8_0 integer GEMM: igemm_q8_0* + the AVX512-VNNI int16 GEMM of the K-quant orders, no MKL needed: s16_vnni_ir)
+    "ggmlpy/backends/cpu": 6400,  # 6367 (1418 + the dot kernels of qmatmul*.py with their VNNI/GFNI legacy rows, 4x4 register tiles, two-weight-row passes and Q8_K amax passes + the ROPE kernel + the GEMM path: dequant_kernels.py, qgemm.py + the dot tasks shared by the threads: spin.py, qmatmul_tasks.py + ggml-cpu's x86 orders: sgemm_f16*, soft_max_ggml*, repack_q4k*, vec_dot_q6k*, kquant_order_tasks, q8k_act, fma_ir + the legacy tiles in 512-bit registers: legacy_zmm_ir, the vector x86 Q8_0/Q8_1 activation quantizer + the F32 x F32 MUL_MAT orders sgemm_f32* and NORM in ggml-cpu's order + the K-quant orders' prompt batches on integer GEMMs: kquant_igemm* + the fast mode's Q8_0 integer GEMM: igemm_q8_0* + the AVX512-VNNI int16 GEMM of the K-quant orders, no MKL needed: s16_vnni_ir + the compiled RMS_NORM, the F16C conversion and the 512-bit F16/BF16 rows)
     "ggmlpy/backends/cuda": 1060,  # 942
     "ggmlpy/backends/device": 530,  # 469
-    "ggmlpy/backends/kernels": 1760,  # 1566
+    "ggmlpy/backends/kernels": 1800,  # 1776 (+ FLASH_ATTN_EXT: only the cells some row sees converted, the K/V converter bound at build); 1566
     "ggmlpy/backends/ray": 910,  # 805
     "ggmlpy/core": 1640,  # 1460
     "ggmlpy/gguf": 820,  # 732
