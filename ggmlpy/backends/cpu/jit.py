@@ -308,11 +308,7 @@ def rms_norm(x: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
     Raises:
         ValueError: layouts, dtypes or shapes violated.
     """
-    _check_f32_c("rms_norm", x=x, out=out)
-    if x.ndim != 2 or out.shape != x.shape:
-        raise ValueError(f"cpu_jit.rms_norm: x must be 2-D and out of its shape, got {x.shape} "
-                         f"and {out.shape}")
-    _call("rms_norm", x.size, x, float(eps), out)
+    rms_norm_step(x, eps, out)()
     return out
 
 

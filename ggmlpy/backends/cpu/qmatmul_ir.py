@@ -124,9 +124,54 @@ def _prefetch(builder: ir.IRBuilder, ptr: ir.Value) -> None:
                       ir.Constant(I32, 1)])
 
 
-#: F16/BF16 rows: elements per step of :func:`row_h16` and float32 lanes per accumulator chain
+#: F16/BF16 rows: elements per step of :func:`row_h16`
 H16_STEP = 64
-_H16_LANES = 8
+
+
+def _h16_codegen(lanes: int):
+    """:func:`row_h16` (``lanes`` 8: each 16-lane accumulator as two 8-lane vectors) and
+    :func:`row_h16z` (16: one 512-bit register each): chain ``c`` of ``64 / lanes`` holds lanes
+    ``lanes * (c % parts)`` on of accumulator ``c // parts`` (``parts = 16 / lanes``)."""
+    parts = 16 // lanes
+
+    def codegen(context, builder, sig, args):
+        aw, ay, an, abf = args
+        vf = _vec(F32T, lanes)
+        is_bf = abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1))
+        acc = [cgutils.alloca_once_value(builder, ir.Constant(vf, [0.0] * lanes))
+               for _ in range(64 // lanes)]
+
+        def body(bf16: bool) -> None:
+            with cgutils.for_range(builder, an) as loop:
+                base = builder.mul(loop.index, ir.Constant(an.type, H16_STEP))
+                _prefetch(builder, _elem_ptr(context, builder, sig.args[0], aw,
+                                             builder.add(base, ir.Constant(an.type, 1024))))
+                for c in range(64 // lanes):
+                    k = builder.add(base, ir.Constant(an.type, lanes * c))
+                    bits = _load(context, builder, sig.args[0], aw, k, I16, lanes)
+                    if bf16:
+                        x = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, lanes)),
+                                                        ir.Constant(_vec(I32, lanes),
+                                                                    [16] * lanes)), vf)
+                    else:
+                        x = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), lanes)), vf)
+                    yv = _load(context, builder, sig.args[1], ay, k, F32T, lanes)
+                    builder.store(_fma(builder, x, yv, builder.load(acc[c])), acc[c])
+
+        with builder.if_else(is_bf) as (then, otherwise):
+            with then:
+                body(True)
+            with otherwise:
+                body(False)
+        a = [builder.load(p) for p in acc]
+        for lo, hi in ((0, 2), (1, 3), (0, 1)):  # accumulator 0 += 2, 1 += 3, 0 += 1
+            for q in range(parts):
+                a[lo * parts + q] = builder.fadd(a[lo * parts + q], a[hi * parts + q])
+        v = a[0]
+        if parts == 2:  # the tree's first level: lane j + lane j + 8
+            v = builder.fadd(a[0], a[1])
+        return _tree_sum(builder, v, lanes)
+    return codegen
 
 
 @intrinsic
@@ -140,38 +185,7 @@ def row_h16(typingctx, w, y, n64, bf):
     on). The 16-lane accumulators are held as pairs of 8-lane vectors (eight independent chains
     of fused multiply-adds; no 512-bit instructions); the F16/BF16 choice is made once, outside
     the loop."""
-    def codegen(context, builder, sig, args):
-        aw, ay, an, abf = args
-        v8 = _vec(F32T, _H16_LANES)
-        is_bf = abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1))
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(v8, [0.0] * 8)) for _ in range(8)]
-
-        def body(bf16: bool) -> None:
-            with cgutils.for_range(builder, an) as loop:
-                base = builder.mul(loop.index, ir.Constant(an.type, H16_STEP))
-                _prefetch(builder, _elem_ptr(context, builder, sig.args[0], aw,
-                                             builder.add(base, ir.Constant(an.type, 1024))))
-                for c in range(8):
-                    k = builder.add(base, ir.Constant(an.type, 8 * c))
-                    bits = _load(context, builder, sig.args[0], aw, k, I16, 8)
-                    if bf16:
-                        x = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 8)),
-                                                        ir.Constant(_vec(I32, 8), [16] * 8)), v8)
-                    else:
-                        x = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 8)), v8)
-                    yv = _load(context, builder, sig.args[1], ay, k, F32T, 8)
-                    builder.store(_fma(builder, x, yv, builder.load(acc[c])), acc[c])
-
-        with builder.if_else(is_bf) as (then, otherwise):
-            with then:
-                body(True)
-            with otherwise:
-                body(False)
-        a = [builder.load(p) for p in acc]  # accumulator j = chains 2j (lanes 0-7), 2j + 1
-        for lo, hi in ((0, 4), (1, 5), (2, 6), (3, 7), (0, 2), (1, 3)):
-            a[lo] = builder.fadd(a[lo], a[hi])
-        return _tree_sum(builder, builder.fadd(a[0], a[1]), 8)
-    return types.float32(w, y, n64, bf), codegen
+    return types.float32(w, y, n64, bf), _h16_codegen(8)
 
 
 @intrinsic
@@ -179,39 +193,7 @@ def row_h16z(typingctx, w, y, n64, bf):
     """:func:`row_h16` with each 16-lane accumulator in one 512-bit register (4 chains of
     16-lane fused multiply-adds): the same lanes, operations and reduction, so the same bits,
     in half the instructions. Only where the CPU has AVX512-F (``legacy_zmm_ir.ZMM``)."""
-    def codegen(context, builder, sig, args):
-        aw, ay, an, abf = args
-        v16 = _vec(F32T, 16)
-        is_bf = abf if abf.type.width == 1 else builder.trunc(abf, ir.IntType(1))
-        acc = [cgutils.alloca_once_value(builder, ir.Constant(v16, [0.0] * 16)) for _ in range(4)]
-
-        def body(bf16: bool) -> None:
-            with cgutils.for_range(builder, an) as loop:
-                base = builder.mul(loop.index, ir.Constant(an.type, H16_STEP))
-                _prefetch(builder, _elem_ptr(context, builder, sig.args[0], aw,
-                                             builder.add(base, ir.Constant(an.type, 1024))))
-                for c in range(4):
-                    k = builder.add(base, ir.Constant(an.type, 16 * c))
-                    bits = _load(context, builder, sig.args[0], aw, k, I16, 16)
-                    if bf16:
-                        x = builder.bitcast(builder.shl(builder.zext(bits, _vec(I32, 16)),
-                                                        ir.Constant(_vec(I32, 16), [16] * 16)),
-                                            v16)
-                    else:
-                        x = builder.fpext(builder.bitcast(bits, _vec(ir.HalfType(), 16)), v16)
-                    yv = _load(context, builder, sig.args[1], ay, k, F32T, 16)
-                    builder.store(_fma(builder, x, yv, builder.load(acc[c])), acc[c])
-
-        with builder.if_else(is_bf) as (then, otherwise):
-            with then:
-                body(True)
-            with otherwise:
-                body(False)
-        a = [builder.load(p) for p in acc]
-        a[0] = builder.fadd(a[0], a[2])
-        a[1] = builder.fadd(a[1], a[3])
-        return _tree_sum(builder, builder.fadd(a[0], a[1]), 16)
-    return types.float32(w, y, n64, bf), codegen
+    return types.float32(w, y, n64, bf), _h16_codegen(16)
 
 
 def _kgroups(context, builder, aty, w, o, kind: int,
