@@ -59,24 +59,51 @@ def _alloc(ctx: Context, backend) -> None:
     alloc_ctx_tensors_from_buft(ctx, backend.get_default_buffer_type())
 
 
+@pytest.mark.parametrize("n", [2, 1], ids=["rows", "one-row"])  # (one row: its own fast path)
 @pytest.mark.parametrize("bad", [5, -1])
-def test_set_rows_index_out_of_range_is_a_compute_error(bad):
+def test_set_rows_index_out_of_range_is_a_compute_error(bad, n):
     cpu = gp.backend_cpu_init()
     ctx = Context()
     a = ctx.new_tensor_2d(Type.F32, 4, 5)
-    b = ctx.new_tensor_2d(Type.F32, 4, 2)
-    c = ctx.new_tensor_1d(Type.I32, 2)
+    b = ctx.new_tensor_2d(Type.F32, 4, n)
+    c = ctx.new_tensor_1d(Type.I32, n)
     r = ops.set_rows(ctx, a, b, c).set_name("w")
     _alloc(ctx, cpu)
     x = np.arange(20, dtype=np.float32).reshape(5, 4)
     backend_tensor_set(a, x)
-    backend_tensor_set(b, np.ones((2, 4), np.float32))
-    backend_tensor_set(c, np.array([1, bad], np.int32))
+    backend_tensor_set(b, np.ones((n, 4), np.float32))
+    backend_tensor_set(c, np.array([1, bad][-n:], np.int32))
     g = Graph()
     g.build_forward_expand(r)
     with pytest.raises(ComputeError, match=f"SET_ROWS node 'w': index {bad}"):
         cpu.graph_compute(g)
     np.testing.assert_array_equal(backend_tensor_get(a).reshape(5, 4), x)  # nothing written
+
+
+@pytest.mark.parametrize("dt", [Type.F32, Type.F16])
+@pytest.mark.parametrize("row", [0, 3, 4])
+def test_set_rows_one_row_writes_that_row_only(dt, row):
+    """One index (a generated token's K or V): that row written, converted to the
+    destination's type, every other row untouched; the index read at each evaluation."""
+    cpu = gp.backend_cpu_init()
+    ctx = Context()
+    a = ctx.new_tensor_2d(dt, 4, 5)
+    b = ctx.new_tensor_2d(Type.F32, 4, 1)
+    c = ctx.new_tensor_1d(Type.I64, 1)
+    r = ops.set_rows(ctx, a, b, c)
+    _alloc(ctx, cpu)
+    x = np.arange(20, dtype=dt.dtype).reshape(5, 4)
+    backend_tensor_set(a, x)
+    g = Graph()
+    g.build_forward_expand(r)
+    want = x.copy()
+    for k, rr in enumerate((row, (row + 2) % 5)):
+        v = np.full((1, 4), 0.5 + k, np.float32)
+        backend_tensor_set(b, v)
+        backend_tensor_set(c, np.array([rr], np.int64))
+        cpu.graph_compute(g)
+        want[rr] = v[0].astype(dt.dtype)
+        np.testing.assert_array_equal(backend_tensor_get(a).reshape(5, 4), want)
 
 
 def test_set_rows_runs_where_its_destination_lives():

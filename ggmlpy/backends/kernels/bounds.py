@@ -72,6 +72,15 @@ def _checked(xp: Any, node: Tensor, idx: Any, n_rows: int, step: Step) -> Step:
     if idx.size == 0:
         return step
     if xp is np:
+        if idx.size == 1:  # one row (a generated token's K and V): no reductions
+            one = idx.reshape(-1)
+
+            def run_one() -> None:
+                v = int(one[0])
+                if v < 0 or v >= n_rows:
+                    raise ComputeError(bad_index_message(node, v, n_rows))
+                step()
+            return run_one
         amin, amax = idx.min, idx.max
 
         def run() -> None:

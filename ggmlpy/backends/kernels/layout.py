@@ -288,6 +288,12 @@ def _k_set_rows(xp: Any, node: Tensor, dst: Any, srcs: list[Any]) -> Step:
         conv = partial(from_f32, xp, td)
     if B3 == 1 and B2 == 1:
         d2, b2, c1 = d[0, 0], b[0, 0], c[0, 0, 0]
+        if c1.shape[0] == 1 and conv is None:  # one row: a basic-index copy
+            row = b2[0]
+
+            def run_row() -> None:
+                d2[int(c1[0])] = row
+            return run_row
 
         def run_2d() -> None:
             d2[c1] = b2 if conv is None else conv(b2)
