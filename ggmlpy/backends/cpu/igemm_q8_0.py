@@ -71,6 +71,15 @@ def _block_sums(w, m0, rw, csum):
             csum[i, b] = -128 * s
 
 
+@njit(inline="always", **_OPTS)
+def _groups_per_tile(left):  # pragma: no cover - compiled
+    """Lane groups for the next tile with ``left`` groups to go: 3, but 2 + 2 for 4 (no tile
+    of one group after a 3), 2, then 1."""
+    if left >= 3 and left != 4:
+        return 3
+    return 2 if left >= 2 else 1
+
+
 @njit(**_OPTS)
 def rows(w, arep, drep, out, m0, m1, mo, nrow, tbl):
     """Weight rows ``m0 <= m < m1`` against every activation row (``nrow`` of them) into
@@ -86,27 +95,20 @@ def rows(w, arep, drep, out, m0, m1, mo, nrow, tbl):
         _block_sums(w, m, rw, csum)
         g = 0
         while g < G:
-            left = G - g
-            if full:
-                if left >= 3 and left != 4:
-                    itile_q8_0_3(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
-                    g += 3
-                elif left >= 2:
-                    itile_q8_0_2(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
-                    g += 2
-                else:
-                    itile_q8_0_1(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
-                    g += 1
+            t = _groups_per_tile(G - g)
+            if full and t == 3:
+                itile_q8_0_3(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
+            elif full and t == 2:
+                itile_q8_0_2(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
+            elif full:
+                itile_q8_0_1(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
+            elif t == 3:
+                itile1_q8_0_3(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
+            elif t == 2:
+                itile1_q8_0_2(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
             else:
-                if left >= 3 and left != 4:
-                    itile1_q8_0_3(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
-                    g += 3
-                elif left >= 2:
-                    itile1_q8_0_2(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
-                    g += 2
-                else:
-                    itile1_q8_0_1(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
-                    g += 1
+                itile1_q8_0_1(w, m, arep, drep, csum, g, out, m - mo, nrow, tbl, nb)
+            g += t
         m += rw
 
 

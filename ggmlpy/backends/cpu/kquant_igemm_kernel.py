@@ -93,6 +93,18 @@ def gemm_s16(typingctx, fn, m, n, k, a, ao, lda, b, bo, ldb, c, co, ldc, zero):
     return sig, codegen
 
 
+@njit(inline="always", **_OPTS)
+def _step_sums(gemm, nt, mc, k, y16, yf, yo, K, wt, wi, wo, cbf, co, ldc,
+               zero):  # pragma: no cover - compiled
+    """``cbf[co + i*ldc + j] = sum_{l<k} y16[yo + i*K + l] * wt[j, wo + l]`` (``i < nt``, ``j <
+    mc``): the compiled VNNI GEMM over the interleaved tile ``wi`` when ``gemm`` is
+    :data:`VNNI_GEMM` (``yf``: ``y16`` flat), else the CBLAS function at address ``gemm``."""
+    if gemm == VNNI_GEMM:
+        gemm16(nt, mc, k, yf, yo, K, wi, K, wo, cbf, co, ldc)
+    else:
+        gemm_s16(gemm, nt, mc, k, y16, yo, K, wt, wo, K, cbf, co, ldc, zero)
+
+
 @njit(**_OPTS)
 def widen_rows(yq, y16, n1):  # pragma: no cover - compiled
     """``y16[:n1] = yq[:n1]`` (int8 ``(N, K)`` to int16)."""
@@ -332,12 +344,8 @@ def q4k_rows_igemm(gemm, w, y16, yq, yd, b32, out, ng, m0, m1, o0, tbl,
         for n0 in range(0, ng, ntile):
             nt = min(ntile, ng - n0)
             for s in range(S):
-                if gemm == VNNI_GEMM:
-                    gemm16(nt, mc, 64, yf, n0 * K + 64 * s, K, wi, K, 64 * s, cbf, s * mc,
-                           S * mc)
-                else:
-                    gemm_s16(gemm, nt, mc, 64, y16, n0 * K + 64 * s, K, wt, 64 * s, K,
-                             cbf, s * mc, S * mc, zero)
+                _step_sums(gemm, nt, mc, 64, y16, yf, n0 * K + 64 * s, K, wt, wi, 64 * s,
+                           cbf, s * mc, S * mc, zero)
             q4k_combine(cb, yd, b32, dT, dmT, mnT, out, n0, nt, mc, m0 - o0, acc, accm, ds,
                         dms)
     if ng < N:
@@ -467,12 +475,8 @@ def q6k_rows_igemm(gemm, w, y16, yd, out, m0, m1, o0, tbl, scratch16,
     for n0 in range(0, N, ntile):
         nt = min(ntile, N - n0)
         for b in range(nb):
-            if gemm == VNNI_GEMM:
-                gemm16(nt, mc, 256, yf, n0 * K + 256 * b, K, wi, K, 256 * b, cbf, b * mc,
-                       nb * mc)
-            else:
-                gemm_s16(gemm, nt, mc, 256, y16, n0 * K + 256 * b, K, wt, 256 * b, K,
-                         cbf, b * mc, nb * mc, zero)
+            _step_sums(gemm, nt, mc, 256, y16, yf, n0 * K + 256 * b, K, wt, wi, 256 * b,
+                       cbf, b * mc, nb * mc, zero)
         q6k_combine(cb, yd, dT, out, n0, nt, mc, m0 - o0, acc)
 
 

@@ -133,18 +133,22 @@ def gemm16(nt, mc, k, y, yo, ldy, wi, K, wlo, c, co, ldc):  # pragma: no cover -
     half = K // 2
     npair = k // 2
     n4 = nt - nt % 4
-    g2 = G - G % 2
-    for i in range(0, n4, 4):
+    i = 0
+    while i < nt:  # 4 activation rows at a time, then one
+        four = i < n4
         ya = yo + i * ldy
         ca = co + i * ldc
-        for g in range(0, g2, 2):
-            _tile42(wi, g, y, ya, ldy, npair, wlo, c, ca + 16 * g, ldc, mc - 16 * g, half)
-        if g2 < G:
-            _tile41(wi, g2, y, ya, ldy, npair, wlo, c, ca + 16 * g2, ldc, mc - 16 * g2, half)
-    for i in range(n4, nt):
-        ya = yo + i * ldy
-        ca = co + i * ldc
-        for g in range(0, g2, 2):
-            _tile12(wi, g, y, ya, ldy, npair, wlo, c, ca + 16 * g, ldc, mc - 16 * g, half)
-        if g2 < G:
-            _tile11(wi, g2, y, ya, ldy, npair, wlo, c, ca + 16 * g2, ldc, mc - 16 * g2, half)
+        g = 0
+        while g < G:  # 2 groups of 16 weight rows at a time, then one
+            two = g + 2 <= G
+            a = (wi, g, y, ya, ldy, npair, wlo, c, ca + 16 * g, ldc, mc - 16 * g, half)
+            if four and two:
+                _tile42(*a)
+            elif four:
+                _tile41(*a)
+            elif two:
+                _tile12(*a)
+            else:
+                _tile11(*a)
+            g += 2 if two else 1
+        i += 4 if four else 1
